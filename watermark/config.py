@@ -1,0 +1,199 @@
+"""WatermarkSpec: what a watermark is, as a value and as a spec string.
+
+Two families share one type:
+
+* ``kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256[,hard]`` — our keyed
+  red/green-list watermark (Kirchenbauer et al. 2023). The defaults follow the authors'
+  recommendation in "On the Reliability of Watermarks for LLMs" (selfhash, h = 4, gamma = 0.25,
+  delta = 2.0).
+* ``hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1``
+  — transformers' ``WatermarkingConfig``, with transformers' own parameter names, so text
+  watermarked by ``model.generate(watermarking_config=...)`` can be detected here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, replace
+
+SCHEMES = ("lefthash", "minhash", "selfhash", "unigram")
+HF_SCHEMES = ("lefthash", "selfhash")
+PRFS = ("hmac-sha256", "sha3-256")
+MAX_CONTEXT_WIDTH = 64  # far beyond any published setting; bounds per-position work
+HF_DEFAULT_HASHING_KEY = 15485863  # transformers' default: the millionth prime
+
+
+class SpecError(ValueError):
+    """A spec string or field is invalid; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkSpec:
+    kind: str = "kgw"
+    scheme: str = "selfhash"
+    context_width: int = 4
+    gamma: float = 0.25
+    delta: float = 2.0
+    hard: bool = False
+    prf: str = "hmac-sha256"
+    hashing_key: int = HF_DEFAULT_HASHING_KEY  # hf only: transformers' public integer key
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("kgw", "hf"):
+            raise SpecError(f"kind: expected 'kgw' or 'hf', got {self.kind!r}")
+        allowed = SCHEMES if self.kind == "kgw" else HF_SCHEMES
+        if self.scheme not in allowed:
+            raise SpecError(f"scheme: expected one of {', '.join(allowed)}, got {self.scheme!r}")
+        if isinstance(self.context_width, bool) or not isinstance(self.context_width, int):
+            raise SpecError(f"context_width (h): expected an integer, got {self.context_width!r}")
+        if self.scheme == "unigram":
+            if self.context_width != 0:
+                raise SpecError(f"h: the unigram scheme uses no context (h=0), got h={self.context_width}")
+        elif not 1 <= self.context_width <= MAX_CONTEXT_WIDTH:
+            raise SpecError(f"h: expected 1..{MAX_CONTEXT_WIDTH}, got {self.context_width}")
+        if not (isinstance(self.gamma, (int, float)) and 0.0 < self.gamma < 1.0):
+            raise SpecError(f"gamma: expected a fraction strictly between 0 and 1, got {self.gamma!r}")
+        if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta >= 0):
+            raise SpecError(f"delta: expected a finite number >= 0, got {self.delta!r}")
+        if self.kind == "kgw" and self.prf not in PRFS:
+            raise SpecError(f"prf: expected one of {', '.join(PRFS)}, got {self.prf!r}")
+        if self.kind == "hf" and self.hard:
+            raise SpecError("hard: transformers' watermark has no hard mode")
+        if self.kind == "hf" and not isinstance(self.hashing_key, int):
+            raise SpecError(f"hashing_key: expected an integer, got {self.hashing_key!r}")
+        object.__setattr__(self, "gamma", float(self.gamma))
+        object.__setattr__(self, "delta", float(self.delta))
+
+    # ---- constructors -------------------------------------------------------------------
+    @classmethod
+    def default(cls) -> "WatermarkSpec":
+        return cls()
+
+    @classmethod
+    def parse(cls, text: "str | WatermarkSpec") -> "WatermarkSpec":
+        """Parse a spec string; fields left out take their defaults."""
+        if isinstance(text, WatermarkSpec):
+            return text
+        if not isinstance(text, str) or not text.strip():
+            raise SpecError("spec: expected a string like 'kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0'")
+        kind, sep, body = text.strip().partition(":")
+        kind = kind.strip().lower()
+        if not sep:
+            raise SpecError(f"spec: missing the 'kgw:' or 'hf:' prefix in {text!r}")
+        fields = _split_fields(body)
+        if kind == "kgw":
+            return cls._from_kgw_fields(fields)
+        if kind == "hf":
+            return cls._from_hf_fields(fields)
+        raise SpecError(f"kind: expected 'kgw' or 'hf', got {kind!r}")
+
+    @classmethod
+    def _from_kgw_fields(cls, fields: dict[str, str | None]) -> "WatermarkSpec":
+        values: dict = {}
+        for name, raw in fields.items():
+            if name == "hard":
+                values["hard"] = True if raw is None else _parse_bool("hard", raw)
+            elif raw is None:
+                raise SpecError(f"{name}: expected {name}=VALUE")
+            elif name == "scheme":
+                values["scheme"] = raw.lower()
+            elif name in ("h", "context_width"):
+                values["context_width"] = _parse_int(name, raw)
+            elif name == "gamma":
+                values["gamma"] = _parse_float(name, raw)
+            elif name == "delta":
+                values["delta"] = _parse_float(name, raw)
+            elif name == "prf":
+                values["prf"] = raw.lower()
+            else:
+                raise SpecError(f"{name}: unknown field for kgw (known: scheme, h, gamma, delta, prf, hard)")
+        if values.get("scheme") == "unigram":
+            values.setdefault("context_width", 0)
+        return cls(kind="kgw", **values)
+
+    @classmethod
+    def _from_hf_fields(cls, fields: dict[str, str | None]) -> "WatermarkSpec":
+        names = {"seeding_scheme": "scheme", "greenlist_ratio": "gamma", "bias": "delta",
+                 "hashing_key": "hashing_key", "context_width": "context_width"}
+        values: dict = {"scheme": "lefthash", "context_width": 1}
+        for name, raw in fields.items():
+            if name not in names:
+                raise SpecError(f"{name}: unknown field for hf (known: {', '.join(names)})")
+            if raw is None:
+                raise SpecError(f"{name}: expected {name}=VALUE")
+            target = names[name]
+            if target == "scheme":
+                values[target] = raw.lower()
+            elif target in ("hashing_key", "context_width"):
+                values[target] = _parse_int(name, raw)
+            else:
+                values[target] = _parse_float(name, raw)
+        return cls(kind="hf", **values)
+
+    # ---- presentation ---------------------------------------------------------------------
+    def format(self) -> str:
+        """The canonical spec string: every field, fixed order; ``parse(format())`` is identity."""
+        if self.kind == "hf":
+            return (f"hf:seeding_scheme={self.scheme},greenlist_ratio={self.gamma!r},bias={self.delta!r},"
+                    f"hashing_key={self.hashing_key},context_width={self.context_width}")
+        text = (f"kgw:scheme={self.scheme},h={self.context_width},gamma={self.gamma!r},"
+                f"delta={self.delta!r},prf={self.prf}")
+        return text + (",hard" if self.hard else "")
+
+    __str__ = format
+
+    def fingerprint(self, vocab_size: int) -> str:
+        """A stable 128-bit hex digest of the canonical spec and the vocabulary size V."""
+        if not isinstance(vocab_size, int) or vocab_size <= 0:
+            raise SpecError(f"vocab_size: expected a positive integer, got {vocab_size!r}")
+        digest = hashlib.sha256(f"provmark-spec/v1|{self.format()}|V={vocab_size}".encode()).hexdigest()
+        return digest[:32]
+
+    @property
+    def needs_key(self) -> bool:
+        """kgw specs are keyed by a keyring secret; hf specs carry their own public integer key."""
+        return self.kind == "kgw"
+
+    def with_(self, **changes) -> "WatermarkSpec":
+        return replace(self, **changes)
+
+
+def _split_fields(body: str) -> dict[str, str | None]:
+    fields: dict[str, str | None] = {}
+    for part in body.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, eq, raw = part.partition("=")
+        name = name.strip().lower()
+        if name in fields:
+            raise SpecError(f"{name}: given twice")
+        fields[name] = raw.strip() if eq else None
+    return fields
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise SpecError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def _parse_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecError(f"{name}: expected a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise SpecError(f"{name}: expected a finite number, got {raw!r}")
+    return value
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise SpecError(f"{name}: expected true or false, got {raw!r}")

@@ -1,0 +1,128 @@
+"""Watermark: a spec bound to its key material and vocabulary size — what the engine applies
+and the detector scores."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+from watermark.config import WatermarkSpec
+from watermark.greenlist import green
+from watermark.hf_compat import HFGreenlists
+from watermark.seeding import SeedTables, secret_digest
+
+_TABLES_CACHE_SIZE = 32  # keys x schemes kept warm per process (tables are ~400 KB each)
+_tables_cache: OrderedDict[tuple, SeedTables] = OrderedDict()
+_tables_lock = threading.Lock()
+
+
+def _seed_tables(secret: bytes, spec: WatermarkSpec, vocab_size: int) -> SeedTables:
+    key = (secret_digest(secret), spec.prf, spec.scheme, vocab_size)
+    with _tables_lock:
+        found = _tables_cache.get(key)
+        if found is None:
+            found = SeedTables(secret, spec.prf, spec.scheme, vocab_size)
+            _tables_cache[key] = found
+            if len(_tables_cache) > _TABLES_CACHE_SIZE:
+                _tables_cache.popitem(last=False)
+        else:
+            _tables_cache.move_to_end(key)
+        return found
+
+
+class Watermark:
+    """``Watermark(spec, secret, vocab_size, key_id)``; ``secret`` is ignored (may be None) for hf specs."""
+
+    def __init__(self, spec: WatermarkSpec | str, secret: bytes | None, vocab_size: int,
+                 key_id: str | None = None) -> None:
+        self.spec = WatermarkSpec.parse(spec)
+        if not isinstance(vocab_size, int) or vocab_size <= 1:
+            raise ValueError(f"vocab_size: expected an integer > 1, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.key_id = key_id
+        self.fingerprint = self.spec.fingerprint(vocab_size)
+        self._tables: SeedTables | None = None
+        self._hf: HFGreenlists | None = None
+        if self.spec.kind == "kgw":
+            if not secret:
+                raise ValueError("a kgw watermark needs a key: create one with `provmark keys create`")
+            self._tables = _seed_tables(bytes(secret), self.spec, vocab_size)
+        else:
+            self._hf = HFGreenlists(self.spec, vocab_size)
+
+    def __repr__(self) -> str:
+        return f"Watermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
+
+    @property
+    def context_width(self) -> int:
+        """Tokens of history a position needs before it can be biased or scored."""
+        if self._hf is not None and self.spec.scheme == "selfhash":
+            return self.spec.context_width - 1  # transformers' selfhash window includes the candidate
+        return self.spec.context_width
+
+    @property
+    def gamma(self) -> float:
+        return self.spec.gamma
+
+    # ---- generation -------------------------------------------------------------------------
+    def green_mask(self, contexts: torch.Tensor) -> torch.Tensor:
+        """[B, V] green mask for rows whose last ``context_width`` tokens are ``contexts`` [B, h]."""
+        if self._tables is None:
+            if self.spec.scheme != "lefthash":
+                raise NotImplementedError("hf selfhash has no whole-vocabulary green list (see bias)")
+            mask = torch.zeros(contexts.shape[0], self.vocab_size, dtype=torch.bool, device=contexts.device)
+            for row, context in enumerate(contexts.tolist()):
+                mask[row, self._hf.greenlist(self._hf.seed(context)).to(contexts.device)] = True
+            return mask
+        return green(self._tables, self.spec.gamma, contexts, None, reuse_buffers=True)
+
+    def bias(self, logits: torch.Tensor, histories: list[list[int]]) -> torch.Tensor:
+        """Bias rows of ``logits`` [B, V] whose histories are long enough; in place, returned.
+
+        Soft: +delta on green logits. Hard: red logits to -inf."""
+        h = self.context_width
+        if self._hf is not None:
+            for row, history in enumerate(histories):
+                self._hf.bias_row(list(history), logits[row])
+            return logits
+        ready = [i for i, hist in enumerate(histories) if len(hist) >= h]
+        if not ready:
+            return logits
+        contexts = torch.tensor([list(histories[i][len(histories[i]) - h:]) if h else [] for i in ready],
+                                dtype=torch.int64, device=logits.device).reshape(len(ready), h)
+        mask = self.green_mask(contexts)
+        target = logits if len(ready) == logits.shape[0] else logits[ready]
+        if self.spec.hard:
+            target.masked_fill_(~mask, float("-inf"))
+        else:
+            target.add_(mask, alpha=self.spec.delta)
+        if target is not logits:
+            logits[ready] = target
+        return logits
+
+    # ---- detection ----------------------------------------------------------------------------
+    def green_flags(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
+        """Bool [T - h]: is token i (i >= h) green given the h tokens before it."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
+        h = self.context_width
+        scored = ids.shape[0] - h
+        if scored <= 0:
+            return torch.zeros(0, dtype=torch.bool)
+        if self._hf is not None:
+            selfhash = self.spec.scheme == "selfhash"
+            seq = ids.tolist()
+            flags = [self._hf.is_green(seq[i - h: i + 1] if selfhash else seq[i - h: i], seq[i])
+                     for i in range(h, len(seq))]
+            return torch.tensor(flags, dtype=torch.bool)
+        contexts = self.ngrams(ids)[:, :h]
+        return green(self._tables, self.spec.gamma, contexts, ids[h:].unsqueeze(1))[:, 0]
+
+    def ngrams(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
+        """[T - h, h + 1]: each scored position's context followed by its token (the dedup unit)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
+        n = self.context_width + 1
+        if ids.shape[0] < n:
+            return ids.new_zeros((0, n))
+        return ids.unfold(0, n, 1)

@@ -1,0 +1,17 @@
+"""Shared test environment: one persistent converted-model cache, a private state folder per test."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Set before any provmark import reads it, so repeated runs reuse one converted model.
+os.environ.setdefault("PROVMARK_MODELS_DIR", str(Path(__file__).resolve().parent.parent / ".cache" / "models"))
+
+
+@pytest.fixture(autouse=True)
+def provmark_home(tmp_path, monkeypatch):
+    """Each test gets its own PROVMARK_HOME (keyring, database)."""
+    home = tmp_path / "provmark-home"
+    monkeypatch.setenv("PROVMARK_HOME", str(home))
+    return home

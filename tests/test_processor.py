@@ -1,5 +1,6 @@
 """WatermarkProcessor: soft and hard biasing, per-row specs and keys."""
 
+import pytest
 import torch
 
 from watermark.processor import WatermarkProcessor
@@ -69,3 +70,29 @@ def test_processor_rejects_mismatched_rows():
     import pytest
     with pytest.raises(ValueError):
         WatermarkProcessor().apply(torch.zeros(2, V), [[1]], [None, None])
+
+
+@pytest.mark.parametrize("spec", [
+    "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0",
+    "kgw:scheme=selfhash,h=2,gamma=0.5,delta=1.0,hard",
+    "kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0",
+    "kgw:scheme=lefthash,h=3,gamma=0.25,delta=2.0,prf=sha3-256,hard",
+    "kgw:scheme=minhash,h=4,gamma=0.25,delta=3.5",
+    "kgw:scheme=unigram,gamma=0.5,delta=2.0",
+])
+def test_compiled_bias_equals_eager_tensors_and_the_mask(spec, monkeypatch):
+    from watermark import greenlist
+    wm = Watermark(spec, KEY_A, V)
+    for batch in (1, 5, 16):
+        hist = _histories(batch, seed=batch)
+        logits = torch.randn(batch, V, generator=torch.Generator().manual_seed(batch))
+        compiled = wm.bias(logits.clone(), hist)
+        monkeypatch.setattr(greenlist.kernels, "enabled", False)
+        eager = wm.bias(logits.clone(), hist)
+        monkeypatch.setattr(greenlist.kernels, "enabled", True)
+        assert torch.equal(compiled, eager)
+        mask = wm.green_mask(_contexts(hist, wm.context_width))
+        if wm.spec.hard:
+            assert torch.equal(torch.isinf(compiled), ~mask)
+        else:
+            assert torch.equal(compiled, torch.where(mask, logits + wm.spec.delta, logits))

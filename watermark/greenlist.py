@@ -1,68 +1,95 @@
 """Green-list membership: one function, two shapes.
 
-``green(tables, gamma, contexts [N, h], candidates [1 or N, C]) -> bool [N, C]``
+``green(tables, gamma, contexts [N, h], candidates [N, C] or None) -> bool [N, C]``
 
-* generation: contexts are the last h tokens of each of B rows and candidates the whole
-  vocabulary ``arange(V)[None]``: a [B, V] mask, as a handful of tensor operations on the logits'
-  device (no loop over rows or vocabulary, no randperm).
 * detection: contexts are the windows before each of T scored positions and candidates the
   tokens actually there ``ids[:, None]``: [T, 1] flags.
+* generation: contexts are the last h tokens of each of B rows and the candidates the whole
+  vocabulary (``None``): a [B, V] mask. ``bias_logits`` applies it to logits through the same
+  seed and mixer functions, compiled with ``torch.compile`` into one fused pass over [B, V] when
+  a compiler is available (``PROVMARK_COMPILE=0`` turns that off), eagerly otherwise. Either way:
+  a handful of tensor operations on the logits' device, no loop over rows or vocabulary.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 import torch
 
 from watermark.prf import green_threshold, mix64, vocab_mix_table
-from watermark.seeding import SeedTables, context_seeds
+from watermark.seeding import SeedTables, context_seeds, selfhash_seeds
+
+log = logging.getLogger(__name__)
 
 
-class Workspace(threading.local):
-    """Reusable int64 buffers for the generation path: fresh multi-megabyte tensors every step
-    cost more in page faults than the arithmetic itself."""
+def green(tables: SeedTables, gamma: float, contexts: torch.Tensor,
+          candidates: torch.Tensor | None) -> torch.Tensor:
+    """Whether each candidate is green after its context (shapes in the module docstring)."""
+    token_mix = vocab_mix_table(tables.vocab_size, contexts.device)
+    token_mix = token_mix.unsqueeze(0) if candidates is None else token_mix[candidates]
+    seeds = context_seeds(tables, contexts, candidates)
+    return mix64(seeds, token_mix) < green_threshold(gamma)
+
+
+# ---- the generation hot path -------------------------------------------------------------------
+def _bias_from_seeds(logits: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor,
+                     threshold: int, delta: float, hard: bool) -> torch.Tensor:
+    is_green = mix64(seeds, token_mix) < threshold
+    if hard:
+        return logits.masked_fill_(~is_green, float("-inf"))
+    return logits.add_(is_green.to(logits.dtype), alpha=delta)
+
+
+def _bias_selfhash(logits: torch.Tensor, context_values: torch.Tensor, salt: torch.Tensor,
+                   own: torch.Tensor, token_mix: torch.Tensor, threshold: int, delta: float,
+                   hard: bool) -> torch.Tensor:
+    seeds = selfhash_seeds(context_values, salt, own)
+    return _bias_from_seeds(logits, seeds, token_mix, threshold, delta, hard)
+
+
+class _Kernels:
+    """The two bias functions, compiled on first use; eager if compiling is off or fails."""
 
     def __init__(self) -> None:
-        self.buffers: dict[tuple[str, str], torch.Tensor] = {}
+        self.lock = threading.Lock()
+        self.enabled = os.environ.get("PROVMARK_COMPILE", "1") not in ("0", "false", "no")
+        self.compiled: dict[str, object] = {}
 
-    def get(self, name: str, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-        key = (name, str(device))
-        buf = self.buffers.get(key)
-        numel = shape[0] * shape[1]
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=torch.int64, device=device)
-            self.buffers[key] = buf
-        return buf[:numel].view(shape)
-
-
-_workspace = Workspace()
-
-
-def green(tables: SeedTables, gamma: float, contexts: torch.Tensor, candidates: torch.Tensor | None,
-          reuse_buffers: bool = False) -> torch.Tensor:
-    """Whether each candidate is green after its context (shapes in the module docstring).
-
-    ``candidates=None`` is the generation shape over the whole vocabulary; ``reuse_buffers``
-    keeps the int64 intermediates in per-thread buffers (the returned mask is always fresh)."""
-    device = contexts.device
-    token_mix = vocab_mix_table(tables.vocab_size, device)
-    token_mix = token_mix.unsqueeze(0) if candidates is None else token_mix[candidates]
-    shape = torch.broadcast_shapes((contexts.shape[0], 1), token_mix.shape)
-    if reuse_buffers:
-        work = _workspace.get("work", shape, device)
-        scratch = _workspace.get("scratch", shape, device)
-        mixed = _workspace.get("mixed", shape, device)
-    else:
-        work = scratch = mixed = None
-    seeds = context_seeds(tables, contexts, candidates, work=work, scratch=scratch)
-    if seeds.shape[0] != shape[0]:
-        seeds = seeds.expand(shape[0], seeds.shape[1])  # unigram: one key-wide seed for every row
-    # seeds may live in `work`; `scratch` is free again for the multiplier
-    mixed = mix64(seeds, token_mix, out=mixed, scratch=scratch)
-    return mixed < green_threshold(gamma)
+    def call(self, name: str, eager, *args):
+        if not self.enabled:
+            return eager(*args)
+        fn = self.compiled.get(name)
+        if fn is None:
+            with self.lock:
+                fn = self.compiled.get(name)
+                if fn is None:
+                    fn = torch.compile(eager, dynamic=True)
+                    self.compiled[name] = fn
+        try:
+            return fn(*args)
+        except Exception as exc:  # no compiler, unsupported device: the eager path is the same math
+            log.warning("torch.compile unavailable for the watermark bias (%s); using eager tensors",
+                        type(exc).__name__)
+            self.enabled = False
+            return eager(*args)
 
 
-def candidates_all(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[1, V] candidate ids for the generation shape."""
-    return torch.arange(vocab_size, device=device).unsqueeze(0)
+kernels = _Kernels()
+
+
+def bias_logits(logits: torch.Tensor, tables: SeedTables, gamma: float, delta: float, hard: bool,
+                contexts: torch.Tensor) -> torch.Tensor:
+    """Soft (+delta on green) or hard (red -> -inf) bias of ``logits`` [B, V], in place."""
+    device = logits.device
+    t = tables.tensors(device)
+    token_mix = vocab_mix_table(tables.vocab_size, device).unsqueeze(0)
+    threshold = green_threshold(gamma)
+    if tables.scheme == "selfhash":
+        return kernels.call("selfhash", _bias_selfhash, logits, t["token"][contexts],
+                            t["salt"].unsqueeze(0), t["self"].unsqueeze(0), token_mix, threshold,
+                            delta, hard)
+    seeds = context_seeds(tables, contexts, None)  # [B, 1]: cheap, one seed per row
+    return kernels.call("seeded", _bias_from_seeds, logits, seeds, token_mix, threshold, delta, hard)

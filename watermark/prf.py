@@ -115,20 +115,9 @@ def vocab_mix_table(vocab_size: int, device: torch.device | str = "cpu") -> torc
     return table
 
 
-def mix64(seeds: torch.Tensor, mixed_tokens: torch.Tensor, out: torch.Tensor | None = None,
-          scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """The mixer over broadcast shapes; ``mixed_tokens`` are T[v] values (see vocab_mix_table).
-
-    ``out`` and ``scratch`` are optional result-shaped buffers (generation reuses them every step);
-    ``seeds`` may alias ``scratch`` but not ``out``."""
-    if scratch is not None and scratch.shape == seeds.shape:
-        multiplier = torch.mul(seeds, SEED_MULTIPLIER, out=scratch)
-    else:
-        multiplier = seeds * SEED_MULTIPLIER
-    multiplier |= 1
-    out = torch.bitwise_xor(seeds, mixed_tokens, out=out)
-    out.mul_(multiplier)
-    return out
+def mix64(seeds: torch.Tensor, mixed_tokens: torch.Tensor) -> torch.Tensor:
+    """The mixer over broadcast shapes; ``mixed_tokens`` are T[v] values (see vocab_mix_table)."""
+    return (seeds ^ mixed_tokens) * ((seeds * SEED_MULTIPLIER) | 1)
 
 
 def mix64_reference(seed: int, token: int) -> int:

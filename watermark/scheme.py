@@ -9,7 +9,7 @@ from collections import OrderedDict
 import torch
 
 from watermark.config import WatermarkSpec
-from watermark.greenlist import green
+from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
 from watermark.seeding import SeedTables, secret_digest
 
@@ -76,7 +76,7 @@ class Watermark:
             for row, context in enumerate(contexts.tolist()):
                 mask[row, self._hf.greenlist(self._hf.seed(context)).to(contexts.device)] = True
             return mask
-        return green(self._tables, self.spec.gamma, contexts, None, reuse_buffers=True)
+        return green(self._tables, self.spec.gamma, contexts, None)
 
     def bias(self, logits: torch.Tensor, histories: list[list[int]]) -> torch.Tensor:
         """Bias rows of ``logits`` [B, V] whose histories are long enough; in place, returned.
@@ -92,12 +92,8 @@ class Watermark:
             return logits
         contexts = torch.tensor([list(histories[i][len(histories[i]) - h:]) if h else [] for i in ready],
                                 dtype=torch.int64, device=logits.device).reshape(len(ready), h)
-        mask = self.green_mask(contexts)
         target = logits if len(ready) == logits.shape[0] else logits[ready]
-        if self.spec.hard:
-            target.masked_fill_(~mask, float("-inf"))
-        else:
-            target.add_(mask, alpha=self.spec.delta)
+        bias_logits(target, self._tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
         if target is not logits:
             logits[ready] = target
         return logits

@@ -87,37 +87,35 @@ def _salt_table(vocab_size: int) -> torch.Tensor:
     return torch.tensor([to_signed64(splitmix64(v + SALT_OFFSET)) for v in range(vocab_size)], dtype=torch.int64)
 
 
-def context_seeds(tables: SeedTables, contexts: torch.Tensor, candidates: torch.Tensor | None,
-                  work: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """Seeds for each (context row, candidate); ``candidates=None`` means the whole vocabulary.
+def selfhash_seeds(context_values: torch.Tensor, salt: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """min(own, min_j context_values[:, j] ^ salt): context_values [N, h] are table entries of the
+    context tokens, ``salt``/``own`` [1 or N, C] the candidates' salt and salted self entries."""
+    acc = own
+    for j in range(context_values.shape[1]):
+        acc = torch.minimum(acc, context_values[:, j:j + 1] ^ salt)
+    return acc
 
-    ``work``/``scratch`` are optional [N, C] int64 buffers; the result may live in ``work``."""
+
+def context_seeds(tables: SeedTables, contexts: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
+    """Seeds for each (context row, candidate); ``candidates=None`` means the whole vocabulary."""
     t = tables.tensors(contexts.device)
     scheme = tables.scheme
     if scheme == "unigram":
-        return t["unigram"]
-    width = contexts.shape[1]
+        return t["unigram"].expand(contexts.shape[0], 1)
     if scheme == "lefthash":
-        if width == 1:
+        if contexts.shape[1] == 1:
             return t["token"][contexts]  # PRF(key, [t]) is exactly the table entry
         seeds = [tables.lefthash_seed(tuple(r)) for r in contexts.tolist()]
-        return torch.tensor(seeds, dtype=torch.int64, device=contexts.device).unsqueeze(1)
+        return torch.tensor(seeds, dtype=torch.int64, device=contexts.device).reshape(-1, 1)
     if scheme == "minhash":
         return t["token"][contexts].amin(dim=1, keepdim=True)
     if scheme == "selfhash":
+        salt, own = t["salt"], t["self"]
         if candidates is None:
-            salt, own = t["salt"].unsqueeze(0), t["self"].unsqueeze(0)
+            salt, own = salt.unsqueeze(0), own.unsqueeze(0)
         else:
-            salt, own = t["salt"][candidates], t["self"][candidates]
-        shape = torch.broadcast_shapes((contexts.shape[0], 1), salt.shape)
-        acc = work if work is not None else torch.empty(shape, dtype=torch.int64, device=contexts.device)
-        acc.copy_(own.expand(shape))
-        tmp = scratch if scratch is not None else torch.empty_like(acc)
-        context_values = t["token"][contexts]  # [N, h]
-        for j in range(width):
-            torch.bitwise_xor(context_values[:, j:j + 1], salt, out=tmp)
-            torch.minimum(acc, tmp, out=acc)
-        return acc
+            salt, own = salt[candidates], own[candidates]
+        return selfhash_seeds(t["token"][contexts], salt, own)
     raise ValueError(f"scheme: unknown {scheme!r}")
 
 

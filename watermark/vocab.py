@@ -280,8 +280,21 @@ def tokenizer_fingerprint(tokenizer, vocab_size: int) -> str:
 # ---------------------------------------------------------------------------------- encoding
 
 
+def _check_text(text: str) -> None:
+    """Reject what the tokenizer backend cannot take, with an error that says why."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"text contains a lone surrogate code point at index {error.start}; it is not valid Unicode"
+        ) from None
+
+
 def encode(vocab: Vocabulary, text: str) -> list[int]:
     """Token ids of ``text`` without BOS/EOS or any other added special token."""
+    _check_text(text)
     return list(vocab.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -291,5 +304,6 @@ def encode_with_offsets(vocab: Vocabulary, text: str) -> tuple[list[int], list[t
     A character split over several byte-level tokens (an emoji) gives each of them that
     character's span.
     """
+    _check_text(text)
     encoded = vocab.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return list(encoded["input_ids"]), [tuple(span) for span in encoded["offset_mapping"]]

@@ -1,0 +1,46 @@
+"""Shared helpers for benchmarks: timing, machine description, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def time_call(fn, repeats: int, warmup: int = 2) -> dict:
+    """Median and min wall time of ``fn()`` in milliseconds after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "repeats": repeats}
+
+
+def machine() -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def write_json(name: str, payload: dict, out: str | None = None) -> Path:
+    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2, sort_keys=True)
+    path.write_text(text + "\n")
+    print(text)
+    return path

@@ -174,6 +174,9 @@ def load_model(
 
 def _from_pretrained(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a 1.5 s local load needs no per-tensor progress bar
 
     options = dict(dtype=dtype, local_files_only=True)
     try:

@@ -122,3 +122,28 @@ class Watermark:
         if ids.shape[0] < n:
             return ids.new_zeros((0, n))
         return ids.unfold(0, n, 1)
+
+
+def generation_watermark(spec: WatermarkSpec | str | None, vocab_size: int, key_id: str | None = None,
+                         keyring=None, create_if_missing: bool = False) -> Watermark:
+    """The Watermark a generation request uses: ``spec`` (default spec when None) bound to the
+    named key, or to the keyring's active key. hf specs need no key.
+
+    Raises ``watermark.keys.KeyNotFoundError`` for an unknown key or one not usable for
+    generation (retired); ``create_if_missing`` makes a first key on an empty keyring."""
+    from watermark.keys import Keyring, KeyNotFoundError
+
+    spec = WatermarkSpec.parse(spec) if spec is not None else WatermarkSpec.default()
+    if not spec.needs_key:
+        if key_id is not None:
+            raise ValueError("key: hf specs carry their own hashing_key; do not name a keyring key")
+        return Watermark(spec, None, vocab_size)
+    keyring = keyring if keyring is not None else Keyring()
+    if key_id is None:
+        info = keyring.ensure_active() if create_if_missing else keyring.active()
+    else:
+        info = next((k for k in keyring.list() if k.key_id == key_id), None)
+        if info is None or not info.usable_for_generation:
+            state = "unknown" if info is None else info.status
+            raise KeyNotFoundError(f"key {key_id!r} cannot be used for generation ({state})")
+    return Watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id)

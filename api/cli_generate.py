@@ -1,0 +1,160 @@
+"""``provmark generate``: watermarked generation from the command line.
+
+Watermarking with the keyring's active key is on by default (a first key is created on an empty
+keyring); ``--no-watermark`` turns it off, ``--watermark SPEC`` and ``--key ID`` choose.
+``--temperature 0`` means greedy, as in the OpenAI and vLLM APIs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from api.cli import CLIError
+
+# (flag, SamplingParams field, type, help); every sampler option of the engine
+SAMPLER_OPTIONS = [
+    ("--max-new-tokens", "max_new_tokens", int, "tokens to generate at most (default 128)"),
+    ("--min-new-tokens", "min_new_tokens", int, "suppress end-of-text before this many tokens"),
+    ("--temperature", "temperature", float, "0 = greedy (default 1.0)"),
+    ("--top-k", "top_k", int, "keep the k most likely tokens (0 = off)"),
+    ("--top-p", "top_p", float, "nucleus sampling mass (1 = off)"),
+    ("--min-p", "min_p", float, "drop tokens below min_p x the top probability"),
+    ("--typical-p", "typical_p", float, "locally typical sampling mass (1 = off)"),
+    ("--epsilon-cutoff", "epsilon_cutoff", float, "truncation sampling: drop p < epsilon"),
+    ("--eta-cutoff", "eta_cutoff", float, "eta sampling (entropy-dependent cut-off)"),
+    ("--mirostat", "mirostat_mode", int, "mirostat version: 0 off, 1, 2"),
+    ("--mirostat-tau", "mirostat_tau", float, "mirostat target surprise (bits)"),
+    ("--mirostat-eta", "mirostat_eta", float, "mirostat learning rate"),
+    ("--repetition-penalty", "repetition_penalty", float, "CTRL-style penalty (1 = off)"),
+    ("--presence-penalty", "presence_penalty", float, "OpenAI-style presence penalty"),
+    ("--frequency-penalty", "frequency_penalty", float, "OpenAI-style frequency penalty"),
+    ("--no-repeat-ngram-size", "no_repeat_ngram_size", int, "ban repeating n-grams of this size"),
+    ("--seed", "seed", int, "seed: the same seed gives the same tokens"),
+    ("--logprobs", "logprobs", int, "report the chosen token's logprob and this many top ones"),
+]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate (watermarked) text",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", help="the prompt, or - to read it from standard input")
+    for flag, field, kind, text in SAMPLER_OPTIONS:
+        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID=BIAS",
+                   help="add BIAS to a token's logit (repeatable)")
+    p.add_argument("--bad-word", action="append", default=[], metavar="TEXT",
+                   help="never generate this text's tokens (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+                   help="stop token id (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-text")
+    mark = p.add_mutually_exclusive_group()
+    mark.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
+    mark.add_argument("--no-watermark", action="store_true", help="generate without a watermark")
+    p.add_argument("--key", metavar="ID", help="keyring key id (default: the active key)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
+    p.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(func=run)
+
+
+def _sampling_params(args, tokenizer):
+    from generation.sampling import SamplingParams
+
+    values = {field: getattr(args, field) for _, field, _, _ in SAMPLER_OPTIONS if getattr(args, field) is not None}
+    if args.logit_bias:
+        bias = {}
+        for item in args.logit_bias:
+            token, sep, value = item.partition("=")
+            try:
+                bias[int(token)] = float(value)
+            except ValueError:
+                raise CLIError(f"--logit-bias: expected TOKEN_ID=BIAS, got {item!r}") from None
+            if not sep:
+                raise CLIError(f"--logit-bias: expected TOKEN_ID=BIAS, got {item!r}")
+        values["logit_bias"] = bias
+    if args.bad_word:
+        values["bad_words_ids"] = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in args.bad_word]
+    if args.stop:
+        values["stop"] = args.stop
+    if args.stop_token_id:
+        values["stop_token_ids"] = args.stop_token_id
+    values["ignore_eos"] = args.ignore_eos
+    try:
+        return SamplingParams(**values)
+    except ValueError as exc:
+        raise CLIError(_option_message(str(exc))) from None
+
+
+def _option_message(text: str) -> str:
+    """SamplingParams errors name fields; the user typed flags."""
+    for flag, field, _, _ in SAMPLER_OPTIONS:
+        text = text.replace(f"SamplingParams.{field}=", f"{flag} ")
+    return text.replace("SamplingParams.", "")
+
+
+def _watermark(args, vocab_size: int):
+    from watermark.config import SpecError
+    from watermark.keys import KeyringError
+    from watermark.scheme import generation_watermark
+
+    if args.no_watermark:
+        if args.key:
+            raise CLIError("--key: nothing to key with --no-watermark")
+        return None
+    try:
+        return generation_watermark(args.watermark, vocab_size, key_id=args.key, create_if_missing=True)
+    except (SpecError, KeyringError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+
+
+def run(args) -> int:
+    from generation.engine import Engine
+    from generation.models import load_model
+    from watermark.vocab import load_vocabulary
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise CLIError("prompt: empty")
+    try:  # everything that can be wrong with the request is checked before the weights load
+        vocab = load_vocabulary(args.model)
+        params = _sampling_params(args, vocab.tokenizer)
+        params.validate_for_vocab(vocab.vocab_size)
+        watermark = _watermark(args, vocab.vocab_size)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CLIError(_option_message(str(exc))) from None
+    engine = Engine(loaded, max_num_seqs=1)
+    prompt_input = engine.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else prompt
+    try:
+        if args.json:
+            out = engine.generate([prompt_input], params, watermarks=[watermark], use_tqdm=False)[0]
+            print(json.dumps(result_json(out), ensure_ascii=False))
+            return 0
+        for delta in engine.stream(prompt_input, params, watermark=watermark):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    except ValueError as exc:
+        raise CLIError(_option_message(str(exc))) from None
+    return 0
+
+
+def result_json(out) -> dict:
+    body = {
+        "text": out.text,
+        "token_ids": out.token_ids,
+        "finish_reason": out.finish_reason,
+        "usage": {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens,
+                  "total_tokens": out.usage.total_tokens},
+        "watermark": None if out.watermark is None else {
+            "spec": out.watermark.spec, "key_id": out.watermark.key_id, "fingerprint": out.watermark.fingerprint},
+    }
+    if out.logprobs is not None:
+        body["logprobs"] = out.logprobs
+        body["top_logprobs"] = out.top_logprobs
+    return body

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Modules that add sub-commands, in help order.
-COMMAND_MODULES = ("api.cli_keys", "api.cli_detect", "api.cli_generate")
+COMMAND_MODULES = ("api.cli_keys", "api.cli_detect", "api.cli_generate", "api.cli_db")
 
 
 class CLIError(Exception):
@@ -49,4 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as a module, this file is __main__ and not api.cli: use api.cli's CLIError
+    from api.cli import main as _main
+
+    sys.exit(_main())

@@ -40,7 +40,7 @@ import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -156,9 +156,10 @@ def _hkdf(master_key: bytes, purpose: bytes) -> bytes:
 class _MasterKeys:
     """Subkeys derived from the master key, one per purpose so none is used twice."""
 
-    __slots__ = ("aead", "mac_key", "check", "source")
+    __slots__ = ("_master_key", "aead", "check", "mac_key", "source")
 
     def __init__(self, master_key: bytes, source: str):
+        self._master_key = master_key
         self.aead = AESGCM(_hkdf(master_key, b"provmark/keyring/aes-gcm"))
         self.mac_key = _hkdf(master_key, b"provmark/keyring/file-mac")
         self.check = _hkdf(master_key, b"provmark/keyring/master-check").hex()[:FINGERPRINT_HEX]
@@ -166,6 +167,11 @@ class _MasterKeys:
 
     def __repr__(self) -> str:
         return f"<master key from {self.source}>"
+
+    def derive(self, purpose: bytes) -> bytes:
+        if purpose.startswith(b"provmark/keyring/"):
+            raise ValueError("purpose: the provmark/keyring/ labels are the keyring's own")
+        return _hkdf(self._master_key, purpose)
 
 
 @dataclass(slots=True)
@@ -266,7 +272,7 @@ def _parse_document(data: bytes, keys: _MasterKeys, path: Path) -> list[_Entry]:
     return entries
 
 
-def _write_private_atomic(path: Path, data: bytes) -> None:
+def write_private_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: a 0600 temp file, fsync, rename, fsync of the folder."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
@@ -292,7 +298,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def validate_key_id(key_id: str) -> str:
@@ -311,7 +317,7 @@ class Keyring:
     ``flock`` on ``keyring.lock`` from read to atomic rename, so concurrent writers never lose keys.
     """
 
-    __slots__ = ("home", "_given_master_key", "_keys")
+    __slots__ = ("_given_master_key", "_keys", "home")
 
     def __init__(self, home: Path | None = None, master_key: bytes | None = None):
         if master_key is not None and (
@@ -422,6 +428,12 @@ class Keyring:
         entries.append(_seal(self._master_keys(create=True), info, secret))
         return info
 
+    def derive_key(self, purpose: bytes) -> bytes:
+        """A 32-byte key for another secret kept at rest (e.g. the receipt signing key), derived
+        from the master key with HKDF under its own ``purpose`` label; creates the master key on
+        first use like any keyring write."""
+        return self._master_keys(create=True).derive(purpose)
+
     def _restatus(self, entry: _Entry, **changes) -> _Entry:
         keys = self._master_keys(create=True)
         return _seal(keys, replace(entry.info, **changes), _open(keys, entry))  # new metadata -> new AD
@@ -501,7 +513,7 @@ class Keyring:
                 keys = self._master_keys(create=True)
                 body = _document_body(entries, keys)
                 document = {**body, "mac": _document_mac(body, keys.mac_key)}
-                _write_private_atomic(self.path, json.dumps(document, indent=2).encode() + b"\n")
+                write_private_atomic(self.path, json.dumps(document, indent=2).encode() + b"\n")
 
 
 def _find(entries: list[_Entry], key_id: str) -> int:

@@ -1,0 +1,260 @@
+"""Text normalisation before detection, with a map back to the original text's offsets.
+
+Paraphrase-free evasion tricks change how text tokenizes while leaving it looking the same:
+compatibility characters (fullwidth letters, ligatures), Cyrillic/Greek look-alikes in Latin
+words, zero-width and other invisible characters, odd or doubled spaces. Each of those shifts
+the token ids and so the green lists. The stages below undo them, in this order:
+
+1. ``invisible``   remove format characters (Unicode category Cf: zero-width space/joiners, BOM,
+                   soft hyphen, bidi controls, tags), control characters other than whitespace,
+                   variation selectors and the invisible Hangul fillers.
+2. ``nfkc``        Unicode NFKC, applied per combining sequence so offsets stay exact.
+3. ``homoglyphs``  Cyrillic/Greek letters that look like Latin ones become the Latin letter, in
+                   words that also hold a Latin letter, or everywhere when the text is mostly Latin
+                   (so genuine Russian or Greek text, which the model may have written, is kept).
+4. ``whitespace``  line-break variants become ``\\n``; any other single space character becomes
+                   ``' '``; a run of several spaces between two words becomes one space
+                   (indentation at the start of a line is kept: code tokenizes on it).
+
+Every normalised character remembers the span of original characters it came from, so token
+offsets computed on the normalised text are reported in the ORIGINAL text.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+STAGES = ("invisible", "nfkc", "homoglyphs", "whitespace")
+
+# Look-alikes from Unicode's confusables list (security/confusables.txt) restricted to Cyrillic and
+# Greek letters whose glyph is the Latin letter in common fonts.
+HOMOGLYPHS = {
+    # Cyrillic lowercase
+    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j",
+    "ѕ": "s", "ԁ": "d", "һ": "h", "ԛ": "q", "ԝ": "w", "ӏ": "l", "ɑ": "a",
+    # Cyrillic uppercase
+    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C",
+    "Т": "T", "Х": "X", "У": "Y", "Ү": "Y", "І": "I", "Ј": "J", "Ѕ": "S", "Ԛ": "Q", "Ԝ": "W",
+    "Ӏ": "I",
+    # Greek lowercase
+    "ο": "o", "ν": "v", "ρ": "p", "α": "a", "ι": "i", "υ": "u", "κ": "k", "γ": "y",
+    # Greek uppercase
+    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
+    "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
+}
+_HOMOGLYPH_TABLE = str.maketrans(HOMOGLYPHS)
+_HOMOGLYPH_WORD = re.compile(r"\w*[" + "".join(HOMOGLYPHS) + r"]\w*")
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
+_CYRILLIC_OR_GREEK_LETTER = re.compile(r"[\u0370-\u03ff\u0400-\u052f]")
+
+# Whitespace characters that are controls but mean "line break" to people (str.splitlines' set).
+_LINE_BREAKS = re.compile(r"\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+# A run of 2+ horizontal spaces inside a line, or one unusual space character anywhere.
+_SPACES = re.compile(r"(?<=\S)[^\S\n]{2,}(?=\S)|[^\S\n \t]")
+_ASCII_INVISIBLE = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f]")
+_NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+", re.DOTALL)
+# Hangul medial/final jamo have combining class 0 yet compose with the syllable before them.
+_HANGUL_TRAILING_JAMO = ((0x1160, 0x11FF), (0xD7B0, 0xD7FF))
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedText:
+    """The normalised text, which stages changed it, and offsets back into the original."""
+
+    text: str
+    original: str
+    changes: tuple[str, ...]  # stage names (STAGES order) that changed the text
+    starts: np.ndarray | None = None  # original start of each normalised character; None: identity
+    ends: np.ndarray | None = None  # original end (exclusive) of each normalised character
+
+    def __repr__(self) -> str:
+        return f"NormalizedText(len={len(self.text)}, original_len={len(self.original)}, changes={self.changes})"
+
+    def original_spans(self, spans) -> np.ndarray:
+        """[N, 2] (start, end) spans in the normalised text -> the same spans in the original text."""
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        if self.starts is None:
+            return spans.copy()
+        start, end = spans[:, 0], spans[:, 1]
+        starts = np.append(self.starts, len(self.original))
+        out_start = starts[np.clip(start, 0, len(self.text))]
+        nonempty = end > start
+        out_end = out_start.copy()
+        out_end[nonempty] = self.ends[end[nonempty] - 1]
+        return np.stack([out_start, out_end], axis=1)
+
+    def original_span(self, start: int, end: int) -> tuple[int, int]:
+        """One (start, end) span of the normalised text in the original text."""
+        (a, b), = self.original_spans([[start, end]]).tolist()
+        return a, b
+
+
+def normalize(text: str, stages: bool | Iterable[str] = True) -> NormalizedText:
+    """Apply the chosen ``stages`` (True: all, False: none, or an iterable of STAGES names).
+
+    The result's ``changes`` lists the stages that actually changed something."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected str, got {type(text).__name__}")
+    chosen = _chosen_stages(stages)
+    current = text
+    starts = ends = None
+    changes = []
+    for name in STAGES:
+        if name not in chosen:
+            continue
+        result = _STAGE_FUNCTIONS[name](current)
+        if result is None:
+            continue
+        current, stage_starts, stage_ends = result
+        changes.append(name)
+        if stage_starts is None:  # length-preserving, one character for one
+            continue
+        if starts is None:
+            starts, ends = stage_starts, stage_ends
+        else:  # compose: normalised char -> stage input span -> original span
+            starts, ends = starts[stage_starts], ends[stage_ends - 1]
+    return NormalizedText(current, text, tuple(changes), starts, ends)
+
+
+def _chosen_stages(stages: bool | Iterable[str]) -> frozenset[str]:
+    if stages is True:
+        return frozenset(STAGES)
+    if stages is False or stages is None:
+        return frozenset()
+    if isinstance(stages, str):
+        stages = [stages]
+    chosen = frozenset(stages)
+    unknown = chosen - set(STAGES)
+    if unknown:
+        raise ValueError(f"normalize: unknown stage(s) {', '.join(sorted(unknown))} (known: {', '.join(STAGES)})")
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------- edits
+
+Edit = tuple[int, int, str]  # replace text[start:end] by the string
+
+
+def _apply_edits(text: str, edits: list[Edit]) -> tuple[str, np.ndarray, np.ndarray]:
+    """Apply sorted, non-overlapping edits; each output character maps to its source span."""
+    parts, start_chunks, end_chunks = [], [], []
+    pos = 0
+    for a, b, replacement in edits:
+        if a > pos:
+            parts.append(text[pos:a])
+            kept = np.arange(pos, a, dtype=np.int64)
+            start_chunks.append(kept)
+            end_chunks.append(kept + 1)
+        if replacement:
+            parts.append(replacement)
+            start_chunks.append(np.full(len(replacement), a, dtype=np.int64))
+            end_chunks.append(np.full(len(replacement), b, dtype=np.int64))
+        pos = b
+    if pos < len(text):
+        parts.append(text[pos:])
+        kept = np.arange(pos, len(text), dtype=np.int64)
+        start_chunks.append(kept)
+        end_chunks.append(kept + 1)
+    empty = np.zeros(0, dtype=np.int64)
+    starts = np.concatenate(start_chunks) if start_chunks else empty
+    ends = np.concatenate(end_chunks) if end_chunks else empty
+    return "".join(parts), starts, ends
+
+
+def _from_edits(text: str, edits: list[Edit]):
+    return _apply_edits(text, edits) if edits else None
+
+
+# --------------------------------------------------------------------------------------- stages
+
+
+@functools.cache
+def _invisible_pattern() -> re.Pattern:
+    """Format (Cf) and non-whitespace control (Cc) characters, variation selectors, fillers."""
+    keep = set("\t\n\r\x0b\x0c\x85")  # whitespace controls: the whitespace stage handles them
+    chars = [
+        chr(cp)
+        for block in (range(0x20000), range(0xE0000, 0xE1000))  # Cf/Cc live in planes 0, 1, 14
+        for cp in block
+        if unicodedata.category(chr(cp)) in ("Cf", "Cc") and chr(cp) not in keep
+    ]
+    extra = "\u034f\u115f\u1160\u3164\uffa0\ufe00-\ufe0f\U000e0100-\U000e01ef"
+    body = "".join(re.escape(c) for c in chars)
+    return re.compile(f"[{body}{extra}]")
+
+
+def _remove_invisible(text: str):
+    pattern = _ASCII_INVISIBLE if text.isascii() else _invisible_pattern()
+    return _from_edits(text, [(m.start(), m.end(), "") for m in pattern.finditer(text)])
+
+
+def _starts_sequence(char: str) -> bool:
+    if unicodedata.combining(char):
+        return False
+    cp = ord(char)
+    return not any(lo <= cp <= hi for lo, hi in _HANGUL_TRAILING_JAMO)
+
+
+def _nfkc(text: str):
+    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+        return None
+    edits: list[Edit] = []
+    for run in _NON_ASCII_RUN.finditer(text):
+        chunk = run.group()
+        if unicodedata.is_normalized("NFKC", chunk):
+            continue
+        # split the run into combining sequences (a starter and the marks after it)
+        bounds = [i for i, ch in enumerate(chunk) if i == 0 or _starts_sequence(ch)] + [len(chunk)]
+        for a, b in zip(bounds, bounds[1:]):
+            piece = chunk[a:b]
+            folded = unicodedata.normalize("NFKC", piece)
+            if folded != piece:
+                edits.append((run.start() + a, run.start() + b, folded))
+    return _from_edits(text, edits)
+
+
+def _fold_homoglyphs(text: str):
+    if text.isascii():
+        return None
+    words = list(_HOMOGLYPH_WORD.finditer(text))
+    if not words:
+        return None
+    mostly_latin = len(_LATIN_LETTER.findall(text)) > len(_CYRILLIC_OR_GREEK_LETTER.findall(text))
+    chars = None
+    for word in words:
+        if mostly_latin or _LATIN_LETTER.search(word.group()):
+            chars = chars if chars is not None else list(text)
+            chars[word.start():word.end()] = word.group().translate(_HOMOGLYPH_TABLE)
+    if chars is None:
+        return None
+    return "".join(chars), None, None  # one character for one: offsets unchanged
+
+
+def _fold_whitespace(text: str):
+    edits: list[Edit] = [(m.start(), m.end(), "\n") for m in _LINE_BREAKS.finditer(text)]
+    if edits:
+        text_after_breaks, starts, ends = _apply_edits(text, edits)
+    else:
+        text_after_breaks, starts, ends = text, None, None
+    space_edits = [(m.start(), m.end(), " ") for m in _SPACES.finditer(text_after_breaks)
+                   if m.group() != " "]
+    if not space_edits:
+        return (text_after_breaks, starts, ends) if edits else None
+    folded, s2, e2 = _apply_edits(text_after_breaks, space_edits)
+    if starts is not None:
+        s2, e2 = starts[s2], ends[e2 - 1]
+    return folded, s2, e2
+
+
+_STAGE_FUNCTIONS = {
+    "invisible": _remove_invisible,
+    "nfkc": _nfkc,
+    "homoglyphs": _fold_homoglyphs,
+    "whitespace": _fold_whitespace,
+}

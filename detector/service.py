@@ -1,0 +1,331 @@
+"""The detector's Python API: ``Detector(vocab, keyring).detect(text, ...) -> Verdict``.
+
+text -> normalise (offsets kept) -> tokenize (``add_special_tokens=False``) -> for every key
+under test: green flags, dedup, G of T, z, exact p -> Holm across keys -> verdict; optionally the
+best window (WinMax) and a per-token explanation, with offsets into the ORIGINAL text.
+
+Loads a tokenizer, never model weights (this package does not import ``generation``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from detector import windows as winmax
+from detector.normalize import NormalizedText, normalize as normalize_text
+from detector.scoring import (
+    CORRECTION,
+    INSUFFICIENT_TEXT,
+    NOT_WATERMARKED,
+    WATERMARKED,
+    Decision,
+    KeyScore,
+    correct_across_keys,
+    counted_positions,
+    effective_z,
+    green_flags,
+    min_scored_tokens,
+    previous_occurrence,
+    score_counts,
+    verdict_of,
+)
+from watermark.config import WatermarkSpec
+from watermark.keys import Keyring, KeyNotFoundError
+from watermark.scheme import Watermark
+from watermark.stats import Z_THRESHOLD
+from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabulary
+
+# With windows on, the whole text and the window family share alpha half and half (Bonferroni over
+# the two), so asking for windows never raises the false-positive rate above alpha.
+WINDOW_ALPHA_SHARE = 0.5
+VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One detection result; ``to_dict()`` is JSON-safe (no NaN) and holds no text and no secret."""
+
+    verdict: str  # watermarked | not_watermarked | insufficient_text
+    z_score: float  # whole text, best key (nan when nothing was scored)
+    p_value: float  # whole text, exact binomial, Holm-corrected across the keys tested
+    p_value_normal: float  # the same from the normal approximation (corrected the same way)
+    num_tokens_scored: int  # T: distinct n-grams (dedup) or scorable positions
+    num_green_tokens: int  # G
+    green_fraction: float  # G / T (nan when T = 0)
+    key_id: str | None  # the best key (None for hf specs)
+    watermark: str  # canonical spec string
+    fingerprint: str  # spec fingerprint (spec + V)
+    num_tokens: int  # tokens of the normalised text
+    alpha: float  # false-positive rate the verdict is held to
+    z_threshold: float
+    min_tokens: int  # T below which a non-significant text is insufficient_text
+    dedup: bool
+    correction: str
+    keys: list[dict]  # every key tested: z, p, corrected p
+    normalizations: list[str]  # normalisation stages that changed the text
+    tokenizer_fingerprint: str
+    model_id: str
+    text_sha256: str  # of the original text
+    text_length: int  # characters of the original text
+    decided_by: str | None = None  # "text" | "window" when watermarked
+    windows: dict | None = None
+    explanation: list[dict] | None = None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
+            value = out[name]
+            out[name] = float(value) if value is not None and math.isfinite(value) else None
+        return out
+
+    @property
+    def watermarked(self) -> bool:
+        return self.verdict == WATERMARKED
+
+
+@dataclass(slots=True)
+class _Options:
+    """detect()'s keyword options, validated at the door."""
+
+    windows: bool
+    explain: bool
+    dedup: bool
+    normalize: bool | tuple[str, ...]
+    decision: Decision = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "explain", "dedup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+
+
+class Detector:
+    """Scores text against the keyring's detection keys (or given keys) or a public hf spec.
+
+    ``vocab``: the tokenizer the scheme is defined over (default: the embedded model's, loaded on
+    first use). ``keyring``: where kgw secrets come from (default: ``Keyring()`` of PROVMARK_HOME).
+    Secrets and green tables are cached per process and dropped when the keyring file changes."""
+
+    def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None) -> None:
+        self._vocab = vocab
+        self._keyring = keyring
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._watermarks: dict[tuple[str, str | None], Watermark] = {}
+        self._detection_ids: list[str] | None = None
+
+    def __repr__(self) -> str:
+        model = self._vocab.model_id if self._vocab is not None else "default (not loaded)"
+        return f"Detector(model={model!r}, keyring={self._keyring!r})"
+
+    @property
+    def vocab(self) -> Vocabulary:
+        if self._vocab is None:
+            self._vocab = load_vocabulary()
+        return self._vocab
+
+    @property
+    def keyring(self) -> Keyring:
+        if self._keyring is None:
+            self._keyring = Keyring()
+        return self._keyring
+
+    # ------------------------------------------------------------------------------- detect
+    def detect(self, text: str, *, keys: Iterable[str] | None = None, spec: str | WatermarkSpec | None = None,
+               windows: bool = False, explain: bool = False, normalize: bool | Iterable[str] = True,
+               dedup: bool = True, z_threshold: float = Z_THRESHOLD, fpr: float | None = None) -> Verdict:
+        """Score ``text``; see the module docstring. Raises SpecError (bad spec), KeyNotFoundError
+        (unknown key, or no detection key for a kgw spec), ValueError (bad option or text).
+
+        ``keys=None`` tests every detection key of the keyring; an hf spec is public and takes none.
+        The verdict is ``watermarked`` when the Holm-corrected exact p-value is at most alpha
+        (``fpr``, or the normal tail of ``z_threshold``); with ``windows`` the text and the window
+        family each get half of alpha. ``explain`` adds per-token green/red flags with offsets:
+        it reveals part of the green lists, so serve it only to trusted callers."""
+        if not isinstance(text, str):
+            raise ValueError(f"text: expected a string, got {type(text).__name__}")
+        spec = WatermarkSpec.default() if spec is None else WatermarkSpec.parse(spec)
+        options = _Options(windows, explain, dedup, _normalize_option(normalize), Decision.make(z_threshold, fpr))
+        marks = self.watermarks(spec, keys)
+        normalized = normalize_text(text, options.normalize)
+        vocab = self.vocab
+        if options.windows or options.explain:
+            ids_list, offsets = encode_with_offsets(vocab, normalized.text)
+        else:
+            ids_list, offsets = encode(vocab, normalized.text), None
+        ids = torch.tensor(ids_list, dtype=torch.int64)
+        return _score(text, normalized, ids, offsets, marks, spec, vocab, options)
+
+    def watermarks(self, spec: WatermarkSpec, keys: Iterable[str] | None = None) -> list[Watermark]:
+        """The Watermark objects a detection tests: one per key (kgw) or one public one (hf)."""
+        vocab = self.vocab
+        if not spec.needs_key:
+            if keys is not None:
+                raise ValueError("keys: an hf spec is public (its hashing_key is in the spec); pass no key")
+            return [self._cached(spec, None, lambda: Watermark(spec, None, vocab.vocab_size))]
+        with self._lock:
+            self._refresh_if_keyring_changed()
+            if keys is None:
+                if self._detection_ids is None:
+                    self._detection_ids = [info.key_id for info in self.keyring.detection_keys()]
+                key_ids = list(self._detection_ids)
+                if not key_ids:
+                    raise KeyNotFoundError("no watermark key to detect with: create one with `provmark keys create`")
+            else:
+                if isinstance(keys, str):
+                    keys = [keys]
+                key_ids = list(dict.fromkeys(keys))  # a key listed twice is tested once
+                if not key_ids:
+                    raise ValueError("keys: expected at least one key id (or None for all detection keys)")
+        return [self._cached(spec, key_id,
+                             lambda k=key_id: Watermark(spec, self.keyring.secret(k), vocab.vocab_size, k))
+                for key_id in key_ids]
+
+    def _cached(self, spec: WatermarkSpec, key_id: str | None, build) -> Watermark:
+        cache_key = (spec.format(), key_id)
+        found = self._watermarks.get(cache_key)
+        if found is None:
+            found = build()
+            with self._lock:
+                self._watermarks[cache_key] = found
+        return found
+
+    def _refresh_if_keyring_changed(self) -> None:
+        try:
+            st = self.keyring.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._detection_ids = None
+            self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
+
+
+def _normalize_option(value) -> bool | tuple[str, ...]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ValueError(f"normalize: expected True, False or stage names, got {value!r}") from None
+
+
+# ------------------------------------------------------------------------------------ scoring
+
+
+def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
+           spec: WatermarkSpec, vocab: Vocabulary, options: _Options) -> Verdict:
+    first = marks[0]
+    h = first.context_width
+    # dedup units depend on the key for minhash/selfhash (they hold the context seed)
+    prevs = [previous_occurrence(wm, ids) for wm in marks]
+    counted = [counted_positions(prev, options.dedup) for prev in prevs]
+    flags = [green_flags(wm, ids) for wm in marks]
+    scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
+              for wm, f, c in zip(marks, flags, counted)]
+    best = correct_across_keys(scores)
+    best_index = scores.index(best)
+    total = best.num_tokens_scored
+
+    decision = options.decision
+    text_alpha = decision.alpha * (1.0 - WINDOW_ALPHA_SHARE) if options.windows else decision.alpha
+    min_tokens = min_scored_tokens(spec, effective_z(text_alpha, len(marks)))
+    verdict = verdict_of(best.p_value_corrected, total, text_alpha, min_tokens)
+    decided_by = "text" if verdict == WATERMARKED else None
+
+    spans = None
+    if offsets is not None:
+        token_spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        spans = normalized.original_spans(token_spans)
+
+    window_report = None
+    if options.windows:
+        window_alpha = decision.alpha * WINDOW_ALPHA_SHARE
+        window_report = _window_report(flags, prevs if options.dedup else None, marks, spec, h, spans, window_alpha)
+        if window_report["detected"] and verdict != WATERMARKED:
+            verdict, decided_by = WATERMARKED, "window"
+
+    normal_corrected = min(1.0, best.p_value_normal * len(marks))
+    return Verdict(
+        verdict=verdict,
+        z_score=best.z_score,
+        p_value=best.p_value_corrected,
+        p_value_normal=normal_corrected,
+        num_tokens_scored=total,
+        num_green_tokens=best.num_green_tokens,
+        green_fraction=best.num_green_tokens / total if total else float("nan"),
+        key_id=best.key_id,
+        watermark=spec.format(),
+        fingerprint=first.fingerprint,
+        num_tokens=int(ids.shape[0]),
+        alpha=text_alpha,
+        z_threshold=decision.z_threshold,
+        min_tokens=min_tokens,
+        dedup=options.dedup,
+        correction=CORRECTION,
+        keys=[s.to_dict() for s in scores],
+        normalizations=list(normalized.changes),
+        tokenizer_fingerprint=vocab.fingerprint,
+        model_id=vocab.model_id,
+        text_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        text_length=len(text),
+        decided_by=decided_by,
+        windows=window_report,
+        explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
+    )
+
+
+def _window_report(flags: list[np.ndarray], prevs: list[np.ndarray] | None, marks: list[Watermark], spec: WatermarkSpec,
+                   h: int, spans: np.ndarray, alpha: float) -> dict:
+    """The best window over every key, Bonferroni-corrected for windows x keys."""
+    num_positions = flags[0].shape[0]
+    tests = winmax.count_windows(num_positions) * len(marks)
+    best = None
+    for i, (wm, f) in enumerate(zip(marks, flags)):
+        hit = winmax.best_window(f, prevs[i] if prevs is not None else None, spec.gamma)
+        if hit is not None and (best is None or (hit.p_value, -hit.z_score) < (best.p_value, -best.z_score)):
+            hit.key_id = wm.key_id
+            best = hit
+    report = {"num_windows_tested": tests, "sizes": winmax.window_sizes(num_positions),
+              "stride_divisor": winmax.STRIDE_DIVISOR, "correction": "bonferroni", "alpha": alpha,
+              "detected": False, "best": None}
+    if best is None:
+        return report
+    best.p_value_corrected = winmax.corrected(best.p_value, tests)
+    best.token_start, best.token_end = best.start + h, best.end + h
+    best.char_start = int(spans[best.token_start, 0])
+    best.char_end = int(spans[best.token_end - 1, 1])
+    report["detected"] = best.p_value_corrected <= alpha
+    report["best"] = asdict(best)
+    return report
+
+
+def _explanation(text: str, ids: torch.Tensor, spans: np.ndarray, flags: np.ndarray, counted: np.ndarray,
+                 h: int) -> list[dict]:
+    """Per token: id, original-text span and piece, and (from position h on) its flag."""
+    out = []
+    id_list = ids.tolist()
+    for i, token_id in enumerate(id_list):
+        start, end = int(spans[i, 0]), int(spans[i, 1])
+        scored = i >= h
+        out.append({
+            "index": i,
+            "token_id": token_id,
+            "char_start": start,
+            "char_end": end,
+            "text": text[start:end],
+            "scored": scored,
+            "green": bool(flags[i - h]) if scored else None,
+            "counted": bool(counted[i - h]) if scored else False,
+        })
+    return out

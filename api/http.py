@@ -1,0 +1,262 @@
+"""What both Flask services share: JSON errors, typed request bodies, bearer-token auth with
+scopes, per-token rate limits, and an OpenAPI document built from the same pydantic models that
+validate the requests.
+
+Error bodies are always ``{"error": {"code": ..., "message": ..., "details": [...]}}`` with the
+right status: not JSON -> 400, bad fields -> 422 naming them, too large -> 413, no token -> 401,
+wrong scope -> 403, unknown thing -> 404, too many requests -> 429 (Retry-After), database down
+-> 503. Nothing secret goes into an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import models_json_schema
+from werkzeug.exceptions import HTTPException
+
+from detector.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, *, details: list | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.details, self.headers = details, headers or {}
+
+
+def error_response(status: int, code: str, message: str, details: list | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    response = jsonify({"error": body})
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def install_error_handlers(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def _api_error(exc: ApiError):
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.errorhandler(StoreUnavailable)
+    def _store_down(exc: StoreUnavailable):
+        log.warning("database unavailable: %s", type(exc).__name__)
+        return error_response(503, "database_unavailable", "the database is unreachable; nothing was stored",
+                              headers={"Retry-After": "5"})
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        code = re.sub(r"[^a-z0-9]+", "_", (exc.name or "error").lower()).strip("_")
+        headers = {}
+        if exc.code == 405 and exc.valid_methods:
+            headers["Allow"] = ", ".join(exc.valid_methods)
+        return error_response(exc.code or 500, code, exc.description or exc.name, headers=headers)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", "internal error")
+
+
+# ---- request bodies --------------------------------------------------------------------------
+class StrictModel(BaseModel):
+    """Request models reject unknown fields, so typos are 422s rather than silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def parse_body(model: type[BaseModel]) -> BaseModel:
+    """The request's JSON body validated into ``model``; 400 if not a JSON object, 422 on bad fields."""
+    data = request.get_json(silent=True, force=True) if request.data else None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return validate(model, data)
+
+
+def parse_query(model: type[BaseModel]) -> BaseModel:
+    return validate(model, {k: v for k, v in request.args.items()})
+
+
+def validate(model: type[BaseModel], data: dict) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        details = [{"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"]}
+                   for err in exc.errors(include_url=False, include_input=False)]
+        fields = ", ".join(sorted({d["field"] for d in details}))
+        raise ApiError(422, "invalid_fields", f"invalid fields: {fields}", details=details) from None
+
+
+# ---- auth and rate limits ----------------------------------------------------------------------
+class RateLimiter:
+    """A token bucket per API token: ``per_minute`` sustained, ``burst`` at once. Per process: with
+    N workers the service-wide limit is N times this."""
+
+    def __init__(self, per_minute: float, burst: int | None = None) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = float(burst if burst is not None else max(1, int(per_minute)))
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> float:
+        """0.0 if allowed now, else the seconds until one request is allowed."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, stamp = self._buckets.get(key, (self.capacity, now))
+            tokens = min(self.capacity, tokens + (now - stamp) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[key] = (tokens - 1.0, now)
+                return 0.0
+            self._buckets[key] = (tokens, now)
+            return (1.0 - tokens) / self.rate if self.rate > 0 else 60.0
+
+
+class Auth:
+    """Bearer tokens (see detector.tokens) with scopes, and the rate limit."""
+
+    def __init__(self, store, limiter: RateLimiter | None = None) -> None:
+        self.store = store
+        self.limiter = limiter
+
+    def require(self, scope: str) -> Callable:
+        def decorate(view):
+            @functools.wraps(view)
+            def wrapped(*args, **kwargs):
+                g.token = self.check(scope)
+                return view(*args, **kwargs)
+
+            wrapped.required_scope = scope
+            return wrapped
+
+        return decorate
+
+    def check(self, scope: str):
+        from detector.tokens import authenticate
+
+        header = request.headers.get("Authorization", "")
+        kind, _, plaintext = header.partition(" ")
+        if kind.lower() != "bearer" or not plaintext.strip():
+            raise ApiError(401, "unauthorized", "an API token is required: Authorization: Bearer <token>",
+                           headers={"WWW-Authenticate": 'Bearer realm="provmark"'})
+        info = authenticate(self.store, plaintext.strip())
+        if info is None:
+            raise ApiError(401, "unauthorized", "the API token is unknown or revoked",
+                           headers={"WWW-Authenticate": 'Bearer realm="provmark", error="invalid_token"'})
+        if not info.allows(scope):
+            raise ApiError(403, "forbidden", f"this token lacks the {scope!r} scope")
+        if self.limiter is not None:
+            wait = self.limiter.take(info.token_id)
+            if wait > 0:
+                raise ApiError(429, "rate_limited", "too many requests for this token",
+                               headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        return info
+
+
+# ---- OpenAPI -------------------------------------------------------------------------------------
+class OpenAPI:
+    """Routes registered through ``route`` are both Flask routes and OpenAPI operations."""
+
+    def __init__(self, title: str, version: str, description: str = "") -> None:
+        self.info = {"title": title, "version": version, "description": description}
+        self.operations: list[dict] = []
+        self.models: set[type[BaseModel]] = {ErrorResponse}
+
+    def route(self, target, rule: str, *, methods: list[str], summary: str, body: type[BaseModel] | None = None,
+              query: type[BaseModel] | None = None, responses: dict[int, Any] | None = None,
+              scope: str | None = None, tags: list[str] | None = None, content_type: str = "application/json"):
+        """``responses`` maps status -> a pydantic model, a ``(media_type, description)`` pair, or a
+        description string (no body)."""
+
+        def decorate(view):
+            target.add_url_rule(rule, view_func=view, methods=methods)
+            for method in methods:
+                self.operations.append({"rule": rule, "method": method.lower(), "summary": summary,
+                                        "body": body, "query": query, "responses": responses or {},
+                                        "scope": scope, "tags": tags or [], "content_type": content_type,
+                                        "name": view.__name__})
+            for model in (body, query, *(responses or {}).values()):
+                if isinstance(model, type) and issubclass(model, BaseModel):
+                    self.models.add(model)
+            return view
+
+        return decorate
+
+    def document(self) -> dict:
+        _, defs = models_json_schema([(m, "validation") for m in sorted(self.models, key=lambda m: m.__name__)],
+                                     ref_template="#/components/schemas/{model}")
+        schemas = defs.get("$defs", {})
+        paths: dict[str, dict] = {}
+        for op in self.operations:
+            path = re.sub(r"<(?:[a-z]+:)?([a-zA-Z_]+)>", r"{\1}", op["rule"])
+            params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                      for name in re.findall(r"{([a-zA-Z_]+)}", path)]
+            if op["query"] is not None:
+                props = op["query"].model_json_schema(ref_template="#/components/schemas/{model}")
+                required = set(props.get("required", []))
+                for name, schema in props.get("properties", {}).items():
+                    params.append({"name": name, "in": "query", "required": name in required, "schema": schema})
+            operation: dict[str, Any] = {"summary": op["summary"], "operationId": op["name"] + "_" + op["method"],
+                                         "tags": op["tags"], "responses": {}}
+            if params:
+                operation["parameters"] = params
+            if op["body"] is not None:
+                operation["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{op['body'].__name__}"}}}}
+            for status, spec in op["responses"].items():
+                operation["responses"][str(status)] = _response_object(spec)
+            errors = [400, 422] if op["body"] is not None else []
+            errors += [422] if op["query"] is not None else []
+            errors += [401, 403, 429] if op["scope"] else []
+            errors += [503]
+            for status in sorted(set(errors)):
+                operation["responses"].setdefault(str(status), {
+                    "description": "error", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
+            if op["scope"]:
+                operation["security"] = [{"bearer": []}]
+                operation["x-required-scope"] = op["scope"]
+            paths.setdefault(path, {})[op["method"]] = operation
+        return {"openapi": "3.1.0", "info": self.info, "paths": paths,
+                "components": {"schemas": schemas,
+                               "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}}
+
+
+def _response_object(spec) -> dict:
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        return {"description": spec.__doc__.strip().splitlines()[0] if spec.__doc__ else spec.__name__,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{spec.__name__}"}}}}
+    if isinstance(spec, tuple):
+        media, description = spec
+        return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
+    return {"description": str(spec)}
+
+
+__all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel",
+           "error_response", "install_error_handlers", "parse_body", "parse_query", "validate"]

@@ -56,19 +56,39 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _run(handler, args) -> int:
     try:
-        handler(Keyring(), args)
+        changed = handler(Keyring(), args) or []
     except KeyringError as exc:  # keyring messages never carry secrets
         raise CLIError(str(exc)) from None
+    _audit(changed)
     return 0
 
 
-def _create(keyring: Keyring, args) -> None:
+def _audit(changed: list[tuple[str, KeyInfo]]) -> None:
+    """Every key action writes a ``key.<action>`` audit event (and the key's public metadata) to the store."""
+    if not changed:
+        return
+    import getpass
+
+    from detector.store import Store, StoreError
+
+    try:
+        store = Store()
+        store.upgrade()
+        for action, info in changed:
+            store.record_key_event(info, action, actor=f"cli:{getpass.getuser()}")
+    except StoreError as exc:
+        raise CLIError(f"the key change is saved in the keyring, but its audit event was not written: {exc}") from None
+
+
+def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     info = keyring.create(args.key_id)
     if args.json:
-        return _print_json(info.to_dict())
-    print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint})")
-    if info.status == STANDBY:
-        print(f"used for detection now; make it the active key with `provmark keys rotate {info.key_id}`")
+        _print_json(info.to_dict())
+    else:
+        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint})")
+        if info.status == STANDBY:
+            print(f"used for detection now; make it the active key with `provmark keys rotate {info.key_id}`")
+    return [("create", info)]
 
 
 def _list(keyring: Keyring, args) -> None:
@@ -81,21 +101,28 @@ def _list(keyring: Keyring, args) -> None:
     print(format_table(infos))
 
 
-def _rotate(keyring: Keyring, args) -> None:
+def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    before = {k.key_id: k.status for k in keyring.list()}
     info = keyring.rotate(args.new_id)
+    after = keyring.list()
     if args.json:
-        return _print_json(info.to_dict())
-    print(f"key {info.key_id} is now active (fingerprint {info.fingerprint})")
-    print("earlier keys stay in detection until retired:")
-    print(format_table(keyring.list()))
+        _print_json(info.to_dict())
+    else:
+        print(f"key {info.key_id} is now active (fingerprint {info.fingerprint})")
+        print("earlier keys stay in detection until retired:")
+        print(format_table(after))
+    demoted = [("rotate_out", k) for k in after if k.key_id != info.key_id and before.get(k.key_id) != k.status]
+    return [("rotate", info), *demoted]
 
 
-def _retire(keyring: Keyring, args) -> None:
+def _retire(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     info = keyring.retire(args.key_id, purge=args.purge)
     if args.json:
-        return _print_json(info.to_dict())
-    kept = "its secret was erased" if info.purged else "its secret is kept for audits (--purge erases it)"
-    print(f"retired key {info.key_id}: no longer used for detection; {kept}")
+        _print_json(info.to_dict())
+    else:
+        kept = "its secret was erased" if info.purged else "its secret is kept for audits (--purge erases it)"
+        print(f"retired key {info.key_id}: no longer used for detection; {kept}")
+    return [("retire", info)]
 
 
 def format_table(infos: list[KeyInfo]) -> str:

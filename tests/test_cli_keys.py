@@ -150,3 +150,20 @@ def test_console_script_subprocess(home):
     for name in ("master.key", "keyring.json"):
         assert stat.S_IMODE((home / name).stat().st_mode) == 0o600
     assert_no_secret_in(created.stdout + created.stderr + listed.stdout + listed.stderr, home)
+
+
+def test_key_actions_write_audit_events_that_verify(provmark_home, capsys):
+    from api.cli import main
+    from detector.audit import list_events, verify
+    from detector.store import Store
+
+    assert main(["keys", "create", "alpha"]) == 0
+    assert main(["keys", "rotate", "beta"]) == 0
+    assert main(["keys", "retire", "alpha"]) == 0
+    store = Store()
+    kinds = [(e.kind, e.subject_id) for e in list_events(store)]
+    assert kinds == [("key.create", "alpha"), ("key.rotate", "beta"), ("key.rotate_out", "alpha"),
+                     ("key.retire", "alpha")]
+    assert verify(store).ok
+    records = {r["key_id"]: r["status"] for r in store.list_key_records()}
+    assert records == {"alpha": "retired", "beta": "active"}

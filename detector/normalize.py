@@ -48,7 +48,6 @@ HOMOGLYPHS = {
     "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
     "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
 }
-_HOMOGLYPH_TABLE = str.maketrans(HOMOGLYPHS)
 _HOMOGLYPH_WORD = re.compile(r"\w*[" + "".join(HOMOGLYPHS) + r"]\w*")
 _LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CYRILLIC_OR_GREEK_LETTER = re.compile(r"[\u0370-\u03ff\u0400-\u052f]")
@@ -225,15 +224,31 @@ def _fold_homoglyphs(text: str):
     words = list(_HOMOGLYPH_WORD.finditer(text))
     if not words:
         return None
-    mostly_latin = len(_LATIN_LETTER.findall(text)) > len(_CYRILLIC_OR_GREEK_LETTER.findall(text))
     chars = None
-    for word in words:
-        if mostly_latin or _LATIN_LETTER.search(word.group()):
+    pending = []
+    for word in words:  # words that mix scripts are look-alike attacks whatever the text
+        if _LATIN_LETTER.search(word.group()):
             chars = chars if chars is not None else list(text)
-            chars[word.start():word.end()] = word.group().translate(_HOMOGLYPH_TABLE)
+            _fold_word(chars, text, word)
+        else:
+            pending.append(word)
+    folded = "".join(chars) if chars is not None else text
+    # all-look-alike words are folded only in mostly-Latin text (counted after the mixed words)
+    if pending and len(_LATIN_LETTER.findall(folded)) > len(_CYRILLIC_OR_GREEK_LETTER.findall(folded)):
+        chars = chars if chars is not None else list(text)
+        for word in pending:
+            _fold_word(chars, text, word)
     if chars is None:
         return None
     return "".join(chars), None, None  # one character for one: offsets unchanged
+
+
+def _fold_word(chars: list[str], text: str, word: re.Match) -> None:
+    """Fold the word's look-alikes in ``chars``; a letter carrying a combining mark is kept (folded,
+    it would need a new NFKC composition, which this length-preserving stage does not do)."""
+    for i in range(word.start(), word.end()):
+        if text[i] in HOMOGLYPHS and not (i + 1 < len(text) and unicodedata.combining(text[i + 1])):
+            chars[i] = HOMOGLYPHS[text[i]]
 
 
 def _fold_whitespace(text: str):
@@ -242,8 +257,11 @@ def _fold_whitespace(text: str):
         text_after_breaks, starts, ends = _apply_edits(text, edits)
     else:
         text_after_breaks, starts, ends = text, None, None
-    space_edits = [(m.start(), m.end(), " ") for m in _SPACES.finditer(text_after_breaks)
-                   if m.group() != " "]
+    t = text_after_breaks
+    if t.isascii() and "  " not in t and "\t" not in t:
+        space_edits = []  # fast path: no run of spaces, and ASCII has no unusual space characters
+    else:
+        space_edits = [(m.start(), m.end(), " ") for m in _SPACES.finditer(t) if m.group() != " "]
     if not space_edits:
         return (text_after_breaks, starts, ends) if edits else None
     folded, s2, e2 = _apply_edits(text_after_breaks, space_edits)

@@ -23,7 +23,6 @@ from scipy import stats as scipy_stats
 
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
-from watermark.seeding import context_seeds
 from watermark.stats import (
     Z_THRESHOLD,
     holm,
@@ -51,7 +50,7 @@ class Decision:
             raise ValueError(f"fpr: expected a probability strictly between 0 and 1, got {self.alpha!r}")
 
     @classmethod
-    def make(cls, z_threshold: float | None = Z_THRESHOLD, fpr: float | None = None) -> "Decision":
+    def make(cls, z_threshold: float | None = Z_THRESHOLD, fpr: float | None = None) -> Decision:
         """From a target false-positive rate ``fpr`` (wins when given) or a z threshold."""
         if fpr is not None:
             if isinstance(fpr, bool) or not isinstance(fpr, (int, float)):
@@ -72,54 +71,35 @@ def green_flags(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
     return wm.green_flags(token_ids).numpy()
 
 
+def score_positions(wm: Watermark, token_ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass."""
+    flags, units = wm.scored_positions(token_ids)
+    return flags.numpy(), _previous(units.numpy())
+
+
 def previous_occurrence(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
     """Int [T - h]: index of the previous scored position with the same dedup unit, else -1.
 
-    A position is a first occurrence, counted under dedup, iff its entry is -1. The unit is the
-    (h+1)-gram ``Watermark.ngrams`` (transformers' unit), except where a coarser one decides the
-    flag (see ``dedup_keys``)."""
-    keys = dedup_keys(wm, token_ids)
-    count = keys[0].shape[0] if keys else 0
+    A position is a first occurrence, counted under dedup, iff its entry is -1. The unit is
+    ``Watermark.scored_positions``' : the (h+1)-gram (transformers' unit), or for minhash and
+    selfhash the (context seed, token) pair that alone decides the flag — counting such a pair
+    twice counts one coin twice, which inflated the variance of z on human text (measured on the
+    Lee corpus: var 1.19 with n-gram units, 1.01 with pairs)."""
+    return _previous(wm.scored_positions(token_ids)[1].numpy())
+
+
+def _previous(units: np.ndarray) -> np.ndarray:
+    count = units.shape[0]
     prev = np.full(count, -1, dtype=np.int64)
     if count < 2:
         return prev
-    order = np.lexsort(keys[::-1])  # stable: equal units end up adjacent, in text order
+    columns = [units[:, j] for j in range(units.shape[1])]
+    order = np.lexsort(columns[::-1])  # stable: equal units end up adjacent, in text order
     same = np.ones(count - 1, dtype=bool)
-    for key in keys:
-        same &= key[order[1:]] == key[order[:-1]]
+    for column in columns:
+        same &= column[order[1:]] == column[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
     return prev
-
-
-def dedup_keys(wm: Watermark, token_ids: torch.Tensor) -> list[np.ndarray]:
-    """Int64 columns that are equal for two positions iff they are the same dedup unit.
-
-    hf, lefthash and unigram: the (h+1)-gram (for lefthash the seed is a PRF of the whole context,
-    so distinct n-grams have distinct seeds). minhash and selfhash: the (context seed, token) pair
-    that alone decides the flag: distinct n-grams often share it (the same anchor token before the
-    same word), and counting such a pair twice counts one coin twice, which inflated the variance
-    of z on human text (measured on the Lee corpus: var 1.19 with n-gram units, 1.01 with these)."""
-    ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
-    ngrams = wm.ngrams(ids)
-    spec = wm.spec
-    if spec.kind == "kgw" and spec.scheme in ("minhash", "selfhash") and ngrams.shape[0]:
-        h = wm.context_width
-        # Watermark has no public seed accessor yet; the seeds come from the same tables it uses.
-        seeds = context_seeds(wm._tables, ngrams[:, :h], ngrams[:, h:])[:, 0]
-        return [seeds.numpy(), ngrams[:, h].numpy()]
-    return _packed_columns(ngrams.numpy(), wm.vocab_size)
-
-
-def _packed_columns(ngrams: np.ndarray, vocab_size: int) -> list[np.ndarray]:
-    """The n-gram columns packed exactly into as few int64 keys as fit (V^k < 2^63 per key)."""
-    per_key = max(1, int(63 // math.log2(max(vocab_size, 2))))
-    keys = []
-    for first in range(0, ngrams.shape[1], per_key):
-        packed = ngrams[:, first].astype(np.int64)
-        for j in range(first + 1, min(first + per_key, ngrams.shape[1])):
-            packed = packed * vocab_size + ngrams[:, j]
-        keys.append(packed)
-    return keys
 
 
 def counted_positions(prev: np.ndarray, dedup: bool) -> np.ndarray:

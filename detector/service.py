@@ -10,7 +10,9 @@ Loads a tokenizer, never model weights (this package does not import ``generatio
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -19,25 +21,24 @@ import numpy as np
 import torch
 
 from detector import windows as winmax
-from detector.normalize import NormalizedText, normalize as normalize_text
+from detector.normalize import NormalizedText
+from detector.normalize import normalize as normalize_text
 from detector.scoring import (
     CORRECTION,
     INSUFFICIENT_TEXT,
     NOT_WATERMARKED,
     WATERMARKED,
     Decision,
-    KeyScore,
     correct_across_keys,
     counted_positions,
     effective_z,
-    green_flags,
     min_scored_tokens,
-    previous_occurrence,
     score_counts,
+    score_positions,
     verdict_of,
 )
 from watermark.config import WatermarkSpec
-from watermark.keys import Keyring, KeyNotFoundError
+from watermark.keys import KeyNotFoundError, Keyring
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabulary
@@ -156,10 +157,7 @@ class Detector:
         marks = self.watermarks(spec, keys)
         normalized = normalize_text(text, options.normalize)
         vocab = self.vocab
-        if options.windows or options.explain:
-            ids_list, offsets = encode_with_offsets(vocab, normalized.text)
-        else:
-            ids_list, offsets = encode(vocab, normalized.text), None
+        ids_list, offsets = tokenize(vocab, normalized.text, with_offsets=options.windows or options.explain)
         ids = torch.tensor(ids_list, dtype=torch.int64)
         return _score(text, normalized, ids, offsets, marks, spec, vocab, options)
 
@@ -209,6 +207,63 @@ class Detector:
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
 
 
+# ---------------------------------------------------------------------------------- tokenizing
+
+CHUNK_CHARS = 1024  # long texts are tokenized in pieces of about this size, in parallel
+_CHUNK_BOUNDARY = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a space between a non-space and a letter
+_chunkable: dict[int, bool] = {}
+
+
+def tokenize(vocab: Vocabulary, text: str, with_offsets: bool) -> tuple[list[int], list | None]:
+    """Token ids (and offsets) of ``text`` exactly as ``watermark.vocab.encode[_with_offsets]``.
+
+    For byte-level BPE tokenizers (no normaliser, ByteLevel pre-tokenizer without a prefix space)
+    a space followed by a letter always starts a pre-token, and BPE never merges across
+    pre-tokens, so pieces cut there tokenize to the same ids; the tokenizer's batch call encodes
+    them on all cores. Other tokenizers take the plain path."""
+    if len(text) < 2 * CHUNK_CHARS or not _is_chunkable(vocab) or not _valid_utf8(text):
+        if with_offsets:  # (invalid text goes this way too, for vocab's error message)
+            return encode_with_offsets(vocab, text)
+        return encode(vocab, text), None
+    starts = [0]
+    while True:
+        found = _CHUNK_BOUNDARY.search(text, starts[-1] + CHUNK_CHARS)
+        if found is None:
+            break
+        starts.append(found.start())
+    pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    backend = vocab.tokenizer.backend_tokenizer
+    if not with_offsets:
+        encodings = backend.encode_batch_fast(pieces, add_special_tokens=False)
+        return [i for e in encodings for i in e.ids], None
+    encodings = backend.encode_batch(pieces, add_special_tokens=False)
+    ids, offsets = [], []
+    for start, e in zip(starts, encodings):
+        ids.extend(e.ids)
+        offsets.extend((a + start, b + start) for a, b in e.offsets)
+    return ids, offsets
+
+
+def _valid_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_chunkable(vocab: Vocabulary) -> bool:
+    key = id(vocab.tokenizer)
+    found = _chunkable.get(key)
+    if found is None:
+        config = json.loads(vocab.tokenizer.backend_tokenizer.to_str())
+        pre = config.get("pre_tokenizer") or {}
+        found = (config.get("normalizer") is None and pre.get("type") == "ByteLevel"
+                 and not pre.get("add_prefix_space") and pre.get("use_regex", True))
+        _chunkable[key] = found
+    return found
+
+
 def _normalize_option(value) -> bool | tuple[str, ...]:
     if isinstance(value, bool):
         return value
@@ -228,9 +283,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
-    prevs = [previous_occurrence(wm, ids) for wm in marks]
+    flags, prevs = zip(*(score_positions(wm, ids) for wm in marks))
     counted = [counted_positions(prev, options.dedup) for prev in prevs]
-    flags = [green_flags(wm, ids) for wm in marks]
     scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
               for wm, f, c in zip(marks, flags, counted)]
     best = correct_across_keys(scores)

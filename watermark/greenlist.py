@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 
 
 def green(tables: SeedTables, gamma: float, contexts: torch.Tensor,
-          candidates: torch.Tensor | None) -> torch.Tensor:
-    """Whether each candidate is green after its context (shapes in the module docstring)."""
+          candidates: torch.Tensor | None, return_seeds: bool = False):
+    """Whether each candidate is green after its context (shapes in the module docstring).
+
+    With ``return_seeds`` also the seeds (broadcastable to the result) that decided it."""
     token_mix = vocab_mix_table(tables.vocab_size, contexts.device)
     token_mix = token_mix.unsqueeze(0) if candidates is None else token_mix[candidates]
     seeds = context_seeds(tables, contexts, candidates)
-    return mix64(seeds, token_mix) < green_threshold(gamma)
+    flags = mix64(seeds, token_mix) < green_threshold(gamma)
+    return (flags, seeds) if return_seeds else flags
 
 
 # ---- the generation hot path -------------------------------------------------------------------

@@ -19,11 +19,11 @@ _tables_lock = threading.Lock()
 
 
 def _seed_tables(secret: bytes, spec: WatermarkSpec, vocab_size: int) -> SeedTables:
-    key = (secret_digest(secret), spec.prf, spec.scheme, vocab_size)
+    key = (secret_digest(secret), spec.prf, spec.scheme, spec.context_width, vocab_size)
     with _tables_lock:
         found = _tables_cache.get(key)
         if found is None:
-            found = SeedTables(secret, spec.prf, spec.scheme, vocab_size)
+            found = SeedTables(secret, spec.prf, spec.scheme, vocab_size, spec.context_width)
             _tables_cache[key] = found
             if len(_tables_cache) > _TABLES_CACHE_SIZE:
                 _tables_cache.popitem(last=False)
@@ -101,19 +101,33 @@ class Watermark:
     # ---- detection ----------------------------------------------------------------------------
     def green_flags(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """Bool [T - h]: is token i (i >= h) green given the h tokens before it."""
+        return self.scored_positions(token_ids)[0]
+
+    def scored_positions(self, token_ids: torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Green flags [T - h] and each position's dedup unit [T - h, k] from one pass.
+
+        Two positions with equal units have equal flags by construction, so a unit is one coin and
+        is counted once under dedup. The unit is the (h + 1)-gram, except for minhash and selfhash,
+        where the flag depends only on (seed, token) and distinct n-grams often share that pair
+        (the same anchor token before the same word): their unit is that pair."""
         ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
         h = self.context_width
-        scored = ids.shape[0] - h
-        if scored <= 0:
-            return torch.zeros(0, dtype=torch.bool)
+        ngrams = self.ngrams(ids)
+        if ngrams.shape[0] == 0:
+            return torch.zeros(0, dtype=torch.bool), ngrams
         if self._hf is not None:
             selfhash = self.spec.scheme == "selfhash"
             seq = ids.tolist()
             flags = [self._hf.is_green(seq[i - h: i + 1] if selfhash else seq[i - h: i], seq[i])
                      for i in range(h, len(seq))]
-            return torch.tensor(flags, dtype=torch.bool)
-        contexts = self.ngrams(ids)[:, :h]
-        return green(self._tables, self.spec.gamma, contexts, ids[h:].unsqueeze(1))[:, 0]
+            return torch.tensor(flags, dtype=torch.bool), ngrams
+        candidates = ngrams[:, h:]
+        flags, seeds = green(self._tables, self.spec.gamma, ngrams[:, :h], candidates, return_seeds=True)
+        if self.spec.scheme in ("minhash", "selfhash"):
+            units = torch.cat([seeds.expand(candidates.shape[0], 1), candidates], dim=1)
+        else:
+            units = ngrams
+        return flags[:, 0], units
 
     def ngrams(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """[T - h, h + 1]: each scored position's context followed by its token (the dedup unit)."""

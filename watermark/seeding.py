@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from functools import lru_cache
 from collections import OrderedDict
 
 import torch
@@ -30,8 +31,10 @@ SALT_OFFSET = 1 << 32  # selfhash salt table: splitmix64(v + 2**32), disjoint fr
 class SeedTables:
     """Per-key, per-scheme material: the PRF and its single-token table, built lazily per device."""
 
-    def __init__(self, secret: bytes, prf: str, scheme: str, vocab_size: int) -> None:
+    def __init__(self, secret: bytes, prf: str, scheme: str, vocab_size: int, context_width: int = 1) -> None:
         self.scheme = scheme
+        # lefthash over h > 1 tokens hashes the joint context: no single-token table needed
+        self.needs_table = scheme in ("minhash", "selfhash") or (scheme == "lefthash" and context_width == 1)
         self.vocab_size = vocab_size
         self.prf = KeyedPRF(secret, prf, scheme)
         self._cpu_table: torch.Tensor | None = None
@@ -73,6 +76,8 @@ class SeedTables:
         if self.scheme == "unigram":
             out["unigram"] = torch.tensor([[self.prf.seed(())]], dtype=torch.int64, device=device)
             return out
+        if not self.needs_table:
+            return out
         if self._cpu_table is None:
             self._cpu_table = self.prf.table(self.vocab_size)
         out["token"] = self._cpu_table.to(device)
@@ -83,6 +88,7 @@ class SeedTables:
         return out
 
 
+@lru_cache(maxsize=4)
 def _salt_table(vocab_size: int) -> torch.Tensor:
     return torch.tensor([to_signed64(splitmix64(v + SALT_OFFSET)) for v in range(vocab_size)], dtype=torch.int64)
 

@@ -1,0 +1,141 @@
+"""Detection throughput (tokens/s) on 1,000-token texts against transformers' WatermarkDetector.
+
+    python benchmarks/detector_throughput.py [--texts 8] [--hf-texts 3] [--repeats 5] [--threads 1] [--out FILE]
+
+Texts: the Lee corpus (gensim's test data) cut into 1,000-token pieces, decoded back to text.
+Ours, default spec (kgw selfhash h=4) and one key:
+  scoring      token ids -> verdict (green flags, dedup, counts, exact p)
+  end to end   text -> verdict (normalise, tokenize, score)
+transformers' WatermarkDetector with its default config (lefthash, context 1, ignore_repeated_ngrams)
+on the same texts in the same run, end to end (tokenize + detect). Every tokens/s figure counts
+the tokens of the text, whichever detector scores it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine, write_json  # noqa: E402
+from detector.normalize import normalize  # noqa: E402
+from detector.scoring import Decision  # noqa: E402
+from detector.service import Detector, _Options, _score  # noqa: E402
+from watermark.config import WatermarkSpec  # noqa: E402
+from watermark.vocab import encode, load_vocabulary  # noqa: E402
+
+TEXT_TOKENS = 1000
+
+
+class OneKey:
+    path = Path("/nonexistent/keyring.json")
+
+    def __init__(self):
+        self._secret = os.urandom(32)
+
+    def detection_keys(self):
+        return [type("Info", (), {"key_id": "bench"})()]
+
+    def secret(self, key_id):
+        return self._secret
+
+
+def corpus_texts(vocab, count: int) -> list[str]:
+    path = importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor")
+    ids = encode(vocab, " ".join(Path(str(path)).read_text(encoding="utf-8").split("\n")))
+    pieces = [ids[i:i + TEXT_TOKENS] for i in range(0, len(ids) - TEXT_TOKENS, TEXT_TOKENS)][:count]
+    return [vocab.tokenizer.decode(p) for p in pieces]
+
+
+def timed(fn, items, repeats: int) -> float:
+    """Best-of-``repeats`` seconds for one pass of ``fn`` over ``items`` (after a warm-up pass)."""
+    for item in items:
+        fn(item)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for item in items:
+            fn(item)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=8)
+    parser.add_argument("--hf-texts", type=int, default=3, help="transformers' detector takes seconds per text")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the detect CLI uses 1)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    vocab = load_vocabulary()
+    texts = corpus_texts(vocab, max(args.texts, args.hf_texts))
+    token_counts = [len(encode(vocab, t)) for t in texts]
+    detector = Detector(vocab=vocab, keyring=OneKey())
+    spec = WatermarkSpec.default()
+    marks = detector.watermarks(spec)
+    options = _Options(False, False, True, True, Decision.make())
+    id_tensors = [torch.tensor(encode(vocab, t)) for t in texts]
+
+    def score_only(i: int):
+        return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options)
+
+    ours_n = range(args.texts)
+    ours_tokens = sum(token_counts[i] for i in ours_n)
+    scoring_s = timed(score_only, ours_n, args.repeats)
+    end_to_end_s = timed(lambda i: detector.detect(texts[i]), ours_n, args.repeats)
+
+    hf_config = WatermarkingConfig()  # transformers' defaults: lefthash, greenlist_ratio 0.25, bias 2
+    model_config = LlamaConfig(vocab_size=vocab.vocab_size, bos_token_id=vocab.bos_token_id,
+                               eos_token_id=vocab.eos_token_id, hidden_size=8, intermediate_size=8,
+                               num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1)
+    hf_detector = WatermarkDetector(model_config, "cpu", hf_config, ignore_repeated_ngrams=True)
+
+    def hf_end_to_end(i: int):
+        ids = torch.tensor([vocab.tokenizer(texts[i], add_special_tokens=False).input_ids])
+        return hf_detector(ids, return_dict=True)
+
+    hf_n = range(args.hf_texts)
+    hf_tokens = sum(token_counts[i] for i in hf_n)
+    hf_s = timed(hf_end_to_end, hf_n, 1)
+    ours_same_s = timed(lambda i: detector.detect(texts[i]), hf_n, args.repeats)
+
+    ours_e2e_rate = ours_tokens / end_to_end_s
+    hf_rate = hf_tokens / hf_s
+    payload = {
+        "benchmark": "detector_throughput",
+        "command": "python benchmarks/detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine(),
+        "text_tokens": TEXT_TOKENS,
+        "texts": args.texts,
+        "ours": {
+            "spec": spec.format(),
+            "keys": 1,
+            "scoring_tokens_per_s": ours_tokens / scoring_s,
+            "end_to_end_tokens_per_s": ours_e2e_rate,
+            "end_to_end_tokens_per_s_on_hf_texts": hf_tokens / ours_same_s,
+        },
+        "transformers": {
+            "config": hf_config.to_dict(),
+            "ignore_repeated_ngrams": True,
+            "texts": args.hf_texts,
+            "end_to_end_tokens_per_s": hf_rate,
+        },
+        "speedup_end_to_end": (hf_tokens / ours_same_s) / hf_rate,
+        "target_speedup": 100,
+    }
+    write_json("detector_throughput", payload, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

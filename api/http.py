@@ -11,6 +11,7 @@ wrong scope -> 403, unknown thing -> 404, too many requests -> 429 (Retry-After)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import re
@@ -94,7 +95,11 @@ class StrictModel(BaseModel):
 
 def parse_body(model: type[BaseModel]) -> BaseModel:
     """The request's JSON body validated into ``model``; 400 if not a JSON object, 422 on bad fields."""
-    data = request.get_json(silent=True, force=True) if request.data else None
+    raw = request.get_data(cache=True)  # also when the client sent a form content type (curl -d)
+    try:
+        data = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        data = None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
     return validate(model, data)

@@ -1,0 +1,206 @@
+"""Request and response models of the detector service: they validate requests and, through
+``api.http.OpenAPI``, are the schemas of ``/openapi.json``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+)
+
+from api.http import StrictModel
+from detector.store import MAX_PAGE_SIZE, VERDICTS
+from watermark.keys import KEY_ID_RULE
+
+MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistake, not a detection
+MAX_SPEC_CHARS = 500  # the longest canonical spec is under 150 characters
+MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
+MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
+MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
+
+KeyId = Annotated[StrictStr, Field(pattern=f"^{KEY_ID_RULE}$")]
+VerdictName = Literal["watermarked", "not_watermarked", "insufficient_text"]
+assert set(VerdictName.__args__) == set(VERDICTS)
+
+
+class DetectRequest(StrictModel):
+    """POST /v1/detect: the text and how to score it."""
+
+    text: StrictStr = Field(description="the text to score, as pasted (length limit: 413 above it)")
+    keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
+                                     description="key ids to test (default: every detection key)")
+    all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
+    watermark: StrictStr | None = Field(None, min_length=1, max_length=MAX_SPEC_CHARS,
+                                        description="watermark spec string (default: the default kgw spec)")
+    windows: StrictBool = Field(False, description="also search for a watermarked passage (WinMax)")
+    explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")
+    normalize: StrictBool = Field(True, description="undo homoglyphs, invisible characters, odd spaces first")
+    dedup: StrictBool = Field(True, description="count each distinct (h+1)-gram once")
+    z_threshold: float = Field(4.0, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
+                               description="verdict threshold (ignored when fpr is given)")
+    fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
+                              description="target false-positive rate; wins over z_threshold")
+
+    @field_validator("text")
+    @classmethod
+    def _valid_unicode(cls, value: str) -> str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"contains a lone surrogate code point at index {error.start}") from None
+        return value
+
+
+class Provenance(BaseModel):
+    """The signed generation receipt of this exact text (``match``: how the text was matched)."""
+
+    match: Literal["exact", "normalized"]
+    receipt_id: str
+    text_sha256: str
+    token_count: int
+    model_id: str
+    spec_fingerprint: str
+    key_id: str
+    created_at: str
+    signature: str
+    signer_id: str
+    algorithm: str
+
+
+class DetectResponse(BaseModel):
+    """The verdict, the id it is stored under and the matching generation receipt, if any."""
+
+    model_config = ConfigDict(extra="allow")  # further Verdict fields pass through
+
+    id: str
+    verdict: VerdictName
+    z_score: float | None
+    p_value: float
+    num_tokens_scored: int
+    num_green_tokens: int
+    green_fraction: float | None
+    key_id: str | None
+    watermark: str
+    fingerprint: str
+    text_sha256: str
+    windows: dict[str, Any] | None
+    explanation: list[dict[str, Any]] | None
+    provenance: Provenance | None
+
+
+class VerdictItem(BaseModel):
+    """One stored verdict."""
+
+    id: str
+    created_at: str
+    text_sha256: str
+    verdict: VerdictName
+    z: float
+    p_value: float
+    green_count: int
+    scored_count: int
+    green_fraction: float
+    spec: str
+    spec_fingerprint: str
+    tokenizer_fingerprint: str
+    key_id: str | None
+    options: dict[str, Any]
+    windows: dict[str, Any] | None
+    receipt_id: str | None
+    caller_token_id: str | None
+    caller_name: str | None
+    text: str | None
+
+
+class VerdictList(BaseModel):
+    """A page of verdicts, newest first; pass ``next_cursor`` as ``cursor`` for the next one."""
+
+    items: list[VerdictItem]
+    next_cursor: str | None
+
+
+class VerdictQuery(StrictModel):
+    since: datetime | None = Field(None, description="inclusive, ISO 8601 (naive times are UTC)")
+    until: datetime | None = Field(None, description="exclusive, ISO 8601 (naive times are UTC)")
+    verdict: VerdictName | None = None
+    key_id: str | None = Field(None, max_length=32)
+    min_z: float | None = Field(None, allow_inf_nan=False)
+    text_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
+    cursor: str | None = Field(None, max_length=200)
+    limit: int = Field(100, ge=1, le=MAX_PAGE_SIZE)
+    format: Literal["json", "csv"] | None = Field(None, description="csv: the whole filtered list as CSV")
+
+    @field_validator("since", "until")
+    @classmethod
+    def _as_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("out of range once converted to UTC") from None
+
+    def filters(self) -> dict[str, Any]:
+        """Keyword arguments for ``Store.list_verdicts`` / ``verdicts_csv``."""
+        return self.model_dump(exclude={"format"})
+
+
+class AuditEventItem(BaseModel):
+    """One hash-chained audit event."""
+
+    seq: int
+    event_id: str
+    kind: str
+    actor: str
+    subject_id: str | None
+    created_at: str
+    details: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class AuditList(BaseModel):
+    """Audit events in chain order; pass ``next_after_seq`` as ``after_seq`` for the next page."""
+
+    items: list[AuditEventItem]
+    next_after_seq: int | None
+
+
+class AuditQuery(StrictModel):
+    after_seq: int = Field(0, ge=0, le=MAX_SEQ)
+    limit: int = Field(100, ge=1, le=MAX_PAGE_SIZE)
+    kind: str | None = Field(None, max_length=40)
+    subject_id: str | None = Field(None, max_length=64)
+
+
+class AuditProblemItem(BaseModel):
+    seq: int | None
+    event_id: str | None
+    problem: Literal["edited", "deleted", "reordered", "head_mismatch"]
+    message: str
+
+
+class AuditReportBody(BaseModel):
+    """The audit chain check: ok, or every edited, deleted or reordered event."""
+
+    ok: bool
+    events: int
+    head_seq: int
+    head_hash: str
+    problems: list[AuditProblemItem]
+
+
+class Health(BaseModel):
+    """The service is up and its database answers."""
+
+    status: Literal["ok"]
+    service: str
+    database: str
+    model_id: str

@@ -1,0 +1,132 @@
+"""The paste-text page in Debian's headless Chromium (Playwright), against the detector served on a
+loopback port: watermarked text shows ``watermarked`` with its z, human text ``not watermarked``,
+the watermarked passage is highlighted, and per-token colours need the explain scope.
+
+Needs ``pip install playwright`` (the Python package only) and ``apt-get install chromium``
+(/usr/bin/chromium); without them the test is skipped, except under CI=true where it fails.
+Set PROVMARK_SCREENSHOT_DIR to keep the screenshots.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from http_fixtures import (
+    human_text,
+    make_token,
+    serve,
+    shared_vocabulary,
+    watermarked_text,
+)
+
+from api.detector_app import create_app, services_of
+from detector.service import Detector
+from watermark.keys import Keyring
+
+CHROMIUM = os.environ.get("PROVMARK_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+KEY = "k-page"
+RESULT_TIMEOUT_MS = 30_000
+
+
+def _missing(reason: str):
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason + " and CI=true: the browser test must not be skipped in CI")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed (pip install playwright)")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        _missing(f"Chromium not found at {CHROMIUM} (apt-get install chromium)")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1100, "height": 1400})
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def site(provmark_home):
+    keyring = Keyring(provmark_home)
+    keyring.create(KEY)
+    vocab = shared_vocabulary()
+    app = create_app({"home": provmark_home, "vocab": vocab})
+    store = services_of(app).store
+    human = human_text(1500)
+    texts = {"human": human, "watermarked": watermarked_text(vocab, keyring.secret(KEY), human)}
+    with serve(app) as base_url:
+        yield base_url, store, texts, Detector(vocab=vocab, keyring=keyring)
+    store.close()
+
+
+def screenshot(page, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("PROVMARK_SCREENSHOT_DIR") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def check(page, text: str, explain: bool = False) -> None:
+    page.fill("#text", text)
+    page.set_checked("#opt-explain", explain)
+    with page.expect_response(lambda r: r.url.endswith("/v1/detect"), timeout=RESULT_TIMEOUT_MS):
+        page.click("#submit")
+    # The button is enabled again only once the answer is on the page.
+    page.wait_for_function("() => !document.getElementById('submit').disabled", timeout=RESULT_TIMEOUT_MS)
+    page.wait_for_selector("#result:not([hidden]), #error:not([hidden])", timeout=RESULT_TIMEOUT_MS)
+
+
+def test_verdicts_in_the_browser(browser, site, tmp_path):
+    base_url, store, texts, detector = site
+    page = browser.new_page()
+    page.goto(base_url + "/")
+    page.fill("#token", make_token(store, "detect"))
+
+    check(page, texts["watermarked"])
+    assert page.text_content("#verdict") == "watermarked"
+    expected_z = detector.detect(texts["watermarked"], windows=True).z_score
+    assert expected_z > 4.0 and page.text_content("#z-score") == f"{expected_z:.2f}"
+    assert page.locator("#passage mark.window").count() > 0  # the watermarked passage is highlighted
+    screenshot(page, "paste-page-watermarked", tmp_path)
+
+    check(page, texts["human"])
+    assert page.text_content("#verdict") == "not watermarked"
+    assert page.locator("#passage mark.window").count() == 0
+    screenshot(page, "paste-page-human", tmp_path)
+
+    # Per-token colours are refused to a token without the explain scope, with a clear message.
+    check(page, texts["watermarked"], explain=True)
+    assert page.is_visible("#error") and not page.is_visible("#result")
+    assert "explain" in page.text_content("#error-message")
+    page.close()
+
+
+def test_windows_and_token_colours_with_the_explain_scope(browser, site, tmp_path):
+    base_url, store, texts, _ = site
+    prefix, suffix = human_text(2500, 5000) + " ", " " + human_text(2500, 9000)
+    mixed = prefix + texts["watermarked"] + suffix
+    page = browser.new_page()
+    page.goto(base_url + "/")
+    page.fill("#token", make_token(store, "detect", "explain"))
+    check(page, mixed, explain=True)
+    assert page.text_content("#verdict") == "watermarked"
+    highlighted = "".join(page.locator("#passage mark.window").all_text_contents())
+    start = mixed.index(highlighted)
+    overlap = min(start + len(highlighted), len(prefix) + len(texts["watermarked"])) - max(start, len(prefix))
+    assert overlap > 0.5 * len(highlighted)  # the highlight sits mostly on the watermarked passage
+    green, red = page.locator("#passage .tok-green").count(), page.locator("#passage .tok-red").count()
+    assert green > 0 and red > 0
+    assert page.text_content("#passage") == mixed  # highlighting never changes the text
+    # The token stays in this tab's session storage only.
+    assert page.evaluate("() => sessionStorage.getItem('provmark.detector.token')").startswith("pmk_")
+    assert page.evaluate("() => localStorage.length") == 0
+    screenshot(page, "paste-page-explain", tmp_path)
+    page.close()

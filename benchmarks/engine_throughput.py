@@ -1,0 +1,177 @@
+"""Engine throughput vs transformers ``model.generate`` on the same model, settings and machine.
+
+Workloads (FACTS.md's): batch 1 and 16 concurrent requests (prompt lengths 10..200), 128 new tokens
+forced (min_new_tokens = max_new_tokens), greedy and sampled; plus the engine's slowdown when every
+request is watermarked (default spec, a throwaway key). Each figure is the median of ``--runs`` timed
+runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
+
+    python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16]
+
+Writes benchmarks/results/engine_throughput.json and prints the same JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# Sleeping (not spinning) OpenMP workers: on a shared machine two spinning threads stall each other
+# (measured 0.7 vs 8 tokens/s at batch 1 under load). Must be set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from generation.engine import Engine
+from generation.models import load_model
+from generation.sampling import SamplingParams
+
+RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
+NEW_TOKENS = 128  # FACTS.md workload
+BATCH = 16
+PROMPT_LENGTHS = (10, 200)  # FACTS.md: 16 prompts of 10..200 tokens
+PROMPT_SEED = 1234
+SAMPLED = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}  # one common sampling setting, same on both sides
+FIRST_PLAIN_TOKEN = 100  # SmolLM2 ids below this are special/control tokens; prompts avoid them
+
+
+def make_prompts(batch: int, vocab_size: int) -> list[list[int]]:
+    """Deterministic prompts with lengths spread evenly over PROMPT_LENGTHS."""
+    rng = random.Random(PROMPT_SEED)
+    low, high = PROMPT_LENGTHS
+    lengths = [low + (high - low) * i // max(batch - 1, 1) for i in range(batch)] if batch > 1 else [32]
+    rng.shuffle(lengths)
+    return [[rng.randrange(FIRST_PLAIN_TOKEN, vocab_size) for _ in range(n)] for n in lengths]
+
+
+def engine_params(sampled: bool, seed: int) -> SamplingParams:
+    extra = SAMPLED if sampled else {"temperature": 0.0}
+    return SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=seed, **extra)
+
+
+def run_engine(engine: Engine, prompts, sampled: bool, watermark=None) -> float:
+    params = [engine_params(sampled, seed=i) for i in range(len(prompts))]
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params, [watermark] * len(prompts), use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(o.token_ids) for o in outs)
+    assert produced == NEW_TOKENS * len(prompts), produced
+    return produced / elapsed
+
+
+@torch.inference_mode()
+def run_transformers(model, prompts, sampled: bool, pad_id: int) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding, as generate() expects for decoder-only models
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    extra = {"do_sample": True, **SAMPLED} if sampled else {"do_sample": False}
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                         pad_token_id=pad_id, **extra)
+    elapsed = time.perf_counter() - start
+    produced = (out.shape[1] - width) * len(prompts)
+    assert produced == NEW_TOKENS * len(prompts), produced
+    return produced / elapsed
+
+
+def default_watermark(vocab_size: int):
+    """The lead's default spec with a throwaway random key (the keyring is not touched)."""
+    from watermark.config import WatermarkSpec
+    from watermark.scheme import Watermark
+
+    return Watermark(WatermarkSpec.default(), secrets.token_bytes(32), vocab_size, key_id="benchmark")
+
+
+def median_of(fns: dict, runs: int) -> dict[str, dict]:
+    """Warm every function once, then time them interleaved ``runs`` times; medians and raw runs."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            samples[name].append(fn())
+    return {name: {"tokens_per_s": round(statistics.median(v), 2), "runs": [round(x, 2) for x in v]}
+            for name, v in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
+    parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
+    parser.add_argument("--output", type=Path, default=RESULT_PATH)
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    torch.set_num_threads(args.threads)
+
+    loaded = load_model(dtype=args.dtype)
+    model, vocab_size = loaded.model, loaded.vocab.vocab_size
+    pad_id = loaded.vocab.eos_token_id if loaded.vocab.eos_token_id is not None else 0
+    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512)
+    watermark = default_watermark(vocab_size)
+
+    results: dict[str, dict] = {}
+    batches = [int(b) for b in args.batches.split(",")]
+    if not set(batches) <= {1, BATCH}:
+        parser.error(f"--batches: choose from 1,{BATCH}")
+    for batch in batches:
+        prompts = make_prompts(batch, vocab_size)
+        for mode in ("greedy", "sampled"):
+            sampled = mode == "sampled"
+            fns = {
+                "engine": lambda p=prompts, s=sampled: run_engine(engine, p, s),
+                "transformers": lambda p=prompts, s=sampled: run_transformers(model, p, s, pad_id),
+            }
+            if batch == BATCH:
+                fns["engine_watermarked"] = lambda p=prompts, s=sampled: run_engine(engine, p, s, watermark)
+            figures = median_of(fns, args.runs)
+            entry = {name: fig for name, fig in figures.items()}
+            entry["speedup_vs_transformers"] = round(
+                figures["engine"]["tokens_per_s"] / figures["transformers"]["tokens_per_s"], 3)
+            if "engine_watermarked" in figures:
+                entry["watermark_slowdown"] = round(
+                    1 - figures["engine_watermarked"]["tokens_per_s"] / figures["engine"]["tokens_per_s"], 4)
+            results[f"batch{batch}_{mode}"] = entry
+            print(f"batch {batch} {mode}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+
+    report = {
+        "benchmark": "engine_throughput",
+        "command": "python benchmarks/engine_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": loaded.model_id,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "new_tokens": NEW_TOKENS,
+        "batch": BATCH,
+        "prompt_lengths": list(PROMPT_LENGTHS),
+        "sampled_settings": SAMPLED,
+        "watermark_spec": watermark.spec.format(),
+        "runs": args.runs,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
+        "results": results,
+        "note": "medians of interleaved runs after a warm-up; other processes on the machine add noise to both sides",
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -96,3 +96,25 @@ def test_compiled_bias_equals_eager_tensors_and_the_mask(spec, monkeypatch):
             assert torch.equal(torch.isinf(compiled), ~mask)
         else:
             assert torch.equal(compiled, torch.where(mask, logits + wm.spec.delta, logits))
+
+
+def test_rows_with_equal_spec_and_key_are_biased_in_one_call(monkeypatch):
+    """One Watermark object per request must not split a batch into per-row calls."""
+    calls = []
+    original = Watermark.bias
+
+    def counting(self, logits, histories):
+        calls.append(logits.shape[0])
+        return original(self, logits, histories)
+
+    monkeypatch.setattr(Watermark, "bias", counting)
+    rows = [Watermark(SOFT, KEY_A, V) for _ in range(4)] + [Watermark(SOFT, KEY_B, V)]
+    assert rows[0].batch_key == rows[1].batch_key != rows[4].batch_key
+    hist = _histories(5, seed=9)
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(9))
+    expected = logits.clone()
+    for i, wm in enumerate(rows):
+        expected[i:i + 1] = original(wm, expected[i:i + 1].clone(), [hist[i]])
+    WatermarkProcessor().apply(logits, hist, rows)
+    assert sorted(calls[-2:]) == [1, 4]
+    assert torch.equal(logits, expected)

@@ -1,7 +1,8 @@
 """WatermarkProcessor: per-row watermarks over one batch of logits.
 
-Rows of one batch may carry different specs and keys, or none; rows sharing a Watermark are
-biased together in one vectorised call."""
+Rows of one batch may carry different specs and keys, or none; rows sharing a spec and key
+(equal ``Watermark.batch_key``, even from different Watermark objects: one per request) are biased
+together in one vectorised call."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ class WatermarkProcessor:
         watermark's context width, are left untouched."""
         if len(histories) != logits.shape[0] or len(rows) != logits.shape[0]:
             raise ValueError("histories and rows must have one entry per logits row")
-        groups: dict[int, tuple[Watermark, list[int]]] = {}
+        groups: dict[tuple, tuple[Watermark, list[int]]] = {}
         for i, wm in enumerate(rows):
             if wm is not None:
-                groups.setdefault(id(wm), (wm, []))[1].append(i)
+                groups.setdefault(wm.batch_key, (wm, []))[1].append(i)
         for wm, idx in groups.values():
             if len(idx) == logits.shape[0]:
                 wm.bias(logits, [list(h) for h in histories])

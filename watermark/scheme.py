@@ -45,9 +45,12 @@ class Watermark:
         self.fingerprint = self.spec.fingerprint(vocab_size)
         self._tables: SeedTables | None = None
         self._hf: HFGreenlists | None = None
+        # rows whose watermarks share this key are biased in one batched call (see WatermarkProcessor)
+        self.batch_key: tuple = (self.spec, vocab_size)
         if self.spec.kind == "kgw":
             if not secret:
                 raise ValueError("a kgw watermark needs a key: create one with `provmark keys create`")
+            self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
             self._tables = _seed_tables(bytes(secret), self.spec, vocab_size)
         else:
             self._hf = HFGreenlists(self.spec, vocab_size)

@@ -3,6 +3,11 @@
 Watermarking with the keyring's active key is on by default (a first key is created on an empty
 keyring); ``--no-watermark`` turns it off, ``--watermark SPEC`` and ``--key ID`` choose.
 ``--temperature 0`` means greedy, as in the OpenAI and vLLM APIs.
+
+Constrained output (one of): ``--regex R`` (the whole output matches R), ``--json-schema FILE|JSON``,
+``--choice TEXT`` (repeatable: the output is one of them), ``--allowed-token-id ID`` (repeatable or
+comma-separated: every token comes from the set). ``--json`` then also reports ``forced_positions``:
+generated-token indices the constraint left fewer than two choices, which carry no watermark.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from api.cli import CLIError
 
@@ -50,6 +56,12 @@ def register(subparsers) -> None:
     p.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
                    help="stop token id (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-text")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--regex", metavar="R", help="the output must fully match this regular expression")
+    shape.add_argument("--json-schema", metavar="FILE|JSON", help="the output must be JSON valid under this schema")
+    shape.add_argument("--choice", action="append", metavar="TEXT", help="the output must be one of these (repeatable)")
+    shape.add_argument("--allowed-token-id", action="append", metavar="ID",
+                       help="every token must come from these ids (repeatable, or a comma list)")
     mark = p.add_mutually_exclusive_group()
     mark.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
     mark.add_argument("--no-watermark", action="store_true", help="generate without a watermark")
@@ -84,16 +96,80 @@ def _sampling_params(args, tokenizer):
     if args.stop_token_id:
         values["stop_token_ids"] = args.stop_token_id
     values["ignore_eos"] = args.ignore_eos
+    constraint = _constraint(args)
+    if constraint is not None:
+        values["constraint"] = constraint
     try:
         return SamplingParams(**values)
     except ValueError as exc:
         raise CLIError(_option_message(str(exc))) from None
 
 
+def _constraint(args):
+    """The ConstraintSpec the constraint flags ask for (None without one); errors name the flag."""
+    from generation.constraints import ConstraintError, ConstraintSpec
+
+    if args.regex is not None:
+        flag, fields = "--regex", {"regex": args.regex}
+    elif args.json_schema is not None:
+        flag, fields = "--json-schema", {"json_schema": _schema_text(args.json_schema)}
+    elif args.choice is not None:
+        flag, fields = "--choice", {"choice": args.choice}
+    elif args.allowed_token_id is not None:
+        flag, fields = "--allowed-token-id", {"allowed_token_ids": _token_ids(args.allowed_token_id)}
+    else:
+        return None
+    try:
+        return ConstraintSpec(**fields)
+    except ConstraintError as exc:
+        raise CLIError(_constraint_message(flag, exc)) from None
+
+
+CONSTRAINT_FLAGS = {"regex": "--regex", "json_schema": "--json-schema", "choice": "--choice",
+                    "allowed_token_ids": "--allowed-token-id"}
+
+
+def _constraint_message(flag: str, exc: Exception) -> str:
+    """ConstraintSpec / compiler errors start with the spec field; the user typed a flag."""
+    field, sep, rest = str(exc).partition(": ")
+    return f"{flag}: {rest}" if sep and field in CONSTRAINT_FLAGS else f"{flag}: {exc}"
+
+
+def _constraint_flag(params) -> str:
+    return CONSTRAINT_FLAGS[params.constraint.kind] if params.constraint is not None else "constraint"
+
+
+def _schema_text(value: str) -> str:
+    """--json-schema takes inline JSON (starts with { or a JSON literal) or a file path."""
+    if value.lstrip().startswith(("{", "[")) or value.strip() in ("true", "false"):
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise CLIError(f"--json-schema: {value!r} is neither inline JSON nor a readable file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"--json-schema: cannot read {value}: {exc}") from None
+
+
+def _token_ids(items: list[str]) -> list[int]:
+    ids = []
+    for item in items:
+        for part in item.split(","):
+            try:
+                ids.append(int(part.strip()))
+            except ValueError:
+                raise CLIError(f"--allowed-token-id: expected integer token ids, got {part.strip()!r}") from None
+    if any(i < 0 for i in ids):
+        raise CLIError(f"--allowed-token-id: token ids must be >= 0, got {min(ids)}")
+    return ids
+
+
 def _option_message(text: str) -> str:
     """SamplingParams errors name fields; the user typed flags."""
     for flag, field, _, _ in SAMPLER_OPTIONS:
         text = text.replace(f"SamplingParams.{field}=", f"{flag} ")
+    text = text.replace("SamplingParams.constraint.allowed_token_ids=", "--allowed-token-id ")
     return text.replace("SamplingParams.", "")
 
 
@@ -113,6 +189,7 @@ def _watermark(args, vocab_size: int):
 
 
 def run(args) -> int:
+    from generation.constraints import ConstraintError
     from generation.engine import Engine
     from generation.models import load_model
     from watermark.vocab import load_vocabulary
@@ -139,6 +216,8 @@ def run(args) -> int:
             sys.stdout.write(delta)
             sys.stdout.flush()
         sys.stdout.write("\n")
+    except ConstraintError as exc:  # the grammar cannot be followed with this vocabulary
+        raise CLIError(_constraint_message(_constraint_flag(params), exc)) from None
     except ValueError as exc:
         raise CLIError(_option_message(str(exc))) from None
     return 0
@@ -154,6 +233,9 @@ def result_json(out) -> dict:
         "watermark": None if out.watermark is None else {
             "spec": out.watermark.spec, "key_id": out.watermark.key_id, "fingerprint": out.watermark.fingerprint},
     }
+    body["forced_positions"] = out.forced_positions
+    if out.error is not None:
+        body["error"] = out.error
     if out.logprobs is not None:
         body["logprobs"] = out.logprobs
         body["top_logprobs"] = out.top_logprobs

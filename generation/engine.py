@@ -4,6 +4,11 @@ Each ``step()`` reads as three verbs: the scheduler picks a batch (new prompts t
 running sequence for one decode token), the runner runs the model over the slot cache, and the
 post-processing samples, appends, checks stops and reports outputs. ``submit`` may be called from any
 thread; ``step`` is serialised by a lock (one thread drives the engine).
+
+Constrained requests (``SamplingParams.constraint``) get their logits masked to the constraint's allowed
+set before the sampler, so penalties, logit bias and the watermark only choose among allowed tokens; the
+step's masks are computed on a background thread while the model runs. Rows without a constraint are
+never touched.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from generation.constraints import (
+    ConstraintCompiler,
+    ConstraintError,
+    ConstraintMasks,
+    start_masks,
+)
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 from generation.sampling import Sampler, SamplerState, SamplingParams
@@ -61,6 +72,8 @@ class Engine:
         self.sampler = Sampler(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)
         self._processor = None  # watermark.processor.WatermarkProcessor, made on first watermarked request
+        self._compiler: ConstraintCompiler | None = None  # made on first constrained request (~0.5 s)
+        self._compiler_lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
         self._inbox_lock = threading.Lock()
@@ -88,11 +101,15 @@ class Engine:
 
     def submit(self, prompt: str | list[int], params: SamplingParams, watermark: Watermark | None = None,
                request_id: str | None = None) -> str:
-        """Queue a request (thread-safe); it joins the running batch at a later step. Returns its id."""
+        """Queue a request (thread-safe); it joins the running batch at a later step. Returns its id.
+
+        A ``params.constraint`` is compiled here: a grammar this vocabulary cannot follow raises
+        ValueError (generation.constraints.ConstraintError) before anything is queued."""
         prompt_ids = self._prompt_ids(prompt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate_for_vocab(self.vocab_size)
+        constraint = self.constraint_compiler().compile(params.constraint) if params.constraint is not None else None
         if watermark is not None and getattr(watermark, "vocab_size", self.vocab_size) != self.vocab_size:
             raise ValueError(f"watermark: built for vocab_size {watermark.vocab_size}, model has {self.vocab_size}")
         state = SamplerState(params, prompt_ids, self.eos_token_ids)
@@ -101,11 +118,18 @@ class Engine:
             if rid in self._live or any(s.request_id == rid for s in self._inbox):
                 raise ValueError(f"request_id {rid!r} is already in use")
             seq = Sequence(rid, prompt_ids, params, state, TextTracker(self.tokenizer, params.stop),
-                           watermark=watermark, arrival=next(self._arrivals))
+                           watermark=watermark, arrival=next(self._arrivals), constraint=constraint)
             if params.logprobs is not None:
                 seq.logprobs, seq.top_logprobs = [], []
             self._inbox.append(seq)
         return rid
+
+    def constraint_compiler(self) -> ConstraintCompiler:
+        """The engine's one compiler (tokenizer converted on first use; grammars cached across requests)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = ConstraintCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+            return self._compiler
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -140,8 +164,12 @@ class Engine:
             batch = self.scheduler.schedule()
             if batch.is_empty:
                 return finished
+            # the masks depend only on each row's constraint state: computed while the model runs
+            batch_rows = [seq for group in batch.prefill_groups for seq in group] or batch.decode  # _run's row order
+            pending = start_masks([seq.constraint for seq in batch_rows], self.vocab_size)
             rows, logits = self._run(batch)
-            return finished + self._postprocess(rows, logits)
+            masks = pending.result() if pending is not None else None
+            return finished + self._postprocess(rows, logits, masks)
 
     def _take_inbox(self) -> list[RequestOutput]:
         with self._inbox_lock:
@@ -176,26 +204,53 @@ class Engine:
             seq.num_cached = seq.num_tokens
         return rows, logits
 
-    def _watermark_hook(self, rows: list[Sequence]):
-        marks = [seq.watermark for seq in rows]
-        if not any(m is not None for m in marks):
-            return None
-        if self._processor is None:
-            from watermark.processor import WatermarkProcessor
+    def _watermark_hook(self, rows: list[Sequence], masked_logits: torch.Tensor, constrained: list[int]):
+        """The sampler's hook after penalties and bans: keeps constrained rows sampleable, then the watermark.
 
-            self._processor = WatermarkProcessor()
+        A constrained row left without a finite logit gets its masked logits back: by penalties or bans
+        (the constraint wins), or by a hard watermark whose red list covers every allowed token (that row
+        goes unwatermarked this step). Returns None when no row needs either."""
+        marks = [seq.watermark for seq in rows]
+        watermarked = any(m is not None for m in marks)
+        if not watermarked and not constrained:
+            return None
+        processor = None
+        if watermarked:
+            if self._processor is None:
+                from watermark.processor import WatermarkProcessor
+
+                self._processor = WatermarkProcessor()
+            processor = self._processor
         # the bias only reads each row's last context_width tokens
         histories = [seq.all_ids[len(seq.all_ids) - max(m.context_width, 1):] if m is not None else ()
                      for seq, m in zip(rows, marks)]
-        processor = self._processor
-        return lambda logits: processor.apply(logits, histories, marks)
+        hard_rows = [i for i in constrained if marks[i] is not None and getattr(marks[i].spec, "hard", False)]
 
-    def _postprocess(self, rows: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
-        sampled = self.sampler.sample(logits, [seq.sampler_state for seq in rows], self._watermark_hook(rows))
+        def hook(scores: torch.Tensor) -> torch.Tensor:
+            if constrained:
+                _restore_dead_rows_(scores, constrained, masked_logits)
+            if processor is None:
+                return scores
+            before = scores[hard_rows] if hard_rows else None  # advanced indexing: a copy
+            processor.apply(scores, histories, marks)
+            if before is not None:
+                _restore_dead_rows_(scores, hard_rows, before, source_rows_are_local=True)
+            return scores
+
+        return hook
+
+    def _postprocess(self, rows: list[Sequence], logits: torch.Tensor,
+                     masks: ConstraintMasks | None = None) -> list[RequestOutput]:
+        counts = masks.apply_(logits) if masks is not None else None
+        constrained = masks.rows if masks is not None else []
+        hook = self._watermark_hook(rows, logits, constrained)
+        sampled = self.sampler.sample(logits, [seq.sampler_state for seq in rows], hook)
         tokens = sampled.token_ids.tolist()
         chosen_logprobs = sampled.logprobs.tolist() if sampled.logprobs is not None else None
         outputs = []
         for i, (seq, token) in enumerate(zip(rows, tokens)):
+            if counts is not None and counts[i] is not None:
+                seq.record_allowed(counts[i])
             seq.sampler_state.append(token)
             seq.output_ids.append(token)
             if seq.logprobs is not None and chosen_logprobs is not None:
@@ -207,16 +262,28 @@ class Engine:
     def _advance(self, seq: Sequence, token: int) -> RequestOutput:
         """Stop checks for a just-appended token, then the request's output for this step."""
         params = seq.params
+        constraint = seq.constraint
+        if constraint is not None:
+            failure = constraint.error  # a dead end: the mask allowed EOS alone so the row could end
+            if failure is None:
+                try:
+                    constraint.advance(token)
+                except ConstraintError as exc:
+                    failure = str(exc)
+            if failure is not None:
+                return self._finish(seq, "error", error=f"constraint: {failure}")
         if (token in self.eos_token_ids and not params.ignore_eos) or token in (params.stop_token_ids or ()):
             return self._finish(seq, "stop")  # the stop token stays in token_ids, not in the text
+        if constraint is not None and constraint.is_complete():
+            return self._finish(seq, "stop")  # a full match: nothing but EOS could follow
         if seq.text.update(seq.output_ids):
             return self._finish(seq, "stop")
         if len(seq.output_ids) >= params.max_new_tokens or seq.num_tokens >= self.config.max_model_len:
             return self._finish(seq, "length")
         return self._output(seq, seq.text.take_delta(final=False))
 
-    def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
-        seq.finish_reason = reason
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> RequestOutput:
+        seq.finish_reason, seq.error = reason, error
         ids = seq.output_ids
         stopped_on_token = reason == "stop" and ids and (
             (ids[-1] in self.eos_token_ids and not seq.params.ignore_eos) or ids[-1] in (seq.params.stop_token_ids or ()))
@@ -239,6 +306,8 @@ class Engine:
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
             top_logprobs=list(seq.top_logprobs) if seq.top_logprobs is not None else None,
             watermark=WatermarkInfo(wm.spec.format(), wm.key_id, wm.fingerprint) if wm is not None else None,
+            forced_positions=list(seq.forced_positions),
+            error=seq.error,
         )
 
     # ------------------------------------------------------------------ conveniences
@@ -295,3 +364,16 @@ class Engine:
         finally:
             if not finished:
                 self.abort(rid)
+
+
+def _restore_dead_rows_(scores: torch.Tensor, rows: list[int], source: torch.Tensor,
+                        source_rows_are_local: bool = False) -> None:
+    """Rows of ``scores`` (batch indices ``rows``) with no finite logit left take their values from
+    ``source`` (indexed by batch index, or by position in ``rows`` when ``source_rows_are_local``)."""
+    index = torch.tensor(rows, dtype=torch.long, device=scores.device)
+    dead = scores.index_select(0, index).amax(-1) == float("-inf")
+    if not bool(dead.any()):
+        return
+    local = dead.nonzero()[:, 0]
+    take = local if source_rows_are_local else index[local]
+    scores[index[local]] = source.index_select(0, take.to(source.device)).to(scores.dtype)

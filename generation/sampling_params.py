@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from generation.constraints import ConstraintSpec
+
 MIROSTAT_MODES = (0, 1, 2)  # off, v1, v2 (Basu et al. 2021, "Mirostat", algorithms 1 and 2)
 
 
@@ -49,6 +51,10 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None  # None = off; k >= 0 => chosen token logprob + top-k logprobs
+    # what the output must be (regex / JSON schema / choice / token set); a field here, not a submit()
+    # argument, so the CLI and HTTP layers build one object from flat fields and generate() mixes
+    # constrained and free rows through its per-prompt params
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         self._check_ints()
@@ -123,6 +129,12 @@ class SamplingParams:
                 isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
             ):
                 _fail("stop_token_ids", "<malformed>", "must be a list of int token ids")
+        if self.constraint is not None:
+            if not isinstance(self.constraint, ConstraintSpec):
+                _fail("constraint", type(self.constraint).__name__, "must be a generation.constraints.ConstraintSpec or None")
+            if self.logit_bias and any(math.isinf(b) and b > 0 for b in self.logit_bias.values()):
+                # +inf on a token the constraint masked to -inf would make NaN
+                _fail("logit_bias", "+inf", "must not be +inf when a constraint is given")
 
     @property
     def greedy(self) -> bool:
@@ -137,6 +149,8 @@ class SamplingParams:
             _check_token_ids("bad_words_ids", [t for w in self.bad_words_ids for t in w], vocab_size)
         if self.stop_token_ids:
             _check_token_ids("stop_token_ids", self.stop_token_ids, vocab_size)
+        if self.constraint is not None and self.constraint.allowed_token_ids is not None:
+            _check_token_ids("constraint.allowed_token_ids", self.constraint.allowed_token_ids, vocab_size)
 
 
 class SamplerState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from generation.constraints import FORCED_BELOW, Constraint
 from generation.sampling import SamplerState, SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
@@ -53,11 +54,14 @@ class RequestOutput:
     text: str
     text_delta: str
     finished: bool
-    finish_reason: str | None  # 'stop' | 'length' | 'abort' once finished
+    finish_reason: str | None  # 'stop' | 'length' | 'abort' | 'error' (the constraint failed) once finished
     usage: Usage
     logprobs: list[float] | None = None  # chosen tokens' logprobs (pre-watermark), when asked
     top_logprobs: list[list[tuple[int, float]]] | None = None
     watermark: WatermarkInfo | None = None
+    # generated-token indices the constraint left fewer than two choices (no watermark signal); [] if unconstrained
+    forced_positions: list[int] = field(default_factory=list)
+    error: str | None = None  # why the request failed (finish_reason 'error'), e.g. the constraint hit a dead end
 
 
 class TextTracker:
@@ -136,6 +140,16 @@ class Sequence:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
+    constraint: Constraint | None = None  # this sequence's place in its grammar; advanced once per token
+    allowed_counts: list[int] = field(default_factory=list)  # per generated token: how many the constraint allowed
+    forced_positions: list[int] = field(default_factory=list)  # indices with allowed count < FORCED_BELOW
+    error: str | None = None
+
+    def record_allowed(self, count: int) -> None:
+        """Note how many tokens the constraint allowed for the token about to be appended."""
+        if count < FORCED_BELOW:
+            self.forced_positions.append(len(self.allowed_counts))
+        self.allowed_counts.append(count)
 
     @property
     def num_tokens(self) -> int:

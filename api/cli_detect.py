@@ -4,6 +4,9 @@
                     [--model DIR] [--json]
     provmark detect --jsonl IN.jsonl [...]      one {"text": ...} per line in, one verdict per line out
 
+A JSON line may carry ``forced_positions`` (as ``provmark generate --json`` prints for constrained
+output): those tokens had fewer than two allowed choices, carry no watermark, and are not scored.
+
 Without --key every detection key of the keyring is tested (Holm-corrected); an ``hf:`` spec is
 public and needs no key. The exit status is 0 whatever the verdict; user errors (unknown key,
 unreadable file, bad spec) exit 2 with a message. Output never contains a secret.
@@ -121,7 +124,10 @@ def _run_jsonl(detector, path: str, options: dict) -> int:
                 if not line.strip():
                     continue
                 record = _parse_record(line, path, number)
-                verdict = _detect(detector, record["text"], options).to_dict()
+                record_options = options
+                if record.get("forced_positions"):  # e.g. `provmark generate --json` output of a constrained run
+                    record_options = {**options, "forced_positions": record["forced_positions"]}
+                verdict = _detect(detector, record["text"], record_options).to_dict()
                 if "id" in record:
                     verdict = {"id": record["id"], **verdict}
                 print(json.dumps(verdict, separators=(",", ":")), flush=False)

@@ -76,6 +76,9 @@ class Verdict:
     text_sha256: str  # of the original text
     text_length: int  # characters of the original text
     decided_by: str | None = None  # "text" | "window" when watermarked
+    # scorable positions left out because the generator had fewer than two tokens to choose from
+    # there (constrained decoding): the watermark could not act on them (see docs/constraints.md)
+    num_forced_positions: int = 0
     windows: dict | None = None
     explanation: list[dict] | None = None
 
@@ -100,11 +103,20 @@ class _Options:
     dedup: bool
     normalize: bool | tuple[str, ...]
     decision: Decision = field(repr=False)
+    forced_positions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("windows", "explain", "dedup"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.forced_positions):
+            raise ValueError("forced_positions: expected token indices (integers >= 0)")
+
+
+def _forced_scored_positions(forced_tokens: tuple[int, ...], h: int, scorable: int) -> np.ndarray:
+    """Scored-position indices (token index - h) of the forced tokens that are scorable at all."""
+    positions = np.asarray(sorted(set(forced_tokens)), dtype=np.int64) - h
+    return positions[(positions >= 0) & (positions < scorable)]
 
 
 class Detector:
@@ -141,7 +153,8 @@ class Detector:
     # ------------------------------------------------------------------------------- detect
     def detect(self, text: str, *, keys: Iterable[str] | None = None, spec: str | WatermarkSpec | None = None,
                windows: bool = False, explain: bool = False, normalize: bool | Iterable[str] = True,
-               dedup: bool = True, z_threshold: float = Z_THRESHOLD, fpr: float | None = None) -> Verdict:
+               dedup: bool = True, z_threshold: float = Z_THRESHOLD, fpr: float | None = None,
+               forced_positions: Iterable[int] | None = None) -> Verdict:
         """Score ``text``; see the module docstring. Raises SpecError (bad spec), KeyNotFoundError
         (unknown key, or no detection key for a kgw spec), ValueError (bad option or text).
 
@@ -149,11 +162,17 @@ class Detector:
         The verdict is ``watermarked`` when the Holm-corrected exact p-value is at most alpha
         (``fpr``, or the normal tail of ``z_threshold``); with ``windows`` the text and the window
         family each get half of alpha. ``explain`` adds per-token green/red flags with offsets:
-        it reveals part of the green lists, so serve it only to trusted callers."""
+        it reveals part of the green lists, so serve it only to trusted callers.
+
+        ``forced_positions``: token indices (of this text's tokenization) where the generator had
+        fewer than two allowed tokens (``RequestOutput.forced_positions`` of a constrained
+        generation, when the text is exactly its output): they are left out of T and G, so a fully
+        constrained text is ``insufficient_text`` rather than judged on coins the key never tossed."""
         if not isinstance(text, str):
             raise ValueError(f"text: expected a string, got {type(text).__name__}")
         spec = WatermarkSpec.default() if spec is None else WatermarkSpec.parse(spec)
-        options = _Options(windows, explain, dedup, _normalize_option(normalize), Decision.make(z_threshold, fpr))
+        options = _Options(windows, explain, dedup, _normalize_option(normalize), Decision.make(z_threshold, fpr),
+                           tuple(forced_positions or ()))
         marks = self.watermarks(spec, keys)
         normalized = normalize_text(text, options.normalize)
         vocab = self.vocab
@@ -284,7 +303,12 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
     flags, prevs = zip(*(score_positions(wm, ids) for wm in marks))
-    counted = [counted_positions(prev, options.dedup) for prev in prevs]
+    if not options.dedup:  # every position is its own first occurrence
+        prevs = [np.full_like(prev, -1) for prev in prevs]
+    forced = _forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
+    for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
+        prev[forced] = forced
+    counted = [counted_positions(prev, True) for prev in prevs]
     scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
               for wm, f, c in zip(marks, flags, counted)]
     best = correct_across_keys(scores)
@@ -305,7 +329,7 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     window_report = None
     if options.windows:
         window_alpha = decision.alpha * WINDOW_ALPHA_SHARE
-        window_report = _window_report(flags, prevs if options.dedup else None, marks, spec, h, spans, window_alpha)
+        window_report = _window_report(flags, prevs, marks, spec, h, spans, window_alpha)
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
@@ -334,6 +358,7 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         text_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
         text_length=len(text),
         decided_by=decided_by,
+        num_forced_positions=int(forced.shape[0]),
         windows=window_report,
         explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
     )

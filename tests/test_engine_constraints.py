@@ -221,3 +221,23 @@ def test_cli_constraint_flags_are_mutually_exclusive(capsys):
     with pytest.raises(SystemExit) as exc:
         run_cli(capsys, "hi", "--regex", "a", "--choice", "b")
     assert exc.value.code == 2 and "--regex" in capsys.readouterr().err
+
+
+def test_fully_forced_output_is_insufficient_text_not_a_negative(tmp_path, capsys):
+    """A fixed-string constraint leaves one token per step: with its forced positions the detector
+    scores nothing and says insufficient_text; without them it would judge coins the key never tossed."""
+    from api.cli import main
+
+    text = "The quick brown fox jumps over the lazy dog. " * 6
+    assert main(["generate", "Say it.", "--regex", re.escape(text.strip()), "--max-new-tokens", "120",
+                 "--seed", "1", "--json"]) == 0
+    generated = json.loads(capsys.readouterr().out)
+    assert generated["text"] == text.strip()
+    assert len(generated["forced_positions"]) == len(generated["token_ids"])
+    lines = tmp_path / "out.jsonl"
+    lines.write_text(json.dumps(generated) + "\n" + json.dumps({"text": generated["text"]}) + "\n")
+    assert main(["detect", "--jsonl", str(lines), "--no-normalize"]) == 0
+    with_forced, without = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert with_forced["verdict"] == "insufficient_text"
+    assert with_forced["num_tokens_scored"] == 0 and with_forced["num_forced_positions"] > 0
+    assert without["num_tokens_scored"] > 0 and without["num_forced_positions"] == 0

@@ -74,7 +74,8 @@ def _run_detection(services, body: DetectRequest, spec: WatermarkSpec):
         with services.detect_lock:
             return services.detector.detect(
                 body.text, keys=body.keys, spec=spec, windows=body.windows, explain=body.explain,
-                normalize=body.normalize, dedup=body.dedup, z_threshold=body.z_threshold, fpr=body.fpr)
+                normalize=body.normalize, dedup=body.dedup, z_threshold=body.z_threshold, fpr=body.fpr,
+                forced_positions=body.forced_positions)
     except KeyNotFoundError as error:  # keyring messages name key ids, never secrets
         raise ApiError(404, "key_not_found", str(error)) from None
     except KeyringError as error:

@@ -19,6 +19,7 @@ from api.http import StrictModel
 from detector.store import MAX_PAGE_SIZE, VERDICTS
 from watermark.keys import KEY_ID_RULE
 
+MAX_FORCED_POSITIONS = 100_000  # more than any text under the character limit tokenizes to
 MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistake, not a detection
 MAX_SPEC_CHARS = 500  # the longest canonical spec is under 150 characters
 MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
@@ -47,6 +48,10 @@ class DetectRequest(StrictModel):
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")
+    forced_positions: list[Annotated[int, Field(ge=0, strict=True)]] | None = Field(
+        None, max_length=MAX_FORCED_POSITIONS,
+        description="token indices where a constrained generator had fewer than two allowed tokens "
+                    "(its forced_positions): left out of scoring")
 
     @field_validator("text")
     @classmethod
@@ -90,6 +95,7 @@ class DetectResponse(BaseModel):
     watermark: str
     fingerprint: str
     text_sha256: str
+    num_forced_positions: int
     windows: dict[str, Any] | None
     explanation: list[dict[str, Any]] | None
     provenance: Provenance | None

@@ -106,6 +106,21 @@ def test_empty_text_is_insufficient_and_still_stored(service):
     assert store.get_verdict(body["id"])["verdict"] == "insufficient_text"
 
 
+def test_forced_positions_are_left_out_of_scoring(service, keyring, texts):
+    """A constrained generator's forced positions (fewer than two allowed tokens) carry no watermark:
+    with all of them given, nothing is scored and the verdict is insufficient_text, not a guess."""
+    base_url, _, admin = service
+    text = marked(keyring, texts)
+    status, full, _ = detect(base_url, admin, text)
+    assert status == 200 and full["verdict"] == "watermarked" and full["num_forced_positions"] == 0
+    everything = list(range(full["num_tokens"]))
+    status, body, _ = detect(base_url, admin, text, forced_positions=everything)
+    assert status == 200 and body["verdict"] == "insufficient_text"
+    assert body["num_tokens_scored"] == 0 and body["num_forced_positions"] > 0
+    status, body, _ = detect(base_url, admin, text, forced_positions=[-1])
+    assert status == 422 and body["error"]["details"][0]["field"].startswith("forced_positions")
+
+
 def test_explain_needs_the_explain_scope(service, keyring, texts):
     base_url, store, _ = service
     detect_only = make_token(store, "detect")

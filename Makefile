@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 serve: $(STAMP)
-	$(BIN)/python -m api.serve_demo
+	$(BIN)/python -m api.serve_all
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/watermark_overhead.py

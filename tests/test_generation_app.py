@@ -1,0 +1,213 @@
+"""The generation service over real sockets: /v1/generate (plain, streaming, errors), receipts and
+their audit events, the engine thread sharing one batch between concurrent requests, health, OpenAPI."""
+
+import http.client
+import json
+import threading
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from http_fixtures import call, make_token, serve
+
+from api.generation_app import create_app
+from detector.audit import list_events
+from detector.receipts import get_receipt, verify_receipt
+from detector.store import text_sha256
+from generation.sampling_params import SamplingParams
+from watermark.config import WatermarkSpec
+
+pytestmark = pytest.mark.slow  # loads the embedded model
+MAX_TEXT_CHARS = 2000
+CONCURRENT = 4
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from generation.engine import Engine
+    from generation.models import load_model
+
+    home = tmp_path_factory.mktemp("generation-home")
+    engine = Engine(load_model(), max_num_seqs=8, max_model_len=256)
+    app = create_app({"home": home, "engine": engine, "rate_limit": 0, "max_text_chars": MAX_TEXT_CHARS})
+    service = app.extensions["provmark.generation"]
+    store = app.extensions["provmark.store"]
+    with serve(app) as base_url:
+        yield SimpleNamespace(url=base_url, home=home, service=service, store=store,
+                              admin=(home / "admin.token").read_text().strip(),
+                              generate=make_token(store, "generate"), detect=make_token(store, "detect"))
+    service.worker.stop()
+
+
+def generate(live, body, token=None, **kwargs):
+    return call("POST", live.url + "/v1/generate", body, token=token or live.generate, **kwargs)
+
+
+def public_key(live) -> str:
+    status, body, _ = call("GET", live.url + "/v1/receipts/public-key")
+    assert status == 200 and body["algorithm"] == "Ed25519"
+    return body["public_key_pem"]
+
+
+def events_of(text: str) -> list:
+    """The JSON data of each server-sent event ('[DONE]' stays a string)."""
+    chunks = [block[len("data: "):] for block in text.split("\n\n") if block.startswith("data: ")]
+    return [chunk if chunk == "[DONE]" else json.loads(chunk) for chunk in chunks]
+
+
+def test_generate_returns_text_usage_watermark_and_a_verifiable_stored_receipt(live):
+    status, body, _ = generate(live, {"prompt": "The river in spring", "max_new_tokens": 12, "seed": 7})
+    assert status == 200, body
+    assert body["finish_reason"] in ("stop", "length") and 1 <= len(body["token_ids"]) <= 12
+    assert body["usage"]["completion_tokens"] == len(body["token_ids"])
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + len(body["token_ids"])
+    active = live.service.keyring.active()
+    assert body["watermark"]["key_id"] == active.key_id
+    assert body["watermark"]["spec"] == WatermarkSpec.default().format()
+    receipt = body["receipt"]
+    assert receipt["text_sha256"] == text_sha256(body["text"]) and receipt["token_count"] == len(body["token_ids"])
+    assert receipt["spec_fingerprint"] == body["watermark"]["fingerprint"] and receipt["receipt_id"] == body["id"]
+    assert verify_receipt(receipt, public_key(live))
+    assert not verify_receipt({**receipt, "token_count": receipt["token_count"] + 1}, public_key(live))
+    assert get_receipt(live.store, receipt["receipt_id"]) == receipt
+    events = list_events(live.store, kind="generation", subject_id=receipt["receipt_id"])
+    assert len(events) == 1 and events[0].actor.startswith("token:")
+
+
+def test_same_seed_same_tokens_and_logprobs_per_token(live):
+    body = {"prompt": "Once upon a time", "max_new_tokens": 6, "seed": 11, "logprobs": 2, "ignore_eos": True}
+    first, second = generate(live, body)[1], generate(live, body)[1]
+    assert first["token_ids"] == second["token_ids"] and len(first["token_ids"]) == 6
+    assert [item["token_id"] for item in first["logprobs"]] == first["token_ids"]
+    assert all(len(item["top_logprobs"]) == 2 and item["logprob"] <= 0 for item in first["logprobs"])
+
+
+def test_watermark_off_and_chat_messages(live):
+    for off in (False, None):
+        status, body, _ = generate(live, {"messages": [{"role": "user", "content": "Say hello."}],
+                                          "max_new_tokens": 4, "watermark": off})
+        assert status == 200, body
+        assert body["watermark"] is None and body["receipt"]["spec_fingerprint"] == "unwatermarked"
+        assert verify_receipt(body["receipt"], public_key(live))
+
+
+def test_stream_sends_deltas_then_the_receipt_then_done(live):
+    status, text, headers = generate(live, {"prompt": "A short poem:", "max_new_tokens": 10, "seed": 3,
+                                            "stream": True, "ignore_eos": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = events_of(text)
+    assert events[-1] == "[DONE]"
+    final = events[-2]
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == 10
+    streamed = "".join(e["delta"] for e in events[:-1])
+    assert final["receipt"]["text_sha256"] == text_sha256(streamed)
+    assert sum(len(e["token_ids"]) for e in events[:-1]) == 10
+    assert verify_receipt(final["receipt"], public_key(live))
+    plain = generate(live, {"prompt": "A short poem:", "max_new_tokens": 10, "seed": 3, "ignore_eos": True})[1]
+    assert plain["text"] == streamed  # same seed, same request: streaming changes only the delivery
+
+
+def test_a_stream_whose_client_leaves_is_cancelled(live):
+    worker = live.service.worker
+    finished_before = worker.stats()["requests_finished"]
+    host, port = live.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = json.dumps({"prompt": "Count slowly:", "max_new_tokens": 250, "ignore_eos": True, "stream": True})
+    connection.request("POST", "/v1/generate", body, {"Authorization": f"Bearer {live.generate}",
+                                                      "Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.read(6) == b"data: "
+    response.close()
+    connection.close()
+    _wait_for(lambda: worker.stats()["in_flight"] == 0 and not live.service.engine.has_unfinished())
+    # cancelled, not run to its 250 tokens: it never counted as finished
+    assert worker.stats()["requests_finished"] == finished_before
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens"),  # SamplingParams' own rule
+    ({"prompt": "x", "logit_bias": {"99999999": 1.0}}, "logit_bias"),  # beyond the vocabulary
+    ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"prompt": "x", "watermark": "kgw:gamma=2"}, "watermark"),
+    ({"prompt": "x", "key_id": "Not A Key Id"}, "key_id"),
+    ({"prompt": "x", "sampler": "typo"}, "sampler"),
+    ({"max_new_tokens": 3}, "prompt"),
+    ({"prompt": [1, 2, 10**7]}, "prompt"),
+])
+def test_bad_fields_are_422_naming_the_field(live, body, field):
+    status, answer, _ = generate(live, body)
+    assert status == 422, answer
+    assert field in {d["field"].split(".")[0] for d in answer["error"]["details"]}
+
+
+def test_request_errors(live):
+    assert generate(live, None, raw=b"{not json")[0] == 400
+    assert generate(live, None, raw=b"[1, 2]")[0] == 400
+    assert call("POST", live.url + "/v1/generate", {"prompt": "x"})[0] == 401
+    assert generate(live, {"prompt": "x"}, token="pmk_" + "A" * 43)[0] == 401
+    status, body, _ = generate(live, {"prompt": "x"}, token=live.detect)
+    assert status == 403 and "generate" in body["error"]["message"]
+    status, body, _ = generate(live, {"prompt": "x", "key_id": "k-missing"})
+    assert status == 404 and body["error"]["code"] == "key_not_found"
+    assert generate(live, {"prompt": "y" * (MAX_TEXT_CHARS + 1)})[0] == 413
+    status, body, _ = generate(live, {"prompt": "word " * 390, "max_new_tokens": 2})  # 1950 chars, 390 tokens > max_model_len
+    assert status == 422 and body["error"]["details"][0]["field"] == "prompt"
+
+
+def test_concurrent_requests_share_engine_steps(live):
+    worker = live.service.worker
+    results = [None] * CONCURRENT
+
+    def one(i):
+        results[i] = generate(live, {"prompt": f"Request number {i} says", "max_new_tokens": 8, "seed": i,
+                                     "ignore_eos": True})
+
+    with worker.held():  # line the requests up so they start in the same step, whatever the timing
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(CONCURRENT)]
+        for t in threads:
+            t.start()
+        _wait_for(lambda: worker.waiting_requests() == CONCURRENT)
+    for t in threads:
+        t.join(120)
+    assert [r[0] for r in results] == [200] * CONCURRENT
+    assert all(len(r[1]["token_ids"]) == 8 for r in results)
+    status, health, _ = call("GET", live.url + "/healthz")
+    assert status == 200 and health["status"] == "ok"
+    assert health["engine"]["max_batch_size"] >= CONCURRENT and health["engine"]["shared_steps"] >= 1
+
+
+def _wait_for(condition, attempts: int = 600) -> None:
+    event = threading.Event()
+    for _ in range(attempts):
+        if condition():
+            return
+        event.wait(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_defaults_match_sampling_params():
+    from api.generation_routes_native import DIRECT_FIELDS, GenerateRequest
+
+    defaults = SamplingParams()
+    for name in DIRECT_FIELDS:
+        assert GenerateRequest.model_fields[name].default == getattr(defaults, name), name
+
+
+def test_health_public_key_models_and_openapi(live):
+    status, health, _ = call("GET", live.url + "/healthz")
+    assert status == 200 and health["max_num_seqs"] == 8
+    pem = public_key(live)
+    assert pem.startswith("-----BEGIN PUBLIC KEY-----")
+    status, models, _ = call("GET", live.url + "/v1/models", token=live.generate)
+    assert status == 200 and models["object"] == "list" and models["data"][0]["id"] == live.service.model_id
+    with urllib.request.urlopen(live.url + "/openapi.json", timeout=30) as response:
+        document = json.load(response)
+    paths = document["paths"]
+    assert {"/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
+            "/v1/receipts/public-key"} <= set(paths)
+    assert "text/event-stream" in paths["/v1/generate"]["post"]["responses"]["200"]["content"]
+    assert paths["/v1/generate"]["post"]["x-required-scope"] == "generate"
+    limits = document["components"]["schemas"]["GenerateRequest"]["properties"]["max_new_tokens"]
+    assert limits["maximum"] == 2048

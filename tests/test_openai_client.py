@@ -1,0 +1,116 @@
+"""The official `openai` Python client, unchanged, against the generation service on a real socket:
+completions, chat, streaming both; what it gets back is detected as watermarked, and the receipt
+in the ``provmark`` field verifies offline with the service's public key."""
+
+from types import SimpleNamespace
+
+import openai
+import pytest
+from http_fixtures import call, make_token, serve
+
+from api.generation_app import create_app
+from detector.receipts import verify_receipt
+from detector.service import Detector
+from detector.store import text_sha256
+from watermark.keys import Keyring
+from watermark.stats import Z_THRESHOLD
+
+pytestmark = pytest.mark.slow  # loads the embedded model
+STORY_PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
+STORY_SEED = 1  # fixed: the same request gives the same 200 tokens; z ~ 11 for this seed (threshold 4)
+STORY_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from generation.engine import Engine
+    from generation.models import load_model
+
+    home = tmp_path_factory.mktemp("openai-home")
+    engine = Engine(load_model(), max_num_seqs=4, max_model_len=512)
+    app = create_app({"home": home, "engine": engine, "rate_limit": 0})
+    store = app.extensions["provmark.store"]
+    with serve(app) as base_url:
+        token = make_token(store, "generate")
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key=token, max_retries=0, timeout=300)
+        status, key, _ = call("GET", base_url + "/v1/receipts/public-key")
+        assert status == 200
+        yield SimpleNamespace(url=base_url, home=home, client=client, public_key=key["public_key_pem"],
+                              detector=Detector(keyring=Keyring(home)), model=client.models.list().data[0].id)
+    app.extensions["provmark.generation"].worker.stop()
+
+
+def provenance(response) -> dict:
+    extra = response.model_extra or {}
+    return extra["provmark"]
+
+
+def test_models_list_names_the_served_model(live):
+    models = live.client.models.list().data
+    assert [m.id for m in models] == [live.model] and models[0].object == "model"
+
+
+def test_completion_and_its_stream_agree(live):
+    kwargs = {"model": live.model, "prompt": "The history of the lighthouse", "max_tokens": 16, "temperature": 1.0,
+              "seed": 5, "extra_body": {"ignore_eos": True, "top_k": 50}}
+    whole = live.client.completions.create(**kwargs)
+    assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
+    choice = whole.choices[0]
+    assert choice.index == 0 and choice.finish_reason == "length" and whole.usage.completion_tokens == 16
+    receipt = provenance(whole)["receipt"]
+    assert receipt["text_sha256"] == text_sha256(choice.text) and verify_receipt(receipt, live.public_key)
+
+    chunks = list(live.client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+
+
+def test_chat_is_watermarked_and_its_receipt_verifies_offline(live):
+    response = live.client.chat.completions.create(model=live.model, messages=STORY_PROMPT, max_tokens=STORY_TOKENS,
+                                                   temperature=1.0, seed=STORY_SEED)
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    message = response.choices[0].message
+    assert message.role == "assistant" and response.usage.completion_tokens <= STORY_TOKENS
+    verdict = live.detector.detect(message.content)
+    assert verdict.verdict == "watermarked" and verdict.z_score >= Z_THRESHOLD
+    info = provenance(response)
+    assert verdict.key_id == info["watermark"]["key_id"]
+    receipt = info["receipt"]
+    assert receipt["text_sha256"] == text_sha256(message.content)
+    assert verify_receipt(receipt, live.public_key)
+    assert not verify_receipt({**receipt, "text_sha256": text_sha256(message.content + " edited")}, live.public_key)
+
+    chunks = list(live.client.chat.completions.create(model=live.model, messages=STORY_PROMPT, max_tokens=STORY_TOKENS,
+                                                      temperature=1.0, seed=STORY_SEED, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == message.content  # same seed: the stream carries the same watermarked text
+    assert chunks[-1].choices[0].finish_reason == response.choices[0].finish_reason
+    assert provenance(chunks[-1])["receipt"]["text_sha256"] == text_sha256(streamed)
+
+
+def test_chat_logprobs_and_unwatermarked_requests(live):
+    response = live.client.chat.completions.create(
+        model=live.model, messages=[{"role": "user", "content": "Name a colour."}], max_completion_tokens=4,
+        logprobs=True, top_logprobs=3, seed=2, extra_body={"watermark": None})
+    assert provenance(response)["watermark"] is None
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    assert all(len(item.top_logprobs) == 3 and item.logprob <= 0 for item in content)
+
+
+def test_client_errors(live):
+    with pytest.raises(openai.UnprocessableEntityError, match="n = 1"):
+        live.client.chat.completions.create(model=live.model, messages=STORY_PROMPT, max_tokens=2, n=2)
+    with pytest.raises(openai.NotFoundError):
+        live.client.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        live.client.completions.create(model=live.model, prompt="x", max_tokens=2, extra_body={"key_id": "k-nope"})
+    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+        live.client.completions.create(model=live.model, prompt="x", max_tokens=2, temperature=-0.5)
+    stranger = openai.OpenAI(base_url=live.url + "/v1", api_key="pmk_" + "B" * 43, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()

@@ -1,0 +1,276 @@
+"""One evaluation run, step by step (see ``evaluation.harness`` for what and why)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from evaluation import metrics
+from evaluation.attacks import AttackContext, get_attack
+from evaluation.cache import JsonlCache, cache_key
+from evaluation.corpus import load_documents, prompt_documents
+from evaluation.generations import GenerationSource
+from evaluation.harness import METRIC_DEFINITIONS, EvalConfig
+from evaluation.scorer import Scorer
+from watermark.config import WatermarkSpec
+
+CHARACTER_FAMILY = "character"
+
+
+class EvaluationRun:
+    def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True):
+        from watermark.keys import Keyring
+
+        self.config = config
+        self.out = out
+        self.progress = progress
+        self.keyring = keyring if keyring is not None else Keyring()
+        self.key_id = key_id
+        if loaded is None:
+            from generation.models import load_model
+
+            loaded = load_model()
+        self.loaded = loaded
+        self.vocab = loaded.vocab
+        self.attack_cache = JsonlCache(out / "cache" / "attacks.jsonl")
+        self.new_attack_texts = 0
+
+    # ----------------------------------------------------------------------------- the flow
+    def execute(self) -> dict:
+        from evaluation.lm import TeacherForcedLM
+        from generation.engine import Engine
+
+        cfg = self.config
+        lm = TeacherForcedLM(self.loaded)
+        documents = prompt_documents(cfg.n)
+        tokenizer = self.vocab.tokenizer
+        prompts = [chat_prompt_ids(tokenizer, cfg.prompt_template.format(sentence=d.first_sentence))
+                   for d in documents]
+        marks = [self._watermark(spec) for spec in cfg.specs]
+        extra = [self._watermark(cfg.specs[0], d) for d in cfg.deltas if d not in (0, cfg.specs[0].delta)]
+        rows = cfg.n * (1 + len(marks) + len(extra))
+        engine = Engine(self.loaded, max_num_seqs=min(cfg.max_num_seqs, rows),
+                        max_model_len=max(len(p) for p in prompts) + cfg.tokens + 8)
+        source = GenerationSource(engine, lm, JsonlCache(self.out / "cache" / "generations.jsonl"),
+                                  self.vocab.fingerprint, self.progress)
+        human = self._human_negatives(lm, tokenizer)
+        context = AttackContext(tokenizer, human_texts=[d.body for d in load_documents() if d.body],
+                                lm=lm, engine=engine)
+        unwatermarked, *generated = source.generate_sets(  # one pass for every set: rows share batches
+            prompts, cfg.tokens, cfg.temperature, cfg.seed,
+            [(None, None)] + [(wm, self._key_fingerprint(wm)) for wm in marks + extra], label="generate")
+        scorer = Scorer(self.vocab, self.keyring, cfg.null_keys, cfg.seed)
+        schemes, delta_points = [], []
+        try:
+            for spec, wm, generations in zip(cfg.specs, marks, generated):
+                schemes.append(self._evaluate_scheme(spec, wm, generations, unwatermarked, human, scorer, context, lm))
+            delta_points = self._quality_vs_delta(source, prompts, unwatermarked, scorer)
+        finally:
+            scorer.close()
+        return {
+            "config": cfg.to_dict(),
+            "model": {"model_id": self.vocab.model_id, "tokenizer_fingerprint": self.vocab.fingerprint},
+            "key_id": self.key_id,
+            "definitions": METRIC_DEFINITIONS,
+            "schemes": schemes,
+            "quality_vs_delta": delta_points,
+            "stats": {"generated_requests": source.generated, "reused_generations": source.reused,
+                      "new_model_attack_texts": self.new_attack_texts},
+        }
+
+    def _watermark(self, spec: WatermarkSpec, delta: float | None = None):
+        from watermark.scheme import generation_watermark
+
+        if delta is not None:
+            spec = spec.with_(delta=delta)
+        wm = generation_watermark(spec, self.vocab.vocab_size, key_id=self.key_id if spec.needs_key else None,
+                                  keyring=self.keyring, create_if_missing=True)
+        if spec.needs_key:
+            self.key_id = wm.key_id
+        return wm
+
+    def _key_fingerprint(self, wm) -> str | None:
+        if wm.key_id is None:
+            return None
+        return next(k.fingerprint for k in self.keyring.list() if k.key_id == wm.key_id)
+
+    def _human_negatives(self, lm, tokenizer) -> list[str]:
+        """Every article body cut to ``tokens`` tokens."""
+        out = []
+        for d in load_documents():
+            ids = lm.encode(d.body)[: self.config.tokens]
+            if ids:
+                out.append(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+        return out
+
+    # ----------------------------------------------------------------------------- one scheme
+    def _evaluate_scheme(self, spec, wm, generations, unwatermarked, human, scorer, context, lm) -> dict:
+        cfg = self.config
+        texts = [g.text for g in generations]
+        human_z = scorer.z_scores(human, spec, wm.key_id)
+        unwm_z = scorer.z_scores([g.text for g in unwatermarked], spec, wm.key_id)
+        null_z = scorer.null_z_scores(human + [g.text for g in unwatermarked] + texts, spec)
+        negatives = human_z + unwm_z + null_z
+        thresholds = {f"{f:g}": metrics.empirical_threshold(negatives, f) for f in cfg.fprs}
+        cells = []
+        jobs = [(a, r) for a in cfg.attacks for r in cfg.rates if not (r == 0 and a != cfg.attacks[0])]
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(jobs), desc=f"attacks {spec.scheme}", unit="cell")
+        clean = None
+        for name, rate in jobs:
+            attacked = self._attacked(name, rate, texts, context)
+            cell = self._cell(name, rate, attacked, spec, wm, scorer, negatives, thresholds, generations, lm)
+            if rate == 0:
+                clean = cell
+            cells.append(cell)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        for name in cfg.attacks[1:]:  # rate 0 is the same clean texts for every attack
+            if 0.0 in cfg.rates:
+                cells.append({**clean, "attack": name})
+        cells.sort(key=lambda c: (cfg.attacks.index(c["attack"]), c["rate"]))
+        return {
+            "spec": spec.format(),
+            "scheme": spec.scheme,
+            "label": scheme_label(spec),
+            "key_id": wm.key_id,
+            "thresholds": {"empirical_z": thresholds, "default_z": 4.0, "default_alpha": scorer.last_alpha.get(spec.format()),
+                           "num_negatives": len(negatives)},
+            "negatives": {
+                "human": _negative_summary(human_z, scorer, spec),
+                "unwatermarked": _negative_summary(unwm_z, scorer, spec),
+                "null_keys": {"num_keys": cfg.null_keys, **_negative_summary(null_z, scorer, spec)},
+            },
+            "quality": {
+                "watermarked": _quality(generations),
+                "unwatermarked": _quality(unwatermarked),
+                "perplexity_ratio": _ratio(_quality(generations), _quality(unwatermarked)),
+            },
+            "results": cells,
+        }
+
+    def _attacked(self, name: str, rate: float, texts: list[str], context: AttackContext) -> list[str]:
+        attack = get_attack(name)
+        if rate == 0 or not attack.needs_model:
+            return attack.apply(texts, rate, self.config.seed, context)
+        keys = [cache_key(kind="attack", attack=name, rate=rate, seed=self.config.seed, index=i,
+                          text=hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest())
+                for i, t in enumerate(texts)]
+        missing = [i for i, k in enumerate(keys) if k not in self.attack_cache]
+        if missing:
+            # attacks are seeded per text index: run on the whole list so indices match, keep what is missing
+            fresh = attack.apply(texts, rate, self.config.seed, context)
+            self.attack_cache.put_many({keys[i]: fresh[i] for i in missing})
+            self.new_attack_texts += len(missing)
+        return [self.attack_cache.get(k) for k in keys]
+
+    def _cell(self, name, rate, attacked, spec, wm, scorer, negatives, thresholds, generations, lm) -> dict:
+        cfg = self.config
+        scored = scorer.score(attacked, spec, wm.key_id, prefixes=True)
+        z = [s["z"] for s in scored]
+        curves = [s["prefix"] for s in scored]
+        needed = [metrics.tokens_to_detect(c) for c in curves]
+        never = sum(n is None for n in needed)
+        longest = max((c.shape[0] - 1 for c in curves), default=0)
+        lengths = list(range(cfg.length_step, max(longest, cfg.length_step) + 1, cfg.length_step))
+        cell = {
+            "attack": name,
+            "rate": rate,
+            "n": len(attacked),
+            "tpr_default": float(np.mean([s["detected"] for s in scored])),
+            "tpr_at_fpr": {k: metrics.detection_rate(z, t) for k, t in thresholds.items()},
+            "roc_auc": metrics.roc_auc(z, negatives),
+            "median_z": metrics.summary(z)["median"] if any(v is not None for v in z) else None,
+            "z": metrics.summary(z),
+            "tokens_to_detect": {
+                "median": _median_or_none(needed),
+                "never_detected_fraction": never / len(needed) if needed else None,
+            },
+            "detection_by_length": {"lengths": lengths, "rate": metrics.detection_by_length(curves, lengths)},
+            "roc": metrics.roc_curve(z, negatives),
+        }
+        if get_attack(name).family == CHARACTER_FAMILY and rate > 0:
+            raw = scorer.z_scores(attacked, spec, wm.key_id, normalize=False)
+            cell["median_z_without_normalization"] = metrics.summary(raw)["median"]
+            cell["tpr_default_without_normalization"] = float(np.mean(scorer.last_detected))
+        if cfg.attack_quality:
+            sequences = [g.prompt_ids + lm.encode(t) for g, t in zip(generations, attacked)]
+            logprobs = lm.token_logprobs(sequences, [len(g.prompt_ids) for g in generations])
+            cell["perplexity"] = metrics.summary([metrics.perplexity(lp) for lp in logprobs])
+        return cell
+
+    # ----------------------------------------------------------------------------- quality vs delta
+    def _quality_vs_delta(self, source, prompts, unwatermarked, scorer) -> list[dict]:
+        cfg = self.config
+        base = cfg.specs[0]
+        base_key = self._watermark(base).key_id
+        clean = scorer.score([g.text for g in unwatermarked], base, base_key)  # delta 0: the false-positive rate
+        points = [{"delta": 0.0, "spec": None, "quality": _quality(unwatermarked),
+                   "tpr_default": float(np.mean([s["detected"] for s in clean])),
+                   "median_z": metrics.summary([s["z"] for s in clean])["median"]}]
+        for delta in sorted(set(cfg.deltas) | {base.delta}):
+            if delta == 0:
+                continue
+            wm = self._watermark(base, delta)
+            generations = source.generate(prompts, cfg.tokens, cfg.temperature, cfg.seed, wm,
+                                          self._key_fingerprint(wm), label=f"delta {delta:g}")
+            scored = scorer.score([g.text for g in generations], wm.spec, wm.key_id)
+            points.append({"delta": delta, "spec": wm.spec.format(), "quality": _quality(generations),
+                           "tpr_default": float(np.mean([s["detected"] for s in scored])),
+                           "median_z": metrics.summary([s["z"] for s in scored])["median"]})
+        return points
+
+
+def chat_prompt_ids(tokenizer, content: str) -> list[int]:
+    """Prompt ids of one user message through the model's chat template (as ``Engine.apply_chat_template``;
+    computed before the engine exists because the prompts' lengths size its cache)."""
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                            tokenize=True)
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(i) for i in ids]
+
+
+def scheme_label(spec: WatermarkSpec) -> str:
+    """A short name for plots and file names, e.g. ``selfhash-h4-g0.25-d2``."""
+    text = f"{spec.scheme}-h{spec.context_width}-g{spec.gamma:g}-d{spec.delta:g}"
+    return ("hf-" if spec.kind == "hf" else "") + text + ("-hard" if spec.hard else "")
+
+
+def _quality(generations) -> dict:
+    ppl = metrics.summary([g.perplexity for g in generations])
+    rep = metrics.summary([g.repetition_rate for g in generations])
+    return {"perplexity_median": ppl["median"], "perplexity_mean": ppl["mean"], "perplexity_q1": ppl["q1"],
+            "perplexity_q3": ppl["q3"], "repetition_rate_mean": rep["mean"],
+            "tokens_mean": float(np.mean([len(g.token_ids) for g in generations])) if generations else None}
+
+
+def _ratio(a: dict, b: dict) -> float | None:
+    if a["perplexity_median"] is None or not b["perplexity_median"]:
+        return None
+    return a["perplexity_median"] / b["perplexity_median"]
+
+
+def _negative_summary(z: list, scorer, spec) -> dict:
+    values = metrics.as_scores(z)
+    finite = values[np.isfinite(values)]
+    return {"n": len(z), "max_z": float(finite.max()) if finite.size else None,
+            "median_z": float(np.median(finite)) if finite.size else None,
+            "fraction_at_or_above_4": float(np.mean(values >= 4.0)) if values.size else None}
+
+
+def _median_or_none(values: list) -> float | None:
+    """Median with never-detected texts as +inf; None when that median is infinite."""
+    arr = np.array([np.inf if v is None else v for v in values], dtype=np.float64)
+    if arr.size == 0:
+        return None
+    median = float(np.median(arr))
+    return median if np.isfinite(median) else None
+
+

@@ -1,0 +1,88 @@
+"""Scoring for the evaluation: the detector's verdicts (``Detector.detect``, default options), the
+detection of every prefix, and null scores under keys that wrote nothing.
+
+Null keys live in a throw-away keyring in a temporary folder (their own random master key), deleted
+by ``close()``; for a public hf spec the null "keys" are other hashing keys.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from detector.normalize import normalize as normalize_text
+from detector.service import Detector, tokenize
+from evaluation.metrics import prefix_detection
+from watermark.config import WatermarkSpec
+
+
+class Scorer:
+    def __init__(self, vocab, keyring, null_keys: int, seed: int) -> None:
+        self.vocab = vocab
+        self.detector = Detector(vocab=vocab, keyring=keyring)
+        self.num_null_keys = null_keys
+        self.seed = seed
+        self._null_home: Path | None = None
+        self._null_detector: Detector | None = None
+        self._null_ids: list[str] = []
+        self.last_alpha: dict[str, float] = {}  # spec -> the alpha its verdicts were held to
+        self.last_detected: list[bool] = []
+
+    def __repr__(self) -> str:
+        return f"Scorer(null_keys={self.num_null_keys})"
+
+    def score(self, texts: list[str], spec: WatermarkSpec, key_id: str | None, prefixes: bool = False,
+              normalize: bool = True) -> list[dict]:
+        """Per text: {"z", "detected", "p_value"} and, with ``prefixes``, "prefix": the Bool [T + 1]
+        detection of every prefix (``evaluation.metrics.prefix_detection``)."""
+        keys = [key_id] if spec.needs_key else None
+        mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
+        out = []
+        for text in texts:
+            verdict = self.detector.detect(text, keys=keys, spec=spec, normalize=normalize)
+            self.last_alpha[spec.format()] = verdict.alpha
+            row = {"z": verdict.z_score, "detected": verdict.watermarked, "p_value": verdict.p_value}
+            if prefixes:
+                ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
+                row["prefix"] = prefix_detection(mark, ids, verdict.alpha)
+            out.append(row)
+        self.last_detected = [r["detected"] for r in out]
+        return out
+
+    def z_scores(self, texts: list[str], spec: WatermarkSpec, key_id: str | None, normalize: bool = True) -> list:
+        return [r["z"] for r in self.score(texts, spec, key_id, normalize=normalize)]
+
+    def null_z_scores(self, texts: list[str], spec: WatermarkSpec) -> list:
+        """z of every text under each null key (texts x keys values)."""
+        if self.num_null_keys == 0:
+            return []
+        out = []
+        if not spec.needs_key:
+            rng = random.Random(self.seed)
+            for _ in range(self.num_null_keys):
+                other = spec.with_(hashing_key=rng.randrange(1, 2**31))
+                out += [self.detector.detect(t, spec=other).z_score for t in texts]
+            return out
+        detector = self._nulls()
+        for key in self._null_ids:
+            out += [detector.detect(t, keys=[key], spec=spec).z_score for t in texts]
+        return out
+
+    def _nulls(self) -> Detector:
+        if self._null_detector is None:
+            from watermark.keys import Keyring
+
+            self._null_home = Path(tempfile.mkdtemp(prefix="provmark-null-keys-"))
+            ring = Keyring(home=self._null_home, master_key=os.urandom(32))
+            self._null_ids = [ring.create().key_id for _ in range(self.num_null_keys)]
+            self._null_detector = Detector(vocab=self.vocab, keyring=ring)
+        return self._null_detector
+
+    def close(self) -> None:
+        if self._null_home is not None:
+            shutil.rmtree(self._null_home, ignore_errors=True)
+            self._null_home = None
+            self._null_detector = None

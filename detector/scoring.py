@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats as scipy_stats
 
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
     Z_THRESHOLD,
+    binomial_sf,
     holm,
     min_tokens_for_threshold,
     p_value_binomial,
@@ -190,12 +190,6 @@ def verdict_of(p_value: float, num_scored: int, alpha: float, min_tokens: int) -
 def effective_z(alpha: float, tests: int) -> float:
     """The z a single test must reach when ``tests`` share alpha (Bonferroni)."""
     return z_for_p(alpha / max(1, tests))
-
-
-def binomial_sf(green: np.ndarray, total: np.ndarray, gamma: float) -> np.ndarray:
-    """Vectorised exact one-sided P(G' >= green), G' ~ Binomial(total, gamma); 1 where total = 0."""
-    out = np.asarray(scipy_stats.binom.sf(green - 1, total, gamma), dtype=np.float64)
-    return np.where(total > 0, out, 1.0)
 
 
 def _finite_or_none(x: float) -> float | None:

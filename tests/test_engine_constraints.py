@@ -160,7 +160,9 @@ def test_watermarked_json_document_is_detected(engine):
         "additionalProperties": False,
     }
     wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)
-    params = SamplingParams(max_new_tokens=400, temperature=1.0, seed=11, constraint=ConstraintSpec(json_schema=schema))
+    # room for the longest document the schema allows (~900 characters, at worst a token each), so the
+    # sampled trajectory, which moves with the machine's float rounding, always completes
+    params = SamplingParams(max_new_tokens=1000, temperature=1.0, seed=11, constraint=ConstraintSpec(json_schema=schema))
     prompt = chat(engine, "Write a short story about a lighthouse keeper as JSON with a title and the story.")
     out = engine.generate([prompt], params, watermarks=[wm], use_tqdm=False)[0]
     assert out.finish_reason == "stop", (len(out.token_ids), out.error)

@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
+    parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
+                        help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
     parser.add_argument("--output", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -123,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(dtype=args.dtype)
     model, vocab_size = loaded.model, loaded.vocab.vocab_size
     pad_id = loaded.vocab.eos_token_id if loaded.vocab.eos_token_id is not None else 0
-    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512)
+    packed = {"auto": None, "on": True, "off": False}[args.packed_weights]
+    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512, packed_weights=packed)
     watermark = default_watermark(vocab_size)
 
     results: dict[str, dict] = {}
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": loaded.model_id,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "threads": args.threads,
+        "engine_packed_weights": engine.runner.packed_weights,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "new_tokens": NEW_TOKENS,
         "batch": BATCH,

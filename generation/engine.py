@@ -52,10 +52,13 @@ class Engine:
     ``Engine(model=None)`` loads the embedded default model. ``max_num_seqs`` sequences run at once,
     each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` optionally caps the
     tokens held in the cache at once (excess sequences wait or are preempted and recomputed).
+    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/packed_linear.py;
+    None = when the machine supports it; the loaded model itself is left untouched).
     """
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
-                 max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096) -> None:
+                 max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
+                 packed_weights: bool | None = None) -> None:
         if model is None:
             from generation.models import load_model
 
@@ -67,7 +70,7 @@ class Engine:
         if position_limit is not None and max_model_len > position_limit:
             raise ValueError(f"max_model_len={max_model_len}: the model's positions stop at {position_limit}")
         self.config = SchedulerConfig(max_num_seqs, max_model_len, max_cache_tokens, max_prefill_tokens)
-        self.runner = ModelRunner(model.model, CacheConfig(max_num_seqs, max_model_len))
+        self.runner = ModelRunner(model.model, CacheConfig(max_num_seqs, max_model_len), packed_weights)
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.sampler = Sampler(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)
@@ -364,6 +367,17 @@ class Engine:
         finally:
             if not finished:
                 self.abort(rid)
+
+    def decode(self, prompt: str | list[int], params: SamplingParams, decoding=None,
+               watermark: Watermark | None = None) -> list[RequestOutput]:
+        """Decode one prompt (str or token ids, as submit) with an advanced method: beam search, n/best_of,
+        speculative, contrastive or MBR (``decoding``: generation.decoding.DecodingParams; None = plain).
+
+        Runs synchronously on the caller's thread with its own cache (plain n = 1 goes through
+        ``generate``); see generation.decoding.run_decoding for what is returned and raised."""
+        from generation.decoding import run_decoding
+
+        return run_decoding(self, prompt, params, decoding, watermark)
 
 
 def _restore_dead_rows_(scores: torch.Tensor, rows: list[int], source: torch.Tensor,

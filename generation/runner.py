@@ -12,15 +12,22 @@ from __future__ import annotations
 import torch
 
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
+from generation.packed_linear import packed_view, packing_available
 
 
 class ModelRunner:
     """Owns the KV cache and the scratch tensors; ``prefill`` / ``decode`` return logits ``[B, V]``."""
 
-    def __init__(self, model: torch.nn.Module, cache_config: CacheConfig) -> None:
+    def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None) -> None:
+        """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
+        oneDNN (generation/packed_linear.py); None = whenever this machine supports it."""
+        if packed_weights is None:
+            packed_weights = packing_available(model)
+        self.packed_weights = bool(packed_weights)
         self.model = model
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
+        forward_model = packed_view(model) if self.packed_weights else model
+        self.decoder = forward_model.get_decoder()
+        self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
         param = next(model.parameters())

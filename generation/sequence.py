@@ -62,6 +62,8 @@ class RequestOutput:
     # generated-token indices the constraint left fewer than two choices (no watermark signal); [] if unconstrained
     forced_positions: list[int] = field(default_factory=list)
     error: str | None = None  # why the request failed (finish_reason 'error'), e.g. the constraint hit a dead end
+    cumulative_logprob: float | None = None  # beam search / best_of: the score the sequence was ranked by
+    decoding_stats: dict | None = None  # advanced decoding extras, e.g. speculative acceptance counts
 
 
 class TextTracker:

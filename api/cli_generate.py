@@ -8,6 +8,12 @@ Constrained output (one of): ``--regex R`` (the whole output matches R), ``--jso
 ``--choice TEXT`` (repeatable: the output is one of them), ``--allowed-token-id ID`` (repeatable or
 comma-separated: every token comes from the set). ``--json`` then also reports ``forced_positions``:
 generated-token indices the constraint left fewer than two choices, which carry no watermark.
+
+Advanced decoding (one method at most; see generation/decoding): ``--num-beams K`` beam search
+(``--length-penalty``, ``--early-stopping``); ``-n N`` outputs, the N most likely of ``--best-of M``
+samples; ``--speculative prompt-lookup|draft``; ``--contrastive-amateur DIR``; ``--mbr N`` candidates.
+These print the finished text (no streaming); with several outputs each comes under a ``=== choice i ===``
+line, and ``--json`` adds a ``choices`` list (the top-level fields describe the first choice).
 """
 
 from __future__ import annotations
@@ -42,6 +48,37 @@ SAMPLER_OPTIONS = [
 ]
 
 
+EARLY_STOPPING_CHOICES = {"true": True, "false": False, "never": "never"}
+SPECULATIVE_METHODS = {"prompt-lookup": "prompt_lookup", "draft": "draft"}
+
+# (flag, method config, config field, type, help): the one mapping from decoding flags to config fields.
+# The first row of each method is its switch: the method's other flags need it.
+DECODING_OPTIONS = [
+    ("--num-beams", "beam", "num_beams", int, "beam search with this many beams"),
+    ("--length-penalty", "beam", "length_penalty", float, "beam score = logprob sum / length ** this (default 1.0)"),
+    ("--early-stopping", "beam", "early_stopping", EARLY_STOPPING_CHOICES.get,
+     "true: stop once num-beams beams finished; false (default): when none can improve (heuristic); never: exact"),
+    ("--speculative", "speculative", "method", SPECULATIVE_METHODS.get, "speculative decoding drafter"),
+    ("--num-speculative-tokens", "speculative", "num_speculative_tokens", int, "tokens drafted per target forward"),
+    ("--prompt-lookup-max", "speculative", "prompt_lookup_max", int, "prompt lookup: longest n-gram matched"),
+    ("--prompt-lookup-min", "speculative", "prompt_lookup_min", int, "prompt lookup: shortest n-gram matched"),
+    ("--draft-model", "speculative", "draft_model", str, "draft model folder sharing the tokenizer ('default' = embedded)"),
+    ("--contrastive-amateur", "contrastive", "amateur_model", str, "contrastive decoding against this amateur model folder"),
+    ("--contrastive-alpha", "contrastive", "alpha", float, "plausibility cut-off: fraction of the expert's top probability"),
+    ("--contrastive-beta", "contrastive", "beta", float, "weight of the amateur's log-probabilities"),
+    ("--mbr", "mbr", "num_candidates", int, "minimum Bayes risk decoding over this many sampled candidates"),
+    ("--mbr-similarity", "mbr", "similarity", str, "MBR similarity: chrf (default) or token_f1"),
+]
+DECODING_CHOICES = {"--early-stopping": list(EARLY_STOPPING_CHOICES), "--speculative": list(SPECULATIVE_METHODS)}
+DECODING_METAVARS = {"--draft-model": "DIR", "--contrastive-amateur": "DIR", "--mbr-similarity": "NAME"}
+CONFIG_CLASSES = {"beam": "BeamConfig", "speculative": "SpeculativeConfig", "contrastive": "ContrastiveConfig",
+                  "mbr": "MBRConfig"}
+
+
+def _dest(flag: str) -> str:
+    return "decoding_" + flag.lstrip("-").replace("-", "_")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate (watermarked) text",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,6 +108,15 @@ def register(subparsers) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    decoding = p.add_argument_group("advanced decoding (one method at most)")
+    decoding.add_argument("-n", "--n", dest="n", type=int, default=None, help="outputs to return (default 1)")
+    decoding.add_argument("--best-of", dest="best_of", type=int, default=None, metavar="M",
+                          help="sample this many and return the n with the highest cumulative logprob")
+    for flag, _, _, kind, text in DECODING_OPTIONS:
+        choices = DECODING_CHOICES.get(flag)
+        metavar = None if choices else DECODING_METAVARS.get(flag, {int: "N", float: "X"}.get(kind, "VALUE"))
+        decoding.add_argument(flag, dest=_dest(flag), type=str if choices else kind, choices=choices,
+                              default=None, metavar=metavar, help=text)
     p.set_defaults(func=run)
 
 
@@ -165,8 +211,86 @@ def _token_ids(items: list[str]) -> list[int]:
     return ids
 
 
+def _decoding_params(args):
+    """DecodingParams from the decoding flags (None when none asks for more than plain generation)."""
+    given = {flag: getattr(args, _dest(flag)) for flag, *_ in DECODING_OPTIONS if getattr(args, _dest(flag)) is not None}
+    switches = {method: flag for flag, method, *_ in reversed(DECODING_OPTIONS)}  # each method's first row
+    methods = []
+    for flag, method, _, _, _ in DECODING_OPTIONS:
+        if flag in given and method not in methods:
+            if switches[method] not in given:
+                raise CLIError(f"{flag}: only used with {switches[method]}")
+            methods.append(method)
+    if len(methods) > 1:
+        raise CLIError(f"{switches[methods[0]]} and {switches[methods[1]]}: choose one decoding method")
+    plain = not methods and (args.n is None or args.n == 1) and (args.best_of is None or args.best_of == 1)
+    if plain:
+        return None
+    from generation.decoding import DecodingParams
+
+    configs = {}
+    if methods:
+        method = methods[0]
+        fields = {field: kind(given[flag]) if flag in DECODING_CHOICES else given[flag]
+                  for flag, m, field, kind, _ in DECODING_OPTIONS if m == method and flag in given}
+        try:
+            configs[method] = _config_class(method)(**fields)
+        except ValueError as exc:
+            raise CLIError(_option_message(str(exc))) from None
+    try:
+        return DecodingParams(n=args.n if args.n is not None else 1, best_of=args.best_of, **configs)
+    except ValueError as exc:
+        raise CLIError(_option_message(str(exc))) from None
+
+
+def _config_class(method: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"generation.decoding.{method}"), CONFIG_CLASSES[method])
+
+
+def _check_decoding(params, decoding) -> None:
+    """Settings the decoding method cannot honour, caught before the model loads (ValueError)."""
+    if decoding is None:
+        return
+    if decoding.method == "beam":
+        from generation.decoding.beam import check_beam_params
+
+        check_beam_params(params)
+    elif decoding.method is None:
+        from generation.decoding.best_of import check_best_of_params
+
+        check_best_of_params(params, decoding.num_samples)
+
+
+def _print_decoded(outputs, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(decoded_json(outputs), ensure_ascii=False))
+    elif len(outputs) == 1:
+        sys.stdout.write(outputs[0].text + "\n")
+    else:
+        for i, out in enumerate(outputs):
+            sys.stdout.write(f"=== choice {i} ===\n{out.text}\n")
+    sys.stdout.flush()
+    return 0
+
+
+def decoded_json(outputs) -> dict:
+    """The first output's fields at the top level, plus ``choices`` when there are several."""
+    body = result_json(outputs[0])
+    if len(outputs) > 1:
+        body["choices"] = [{"index": i, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                            "cumulative_logprob": o.cumulative_logprob,
+                            **({"decoding_stats": o.decoding_stats} if o.decoding_stats is not None else {})}
+                           for i, o in enumerate(outputs)]
+    return body
+
+
 def _option_message(text: str) -> str:
-    """SamplingParams errors name fields; the user typed flags."""
+    """SamplingParams / decoding config errors name fields; the user typed flags."""
+    for flag, method, field, _, _ in DECODING_OPTIONS:
+        text = text.replace(f"{CONFIG_CLASSES[method]}.{field}=", f"{flag} ")
+    text = text.replace("DecodingParams.n=", "-n ").replace("DecodingParams.best_of=", "--best-of ")
     for flag, field, _, _ in SAMPLER_OPTIONS:
         text = text.replace(f"SamplingParams.{field}=", f"{flag} ")
     text = text.replace("SamplingParams.constraint.allowed_token_ids=", "--allowed-token-id ")
@@ -197,10 +321,12 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise CLIError("prompt: empty")
+    decoding = _decoding_params(args)
     try:  # everything that can be wrong with the request is checked before the weights load
         vocab = load_vocabulary(args.model)
         params = _sampling_params(args, vocab.tokenizer)
         params.validate_for_vocab(vocab.vocab_size)
+        _check_decoding(params, decoding)
         watermark = _watermark(args, vocab.vocab_size)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
@@ -208,6 +334,12 @@ def run(args) -> int:
     engine = Engine(loaded, max_num_seqs=1)
     prompt_input = engine.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else prompt
     try:
+        if decoding is not None:
+            try:
+                outputs = engine.decode(prompt_input, params, decoding, watermark=watermark)
+            except OSError as exc:  # e.g. a draft / amateur model folder that is not there
+                raise CLIError(_option_message(str(exc))) from None
+            return _print_decoded(outputs, args.json)
         if args.json:
             out = engine.generate([prompt_input], params, watermarks=[watermark], use_tqdm=False)[0]
             print(json.dumps(result_json(out), ensure_ascii=False))
@@ -239,4 +371,8 @@ def result_json(out) -> dict:
     if out.logprobs is not None:
         body["logprobs"] = out.logprobs
         body["top_logprobs"] = out.top_logprobs
+    if out.cumulative_logprob is not None:
+        body["cumulative_logprob"] = out.cumulative_logprob
+    if out.decoding_stats is not None:
+        body["decoding_stats"] = out.decoding_stats
     return body

@@ -1,0 +1,87 @@
+"""DecodingParams: which decoding method a request uses (at most one) and how many outputs it returns.
+
+Plain sampling is the default (no method config). ``n`` outputs are returned; with sampling, ``best_of``
+(>= n) siblings are drawn and the n with the highest cumulative logprob kept; with beam search the n best
+beams. Combinations that make no sense fail here, at the door, with the fields named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from generation.decoding.beam import BeamConfig
+
+if TYPE_CHECKING:
+    from generation.decoding.contrastive import ContrastiveConfig
+    from generation.decoding.mbr import MBRConfig
+    from generation.decoding.speculative import SpeculativeConfig
+
+METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
+
+
+def _fail(field: str, value: object, rule: str) -> None:
+    raise ValueError(f"DecodingParams.{field}={value!r}: {rule}")
+
+
+def _config_class(field: str) -> type:
+    """The config class a method field takes (imported late: the method modules load models' code)."""
+    if field == "beam":
+        return BeamConfig
+    if field == "speculative":
+        from generation.decoding.speculative import SpeculativeConfig
+
+        return SpeculativeConfig
+    if field == "contrastive":
+        from generation.decoding.contrastive import ContrastiveConfig
+
+        return ContrastiveConfig
+    from generation.decoding.mbr import MBRConfig
+
+    return MBRConfig
+
+
+@dataclass(slots=True)
+class DecodingParams:
+    """How to decode one request: ``n`` outputs, sampled ``best_of`` siblings, or one method config."""
+
+    n: int = 1
+    best_of: int | None = None  # None = n (sampling only)
+    beam: BeamConfig | None = None
+    speculative: SpeculativeConfig | None = None
+    contrastive: ContrastiveConfig | None = None
+    mbr: MBRConfig | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            _fail("n", self.n, "must be an int >= 1")
+        if self.best_of is not None:
+            if isinstance(self.best_of, bool) or not isinstance(self.best_of, int) or self.best_of < 1:
+                _fail("best_of", self.best_of, "must be None or an int >= 1")
+            if self.best_of < self.n:
+                _fail("best_of", self.best_of, f"must be >= n={self.n} (the n best of best_of samples are returned)")
+        chosen = [f for f in METHOD_FIELDS if getattr(self, f) is not None]
+        if len(chosen) > 1:
+            _fail(chosen[1], "<config>", f"only one decoding method per request, {chosen[0]} is already set")
+        for field in chosen:
+            value = getattr(self, field)
+            expected = _config_class(field)
+            if not isinstance(value, expected):
+                _fail(field, type(value).__name__, f"must be a {expected.__name__} or None")
+        method = self.method
+        if method is not None and self.best_of is not None and self.best_of > 1:
+            _fail("best_of", self.best_of, f"applies to sampling only, not to {method} decoding")
+        if method == "beam" and self.n > self.beam.num_beams:
+            _fail("n", self.n, f"must be <= beam.num_beams={self.beam.num_beams} (beam search returns its n best beams)")
+        if method in ("speculative", "contrastive", "mbr") and self.n > 1:
+            _fail("n", self.n, f"{method} decoding returns one output; n must be 1")
+
+    @property
+    def method(self) -> str | None:
+        """'beam', 'speculative', 'contrastive', 'mbr', or None (plain sampling)."""
+        return next((f for f in METHOD_FIELDS if getattr(self, f) is not None), None)
+
+    @property
+    def num_samples(self) -> int:
+        """Siblings plain sampling draws: best_of, or n when best_of is not given."""
+        return self.best_of if self.best_of is not None else self.n

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test serve bench clean
+.PHONY: install test test-vllm serve bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,11 +22,20 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# vLLM plugin tests: vLLM's CPU build in its own venv (.venv-vllm), see scripts/setup_vllm_venv.sh
+test-vllm: $(STAMP)
+	bash scripts/setup_vllm_venv.sh
+	.venv-vllm/bin/python -m pytest -q tests/vllm
+
 serve: $(STAMP)
 	$(BIN)/python -m api.serve_all
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/watermark_overhead.py
 
+bench-vllm: $(STAMP)
+	bash scripts/setup_vllm_venv.sh
+	.venv-vllm/bin/python benchmarks/vllm_throughput.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache build *.egg-info

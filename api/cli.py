@@ -12,7 +12,8 @@ import importlib
 import sys
 
 # Modules that add sub-commands, in help order.
-COMMAND_MODULES = ("api.cli_keys", "api.cli_detect", "api.cli_generate", "api.cli_db", "api.cli_serve", "api.cli_eval")
+COMMAND_MODULES = ("api.cli_keys", "api.cli_detect", "api.cli_detect_batch", "api.cli_generate", "api.cli_db",
+                   "api.cli_serve", "api.cli_eval")
 
 
 class CLIError(Exception):

@@ -45,6 +45,11 @@ def register(subparsers) -> None:
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--detect-backend", choices=("inline", "local", "ray"), default="inline",
+                   help="where detection runs: this process (default), every local core, or a Ray cluster")
+    p.add_argument("--detect-workers", type=int, metavar="N", help="local processes or Ray actors for detection")
+    p.add_argument("--ray-address", metavar="ADDRESS", help="Ray cluster for --detect-backend ray (default: "
+                                                            "RAY_ADDRESS or a new local instance)")
     p.set_defaults(func=run_robustness)
     group.set_defaults(func=lambda args: _missing_command(group))
 
@@ -107,8 +112,11 @@ def run_robustness(args) -> int:
     loaded, keyring = _load(args)
     from evaluation.harness import run_evaluation
 
+    if args.detect_workers is not None and args.detect_workers < 1:
+        raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")
     results = run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, detect_backend=args.detect_backend,
+                             detect_workers=args.detect_workers, ray_address=args.ray_address)
     print(json.dumps(headline(results), indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
     return 0

@@ -10,6 +10,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/verdicts/<id>    scope ``audit``
     GET  /v1/audit            scope ``audit``; the hash-chained audit events, paged
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
+    GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
 
 Configuration: environment variables, overridden by the ``config`` dict given to ``create_app``
 (same meaning, lower-case names without the ``PROVMARK_`` prefix):
@@ -60,7 +61,7 @@ ENV_PREFIX = "PROVMARK_"
 SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text")
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
-PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json"})
+PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics"})  # need no database
 
 
 @dataclass(slots=True)
@@ -147,6 +148,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.json.sort_keys = False
     app.extensions[EXTENSION] = services
     install_error_handlers(app)
+    _install_metrics(app)
     api = OpenAPI("provmark detector", API_VERSION,
                   "Scores text for provmark watermarks, keeps verdicts and an audit trail.")
     _register_blueprints(app, api, services)
@@ -178,6 +180,19 @@ def run_detector_server(host: str = "127.0.0.1", port: int = 8001, workers: int 
     from api.detector_wsgi import run_detector_server as run
 
     run(host, port, workers)
+
+
+def _install_metrics(app: Flask) -> None:
+    """GET /metrics (api/metrics.py): requests per route and status, latencies, verdicts by verdict."""
+    from api.metrics import count_verdict, install_metrics
+
+    metrics = install_metrics(app, SERVICE_NAME)
+
+    @app.after_request
+    def _count_verdicts(response):
+        if request.endpoint == "detect.detect_text":
+            count_verdict(metrics, response)
+        return response
 
 
 def _make_detector(settings: DetectorSettings, vocab, keyring):

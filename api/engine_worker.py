@@ -189,6 +189,16 @@ class EngineWorker:
         with self._cond:
             return len(self._handles)
 
+    def occupancy(self) -> tuple[int, int]:
+        """(sequences in the running batch, requests accepted and not yet running), for /metrics.
+
+        Read without pausing the engine: a scrape may see a step half-way, never a wrong type."""
+        scheduler = getattr(self.engine, "scheduler", None)
+        running = len(getattr(scheduler, "running", ()))
+        with self._cond:
+            in_flight = len(self._handles)
+        return running, max(0, in_flight - running)
+
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         failures = 0

@@ -2,8 +2,9 @@
 
 Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
 GET /v1/models (OpenAI-compatible), GET /v1/receipts/public-key (no auth), GET /healthz (no auth),
-GET /openapi.json. The model loads once at start; one engine runs in a background thread
-(``api.engine_worker``) and concurrent requests share its continuous batches.
+GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py). The model loads
+once at start; one engine runs in a background thread (``api.engine_worker``) and concurrent
+requests share its continuous batches.
 
 Configuration: ``config`` keys override environment variables, which override the defaults:
 
@@ -156,6 +157,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
     install_error_handlers(app)
+    _install_metrics(app, worker)
     api = OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
     auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
 
@@ -167,6 +169,13 @@ def create_app(config: dict | None = None) -> Flask:
     for bp in (generate_bp, openai_bp, meta_bp):
         app.register_blueprint(bp)
     return app
+
+
+def _install_metrics(app: Flask, worker: EngineWorker) -> None:
+    """GET /metrics (api/metrics.py): requests, latencies, engine occupancy, queue depth, tokens."""
+    from api.metrics import EngineCollector, install_metrics
+
+    install_metrics(app, "provmark-generation").add_live_collector(EngineCollector(worker.occupancy, worker.stats))
 
 
 def _register_meta(bp: Blueprint, api: OpenAPI, service: GenerationService, max_num_seqs: int) -> None:

@@ -5,7 +5,7 @@ forced (min_new_tokens = max_new_tokens), greedy and sampled; plus the engine's 
 request is watermarked (default spec, a throwaway key). Each figure is the median of ``--runs`` timed
 runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
 
-    python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16]
+    python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16] [--vllm]
 
 Writes benchmarks/results/engine_throughput.json and prints the same JSON.
 """
@@ -31,6 +31,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from generation.engine import Engine
 from generation.models import load_model
@@ -108,6 +109,25 @@ def median_of(fns: dict, runs: int) -> dict[str, dict]:
             for name, v in samples.items()}
 
 
+def add_vllm_column(results: dict[str, dict], args) -> None:
+    """vLLM's figures on the same workload (its own venv, its own process, after ours: not interleaved).
+
+    vLLM runs plain and with our watermark plugin; ``vllm`` holds its plain figure and
+    ``speedup_vs_vllm`` ours over it."""
+    from vllm_throughput import run_in_vllm_venv
+
+    report = run_in_vllm_venv(["--engines", "plain,plugin", "--dtype", args.dtype, "--batches", args.batches,
+                               "--runs", str(args.runs)])
+    for key, entry in results.items():
+        theirs = report["results"].get(key, {})
+        plain = theirs.get("plain") or theirs.get("opted_out")
+        if plain is None:
+            continue
+        entry["vllm"] = plain
+        entry["vllm_with_provmark_plugin"] = theirs.get("plugin") or theirs.get("watermarked")
+        entry["speedup_vs_vllm"] = round(entry["engine"]["tokens_per_s"] / plain["tokens_per_s"], 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
@@ -116,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
     parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                         help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
     parser.add_argument("--output", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -152,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                     1 - figures["engine_watermarked"]["tokens_per_s"] / figures["engine"]["tokens_per_s"], 4)
             results[f"batch{batch}_{mode}"] = entry
             print(f"batch {batch} {mode}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+
+    if args.vllm:
+        add_vllm_column(results, args)
 
     report = {
         "benchmark": "engine_throughput",

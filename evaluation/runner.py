@@ -20,10 +20,12 @@ CHARACTER_FAMILY = "character"
 
 
 class EvaluationRun:
-    def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True):
+    def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True,
+                 detect_backend: tuple = ("inline", None, None)):
         from watermark.keys import Keyring
 
         self.config = config
+        self.detect_backend = detect_backend  # (backend, workers, ray address): see evaluation.scorer
         self.out = out
         self.progress = progress
         self.keyring = keyring if keyring is not None else Keyring()
@@ -61,7 +63,8 @@ class EvaluationRun:
         unwatermarked, *generated = source.generate_sets(  # one pass for every set: rows share batches
             prompts, cfg.tokens, cfg.temperature, cfg.seed,
             [(None, None)] + [(wm, self._key_fingerprint(wm)) for wm in marks + extra], label="generate")
-        scorer = Scorer(self.vocab, self.keyring, cfg.null_keys, cfg.seed)
+        backend, workers, ray_address = self.detect_backend
+        scorer = Scorer(self.vocab, self.keyring, cfg.null_keys, cfg.seed, backend, workers, ray_address)
         schemes, delta_points = [], []
         try:
             for spec, wm, generations in zip(cfg.specs, marks, generated):

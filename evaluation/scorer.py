@@ -3,6 +3,10 @@ detection of every prefix, and null scores under keys that wrote nothing.
 
 Null keys live in a throw-away keyring in a temporary folder (their own random master key), deleted
 by ``close()``; for a public hf spec the null "keys" are other hashing keys.
+
+``detect_backend``: ``inline`` (default) scores in this process, text by text; ``local`` and ``ray``
+send each list of texts through ``detector.batch`` (every local core, or Ray Data on the cluster at
+``ray_address``): the same verdicts, computed elsewhere. Prefix curves are always computed here.
 """
 
 from __future__ import annotations
@@ -18,9 +22,18 @@ from detector.service import Detector, tokenize
 from evaluation.metrics import prefix_detection
 from watermark.config import WatermarkSpec
 
+DETECT_BACKENDS = ("inline", "local", "ray")
+
 
 class Scorer:
-    def __init__(self, vocab, keyring, null_keys: int, seed: int) -> None:
+    def __init__(self, vocab, keyring, null_keys: int, seed: int, detect_backend: str = "inline",
+                 workers: int | None = None, ray_address: str | None = None) -> None:
+        if detect_backend not in DETECT_BACKENDS:
+            raise ValueError(f"detect_backend: expected one of {', '.join(DETECT_BACKENDS)}, got {detect_backend!r}")
+        self.detect_backend = detect_backend
+        self.workers = workers
+        self.ray_address = ray_address
+        self._ray_started = False
         self.vocab = vocab
         self.detector = Detector(vocab=vocab, keyring=keyring)
         self.num_null_keys = null_keys
@@ -41,13 +54,12 @@ class Scorer:
         keys = [key_id] if spec.needs_key else None
         mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
         out = []
-        for text in texts:
-            verdict = self.detector.detect(text, keys=keys, spec=spec, normalize=normalize)
-            self.last_alpha[spec.format()] = verdict.alpha
-            row = {"z": verdict.z_score, "detected": verdict.watermarked, "p_value": verdict.p_value}
+        for text, verdict in zip(texts, self._verdicts(self.detector, texts, spec, keys, normalize)):
+            self.last_alpha[spec.format()] = verdict["alpha"]
+            row = {"z": verdict["z"], "detected": verdict["watermarked"], "p_value": verdict["p_value"]}
             if prefixes:
                 ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-                row["prefix"] = prefix_detection(mark, ids, verdict.alpha)
+                row["prefix"] = prefix_detection(mark, ids, verdict["alpha"])
             out.append(row)
         self.last_detected = [r["detected"] for r in out]
         return out
@@ -64,12 +76,31 @@ class Scorer:
             rng = random.Random(self.seed)
             for _ in range(self.num_null_keys):
                 other = spec.with_(hashing_key=rng.randrange(1, 2**31))
-                out += [self.detector.detect(t, spec=other).z_score for t in texts]
+                out += [v["z"] for v in self._verdicts(self.detector, texts, other, None, True)]
             return out
         detector = self._nulls()
         for key in self._null_ids:
-            out += [detector.detect(t, keys=[key], spec=spec).z_score for t in texts]
+            out += [v["z"] for v in self._verdicts(detector, texts, spec, [key], True)]
         return out
+
+    def _verdicts(self, detector: Detector, texts: list[str], spec: WatermarkSpec, keys, normalize: bool) -> list[dict]:
+        """Per text {"z", "watermarked", "p_value", "alpha"} from the chosen detection back end."""
+        if self.detect_backend == "inline":
+            verdicts = (detector.detect(t, keys=keys, spec=spec, normalize=normalize) for t in texts)
+            return [{"z": v.z_score, "watermarked": v.watermarked, "p_value": v.p_value, "alpha": v.alpha}
+                    for v in verdicts]
+        from detector import batch
+
+        prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),
+                                      keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring)
+        if self.detect_backend == "ray":
+            self._ray_started = batch.connect_ray(self.ray_address) or self._ray_started
+            found = batch.run_ray(prepared, workers=self.workers)
+        else:
+            found = batch.run_local(prepared, workers=self.workers)
+        nan = float("nan")  # to_dict() wrote NaN (nothing scored) as None
+        return [{"z": nan if v["z_score"] is None else v["z_score"], "watermarked": v["verdict"] == "watermarked",
+                 "p_value": v["p_value"], "alpha": v["alpha"]} for v in found]
 
     def _nulls(self) -> Detector:
         if self._null_detector is None:
@@ -82,6 +113,11 @@ class Scorer:
         return self._null_detector
 
     def close(self) -> None:
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
         if self._null_home is not None:
             shutil.rmtree(self._null_home, ignore_errors=True)
             self._null_home = None

@@ -1,0 +1,486 @@
+"""Batch detection: many texts scored on every local core or on a Ray cluster, verdicts in input order.
+
+    jobs = prepare_jobs(records, options, vocab=vocab, keyring=keyring)   # validates, resolves keys
+    verdicts = run_local(jobs, workers=4)            # or run_ray(jobs, address="auto")
+    store_verdicts(store, jobs, verdicts)            # optional: one transaction for the whole batch
+
+Each verdict is exactly ``Detector.detect(text, ...).to_dict()`` for that record (``provmark detect``
+runs the same function): the records are cut into chunks of ``CHUNK_ROWS`` and every worker holds a
+``Detector`` built over the SAME tokenizer and the SAME key secrets as the caller's.
+
+What travels to the workers, and how (key material is never written anywhere in the clear):
+  - the master key and the keyring file never leave the driver. The driver opens the keyring and
+    takes out only the 32-byte PRF secrets of the keys under test (``KeySecrets``); retired keys and
+    keys nobody asked for stay behind.
+  - local workers (``run_local``) are spawned processes; the secrets and the tokenizer reach them
+    pickled through the pool's pipe, in memory.
+  - Ray workers (``run_ray``, Ray Data ``map_batches`` over an actor pool): Ray Data ``ray.put``s the
+    actors' constructor arguments into the object store, which may spill objects to disk under
+    memory pressure. So the secrets travel there only SEALED: AES-256-GCM under a fresh random
+    per-job transport key (``seal_secrets``). The transport key travels apart, as the env var
+    ``PROVMARK_BATCH_TRANSPORT_KEY`` of the actors' ``runtime_env`` (held in the GCS's memory and the
+    actor process's environment, never in the object store); each actor reads it and removes it from
+    its environment. The tokenizer (public) goes through the object store as is. Caveat: whoever can
+    reach the cluster's dashboard / state API can read actors' runtime_env, as they could read worker
+    memory or submit jobs: cluster access is the trust boundary. Between machines Ray speaks gRPC:
+    turn on Ray's TLS (``RAY_USE_TLS=1`` with ``RAY_TLS_SERVER_CERT`` / ``RAY_TLS_SERVER_KEY`` /
+    ``RAY_TLS_CA_CERT``) when the cluster spans hosts on an untrusted network.
+  - workers keep the secrets in memory only (``Detector`` with ``_SecretsKeyring``) and never log them.
+Ray workers import provmark: install the same version on every node (or ship it with a runtime_env).
+
+Errors: a record the detector rejects (a lone surrogate, forced positions out of range...) stops the
+job with ``BatchError`` naming the record's number, and nothing is written (the store is written
+only after every verdict exists, in one transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watermark.config import SpecError, WatermarkSpec
+from watermark.keys import KeyNotFoundError, KeyringError
+from watermark.stats import Z_THRESHOLD
+
+TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"
+SEAL_CONTEXT = b"provmark/batch-secrets/1"  # AES-GCM associated data: a sealed bundle means only this
+NONCE_BYTES = 12  # AES-GCM's 96-bit nonce (NIST SP 800-38D)
+CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
+BATCH_ACTOR = "provmark-batch-detect"
+STORE_CALLER = "cli:detect-batch"  # the audit actor of batch verdicts
+
+
+class BatchError(Exception):
+    """A batch that cannot run (bad record, unknown key, failed worker). Messages carry no secret."""
+
+
+@dataclass(slots=True)
+class DetectOptions:
+    """The detector options every record of a batch shares (``provmark detect``'s flags)."""
+
+    windows: bool = False
+    explain: bool = False
+    normalize: bool = True
+    dedup: bool = True
+    z_threshold: float = Z_THRESHOLD
+    fpr: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "explain", "normalize", "dedup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")  # noqa: TRY004 (an option)
+        if isinstance(self.z_threshold, bool) or not isinstance(self.z_threshold, (int, float)):
+            raise ValueError(f"z_threshold: expected a number, got {self.z_threshold!r}")  # noqa: TRY004 (an option)
+        if self.fpr is not None and (isinstance(self.fpr, bool) or not isinstance(self.fpr, (int, float))):
+            raise ValueError(f"fpr: expected a number or None, got {self.fpr!r}")
+
+    def as_kwargs(self) -> dict:
+        return {"windows": self.windows, "explain": self.explain, "normalize": self.normalize, "dedup": self.dedup,
+                "z_threshold": self.z_threshold, "fpr": self.fpr}
+
+
+@dataclass(slots=True)
+class DetectJob:
+    """One record ready to score: its text and the spec, keys and forced positions it is scored with."""
+
+    text: str
+    spec: str  # canonical spec string
+    keys: tuple[str, ...] | None  # None for a public hf spec
+    forced_positions: tuple[int, ...] = ()
+
+    def task(self) -> str:
+        """The per-row options as compact JSON (Arrow-friendly: one string column)."""
+        return json.dumps([self.spec, list(self.keys) if self.keys is not None else None, list(self.forced_positions)],
+                          separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class PreparedJobs:
+    """Validated jobs plus what the workers need: shared options, tokenizer and key secrets."""
+
+    jobs: list[DetectJob]
+    options: DetectOptions
+    vocab: object = field(repr=False)  # watermark.vocab.Vocabulary
+    secrets: KeySecrets = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+class KeySecrets:
+    """key id -> 32-byte PRF secret, for the keys a batch tests; repr and str name ids only."""
+
+    __slots__ = ("_secrets",)
+
+    def __init__(self, secrets: dict[str, bytes]) -> None:
+        self._secrets = {str(k): bytes(v) for k, v in secrets.items()}
+
+    def __repr__(self) -> str:
+        return f"KeySecrets(key_ids={sorted(self._secrets)!r})"
+
+    __str__ = __repr__
+
+    def __getstate__(self):
+        return self._secrets
+
+    def __setstate__(self, state) -> None:
+        self._secrets = state
+
+    def secret(self, key_id: str) -> bytes:
+        try:
+            return self._secrets[key_id]
+        except KeyError:
+            raise KeyNotFoundError(f"key {key_id!r} was not sent to this worker") from None
+
+
+def seal_secrets(secrets: KeySecrets) -> tuple[bytes, str]:
+    """(AES-256-GCM sealed bundle, transport key as hex) under a fresh random key."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key, nonce = os.urandom(32), os.urandom(NONCE_BYTES)
+    plain = json.dumps({k: v.hex() for k, v in secrets.__getstate__().items()}).encode()
+    return nonce + AESGCM(key).encrypt(nonce, plain, SEAL_CONTEXT), key.hex()
+
+
+def open_secrets(sealed: bytes, key_hex: str) -> KeySecrets:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        plain = AESGCM(bytes.fromhex(key_hex)).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], SEAL_CONTEXT)
+    except (InvalidTag, ValueError):
+        raise KeyringError("the sealed key bundle does not open with this job's transport key") from None
+    return KeySecrets({k: bytes.fromhex(v) for k, v in json.loads(plain).items()})
+
+
+class _SecretsKeyring:
+    """What ``Detector`` needs of a keyring, from secrets in memory (no file: it never reloads)."""
+
+    path = Path("/nonexistent/provmark-batch-worker/keyring.json")
+
+    def __init__(self, secrets: KeySecrets) -> None:
+        self._secrets = secrets
+
+    def __repr__(self) -> str:
+        return f"_SecretsKeyring({self._secrets!r})"
+
+    def secret(self, key_id: str) -> bytes:
+        return self._secrets.secret(key_id)
+
+    def detection_keys(self):  # prepare_jobs always names the keys
+        raise KeyringError("batch workers are given explicit key ids")
+
+
+# ----------------------------------------------------------------------------------- preparing
+
+
+def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Sequence[str] | None = None,
+                 spec: str | WatermarkSpec | None = None, vocab=None, keyring=None) -> PreparedJobs:
+    """Validate ``records`` ({"text", optional "forced_positions", "key"/"keys", "watermark"}) and
+    resolve the keys each one is scored with: its own, else ``keys``, else every detection key of
+    ``keyring`` (the order ``provmark detect`` uses). Raises BatchError naming the record (1-based)."""
+    from detector.service import Detector
+    from watermark.keys import Keyring
+
+    keyring = keyring if keyring is not None else Keyring()
+    default_spec = _parse_spec(spec, "watermark") if spec is not None else WatermarkSpec.default()
+    default_keys = tuple(dict.fromkeys(keys)) if keys else None
+    detection_ids: tuple[str, ...] | None = None
+    jobs: list[DetectJob] = []
+    for number, record in enumerate(records, start=1):
+        text, forced, own_spec, own_keys = _record_fields(record, number)
+        record_spec = _parse_spec(own_spec, f"record {number}: watermark") if own_spec is not None else default_spec
+        chosen = own_keys if own_keys is not None else default_keys
+        if not record_spec.needs_key:
+            if own_keys is not None:
+                raise BatchError(f"record {number}: keys: an hf spec is public and takes no key")
+            chosen = None
+        elif chosen is None:
+            if detection_ids is None:
+                detection_ids = _detection_ids(keyring)
+            chosen = detection_ids
+        jobs.append(DetectJob(text, record_spec.format(), chosen, forced))
+    needed = sorted({k for job in jobs if job.keys for k in job.keys})
+    try:
+        secrets = KeySecrets({k: keyring.secret(k) for k in needed})
+    except KeyringError as exc:  # keyring messages name ids, never secrets
+        raise BatchError(str(exc)) from None
+    vocab = vocab if vocab is not None else Detector().vocab
+    return PreparedJobs(jobs, options, vocab, secrets)
+
+
+def _record_fields(record, number: int):
+    if not isinstance(record, dict):
+        raise BatchError(f"record {number}: expected an object with a string \"text\" field")
+    text = record.get("text")
+    if not isinstance(text, str):
+        raise BatchError(f'record {number}: expected a string "text" field')
+    forced = record.get("forced_positions") or ()
+    if not isinstance(forced, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                    for i in forced):
+        raise BatchError(f"record {number}: forced_positions: expected a list of token indices (integers >= 0)")
+    own_spec = record.get("watermark")
+    if own_spec is not None and not isinstance(own_spec, str):
+        raise BatchError(f"record {number}: watermark: expected a spec string")
+    own_keys = record.get("keys")
+    if own_keys is None:
+        own_keys = record.get("key")
+    if isinstance(own_keys, str):
+        own_keys = (own_keys,)
+    if own_keys is not None:
+        if not isinstance(own_keys, (list, tuple)) or not own_keys or not all(isinstance(k, str) for k in own_keys):
+            raise BatchError(f"record {number}: keys: expected a key id or a non-empty list of key ids")
+        own_keys = tuple(dict.fromkeys(own_keys))
+    return text, tuple(forced), own_spec, own_keys
+
+
+def _parse_spec(raw, where: str) -> WatermarkSpec:
+    try:
+        return WatermarkSpec.parse(raw)
+    except SpecError as exc:
+        raise BatchError(f"{where}: {exc}") from None
+
+
+def _detection_ids(keyring) -> tuple[str, ...]:
+    try:
+        found = tuple(info.key_id for info in keyring.detection_keys())
+    except KeyringError as exc:
+        raise BatchError(str(exc)) from None
+    if not found:
+        raise BatchError("no watermark key to detect with: create one with `provmark keys create`")
+    return found
+
+
+# ------------------------------------------------------------------------------------- workers
+
+
+class ChunkDetector:
+    """The worker: a Detector over shipped material; ``__call__`` scores rows (index, task json, text)."""
+
+    def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions) -> None:
+        from detector.service import Detector
+
+        self._detector = Detector(vocab=vocab, keyring=_SecretsKeyring(secrets))
+        self._options = options.as_kwargs()
+
+    def __repr__(self) -> str:
+        return "ChunkDetector()"
+
+    def detect(self, task: str, text: str) -> str:
+        """JSON {"verdict": ...} or {"error": message} (errors are reported, not raised, to name the row)."""
+        spec, keys, forced = json.loads(task)
+        try:
+            verdict = self._detector.detect(text, keys=keys, spec=spec, forced_positions=forced, **self._options)
+        except (KeyringError, SpecError, ValueError, TypeError) as exc:
+            return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        return json.dumps({"verdict": verdict.to_dict()}, separators=(",", ":"))
+
+    def __call__(self, batch: dict) -> dict:
+        """Ray Data batch (numpy format): columns index, task, text -> index, result."""
+        import numpy as np
+
+        results = [self.detect(t, x) for t, x in zip(batch["task"], batch["text"])]
+        return {"index": batch["index"], "result": np.array(results, dtype=object)}
+
+
+_worker: ChunkDetector | None = None  # the local pool worker's detector, set by its initializer
+
+
+def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions) -> None:
+    global _worker
+    _one_thread_per_process()
+    _worker = ChunkDetector(vocab, secrets, options)
+
+
+def _one_thread_per_process() -> None:
+    """Workers run one per core: scoring's small tensors and tokenizer calls need no thread pools."""
+    import torch
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(1)
+
+
+def _detect_chunk(rows: list[tuple[int, str, str]]) -> list[tuple[int, str]]:
+    return [(index, _worker.detect(task, text)) for index, task, text in rows]
+
+
+def _rows(prepared: PreparedJobs) -> list[tuple[int, str, str]]:
+    return [(i, job.task(), job.text) for i, job in enumerate(prepared.jobs)]
+
+
+def _collect(results: Iterable[tuple[int, str]], total: int) -> list[dict]:
+    out: list[dict | None] = [None] * total
+    for index, raw in results:
+        answer = json.loads(raw)
+        if "error" in answer:
+            raise BatchError(f"record {int(index) + 1}: {answer['error']}")
+        out[int(index)] = answer["verdict"]
+    missing = [i + 1 for i, v in enumerate(out) if v is None]
+    if missing:
+        raise BatchError(f"{len(missing)} record(s) got no verdict (first: record {missing[0]})")
+    return out
+
+
+def default_workers() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Callable | None = None) -> list[dict]:
+    """Verdict dicts in input order, on ``workers`` spawned processes (default: every core; 1 runs in
+    this process). ``progress(n)`` is called as chunks of n rows finish."""
+    import concurrent.futures
+    import multiprocessing
+
+    workers = default_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: expected a positive integer, got {workers!r}")
+    rows = _rows(prepared)
+    chunks = [rows[i:i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)]
+    workers = min(workers, max(1, len(chunks)))
+    results: list[tuple[int, str]] = []
+    if workers == 1:  # in this process: no start-up cost, same worker code
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            worker = ChunkDetector(prepared.vocab, prepared.secrets, prepared.options)
+            for chunk in chunks:
+                results += [(index, worker.detect(task, text)) for index, task, text in chunk]
+                if progress:
+                    progress(len(chunk))
+        finally:
+            torch.set_num_threads(threads)  # the caller may be a longer-lived process
+        return _collect(results, len(rows))
+    context = multiprocessing.get_context("spawn")  # no forked torch / tokenizer thread state
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_local_worker,
+                                                initargs=(prepared.vocab, prepared.secrets, prepared.options)) as pool:
+        futures = [pool.submit(_detect_chunk, chunk) for chunk in chunks]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                done = future.result()
+                results += done
+                if progress:
+                    progress(len(done))
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise BatchError(f"a detection worker died ({exc})") from None
+        finally:
+            for future in futures:
+                future.cancel()
+    return _collect(results, len(rows))
+
+
+# ----------------------------------------------------------------------------------------- Ray
+
+
+def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | None = None,
+            progress: Callable | None = None) -> list[dict]:
+    """The same job through Ray Data on the cluster at ``address`` (None: ``ray.init()``'s default,
+    RAY_ADDRESS or a new local instance; already connected: that one). ``workers`` actors (default:
+    the cluster's CPUs), one CPU each. Verdicts in input order."""
+    import ray
+
+    started_here = connect_ray(address)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # the caller's bar reports progress
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the caller's bar counts rows instead
+        context.execution_options.preserve_order = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        actors = max(1, min(workers or cpus, cpus))
+        rows = _rows(prepared)
+        items = [{"index": index, "task": task, "text": text} for index, task, text in rows]
+        dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(rows) // CHUNK_ROWS)))
+        sealed, transport_key = seal_secrets(prepared.secrets)
+        material = [ray.put(prepared.vocab), sealed, prepared.options]
+        scored = dataset.map_batches(_RayChunkDetector, fn_constructor_kwargs={"material": material},
+                                     batch_size=CHUNK_ROWS, batch_format="numpy", num_cpus=1,
+                                     compute=ray.data.ActorPoolStrategy(size=actors),
+                                     runtime_env={"env_vars": {TRANSPORT_KEY_ENV: transport_key}})
+        results = []
+        for batch in scored.iter_batches(batch_size=CHUNK_ROWS, batch_format="numpy"):
+            results += zip(batch["index"].tolist(), batch["result"].tolist())
+            if progress:
+                progress(len(batch["index"]))
+    except ray.exceptions.RayError as exc:
+        raise BatchError(f"the Ray job failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+    finally:
+        if started_here:
+            ray.shutdown()
+    return _collect(results, len(rows))
+
+
+def connect_ray(address: str | None = None) -> bool:
+    """Connect to (or start) Ray unless already connected; True when this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}})
+    return True
+
+
+class _RayChunkDetector(ChunkDetector):
+    """Ray Data actor: unpacks the shipped material (the tokenizer by object ref) once per actor."""
+
+    def __init__(self, material) -> None:
+        import ray
+
+        vocab_ref, sealed, options = material
+        _one_thread_per_process()
+        transport_key = os.environ.pop(TRANSPORT_KEY_ENV, "")  # gone from the env once read
+        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options)
+
+
+# --------------------------------------------------------------------------------------- store
+
+
+def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], caller=None) -> list[str]:
+    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing);
+    returns the verdict ids in order. Texts are kept only when the store retains text."""
+    from detector.audit import append_event
+    from detector.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
+
+    if len(verdicts) != len(prepared.jobs):
+        raise ValueError("verdicts: expected one per job")
+    caller = caller or Caller(name=STORE_CALLER)
+    ids = []
+    with store.write() as session:
+        for job, verdict in zip(prepared.jobs, verdicts):
+            record = _verdict_record(job, verdict, prepared.options, VerdictRecord)
+            verdict_id = new_id()
+            session.add(VerdictRow(id=verdict_id, created_at=utc_now(), text=job.text if store.retain_text else None,
+                                   caller_token_id=caller.token_id, caller_name=caller.name,
+                                   **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__}))
+            session.flush()  # the verdict row first: a constraint error leaves no audit event behind
+            append_event(session, "detection", caller.actor, verdict_id,
+                         {"verdict": record.verdict, "z": record.z, "key_id": record.key_id,
+                          "spec_fingerprint": record.spec_fingerprint})
+            ids.append(verdict_id)
+    return ids
+
+
+def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, record_type):
+    """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0."""
+    stored_options = {"watermark": job.spec, "keys": list(job.keys) if job.keys else None,
+                      "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
+                      "z_threshold": options.z_threshold, "fpr": options.fpr,
+                      "forced_positions": list(job.forced_positions) or None,
+                      "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch"}
+    p_value = verdict["p_value"]
+    return record_type(
+        text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,
+        p_value=min(1.0, max(0.0, 1.0 if p_value is None else p_value)),
+        green_count=int(verdict["num_green_tokens"]), scored_count=int(verdict["num_tokens_scored"]),
+        green_fraction=verdict["green_fraction"] or 0.0, spec=verdict["watermark"],
+        spec_fingerprint=verdict["fingerprint"], tokenizer_fingerprint=verdict["tokenizer_fingerprint"],
+        key_id=verdict["key_id"], options=stored_options, windows=verdict["windows"])

@@ -45,7 +45,7 @@ def test_packed_linear_any_row_count_and_bias():
     if not packing_available(linear):
         pytest.skip("this CPU/torch build cannot pack float32")
     packed = PackedLinear(linear)
-    for shape in [(1, 32), (16, 32), (2, 5, 32), (300, 32)]:
+    for shape in [(1, 32), (3, 32), (4, 32), (16, 32), (2, 5, 32), (300, 32)]:  # both sides of PLAIN_BELOW_ROWS
         x = torch.randn(*shape)
         with torch.inference_mode():
             torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)

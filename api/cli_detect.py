@@ -29,6 +29,14 @@ def register(subparsers) -> None:
         description="Score text for a watermark (exit 0 whatever the verdict).")
     parser.add_argument("file", nargs="?", default="-", metavar="FILE",
                         help="text file to score, or - for standard input (default)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--jsonl", metavar="IN.jsonl", help='score every {"text": ...} line; JSON lines out')
+    add_scoring_options(parser)
+    parser.set_defaults(func=run)
+
+
+def add_scoring_options(parser) -> None:
+    """Keys, spec, windows, explain, tokenizer, normalisation, dedup and threshold (detect, detect-batch)."""
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--key", action="append", dest="keys", metavar="ID",
                       help="test this key (repeat for several); default: every detection key")
@@ -37,15 +45,12 @@ def register(subparsers) -> None:
     parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
     parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
     parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--jsonl", metavar="IN.jsonl", help='score every {"text": ...} line; JSON lines out')
     parser.add_argument("--no-normalize", action="store_true", help="score the text exactly as given")
     parser.add_argument("--no-dedup", action="store_true", help="count repeated n-grams every time")
     threshold = parser.add_mutually_exclusive_group()
     threshold.add_argument("--z-threshold", type=float, default=Z_THRESHOLD, metavar="Z",
                            help=f"verdict threshold (default {Z_THRESHOLD})")
     threshold.add_argument("--fpr", type=float, metavar="P", help="target false-positive rate instead of a z")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:

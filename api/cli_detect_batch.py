@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from api.cli import CLIError
-from watermark.stats import Z_THRESHOLD
+from api.cli_detect import add_scoring_options
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -48,20 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: every core)")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster (no ADDRESS: RAY_ADDRESS or a new local instance)")
-    keys = parser.add_mutually_exclusive_group()
-    keys.add_argument("--key", action="append", dest="keys", metavar="ID",
-                      help="test this key (repeat for several); default: every detection key")
-    keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
-    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
-    parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
-    parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
-    parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
-    parser.add_argument("--no-normalize", action="store_true", help="score the texts exactly as given")
-    parser.add_argument("--no-dedup", action="store_true", help="count repeated n-grams every time")
-    threshold = parser.add_mutually_exclusive_group()
-    threshold.add_argument("--z-threshold", type=float, default=Z_THRESHOLD, metavar="Z",
-                           help=f"verdict threshold (default {Z_THRESHOLD})")
-    threshold.add_argument("--fpr", type=float, metavar="P", help="target false-positive rate instead of a z")
+    add_scoring_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 

@@ -50,6 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--detect-workers", type=int, metavar="N", help="local processes or Ray actors for detection")
     p.add_argument("--ray-address", metavar="ADDRESS", help="Ray cluster for --detect-backend ray (default: "
                                                             "RAY_ADDRESS or a new local instance)")
+    p.add_argument("--generate-backend", choices=("engine", "vllm"), default="engine",
+                   help="who generates: our engine (default) or vLLM with the provmark plugin (.venv-vllm)")
     p.set_defaults(func=run_robustness)
     group.set_defaults(func=lambda args: _missing_command(group))
 
@@ -116,7 +118,8 @@ def run_robustness(args) -> int:
         raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")
     results = run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
                              progress=not args.no_progress, detect_backend=args.detect_backend,
-                             detect_workers=args.detect_workers, ray_address=args.ray_address)
+                             detect_workers=args.detect_workers, ray_address=args.ray_address,
+                             generate_backend=args.generate_backend, vllm_model=args.model)
     print(json.dumps(headline(results), indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
     return 0

@@ -131,14 +131,17 @@ class EvalConfig:
 
 def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyring=None, key_id: str | None = None,
                    progress: bool = True, make_plots: bool = True, detect_backend: str = "inline",
-                   detect_workers: int | None = None, ray_address: str | None = None) -> dict:
+                   detect_workers: int | None = None, ray_address: str | None = None,
+                   generate_backend: str = "engine", vllm_model: str | None = None) -> dict:
     """Run ``config`` and write ``out_dir/results.json`` (and the plots); returns the results.
 
     ``loaded``: a ``generation.models.LoadedModel`` (default: the embedded model). ``keyring`` and
     ``key_id``: the key that watermarks (default: the keyring's active key; one is created on an
     empty keyring). Cached generations under ``out_dir/cache`` are reused. ``detect_backend``:
     ``inline`` (default, in this process), ``local`` (``detector.batch`` on ``detect_workers``
-    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``)."""
+    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``).
+    ``generate_backend``: ``engine`` (ours, default) or ``vllm`` (vLLM with our plugin, model folder
+    ``vllm_model``, default the embedded model; ``evaluation.vllm_generator``)."""
     import json
 
     from evaluation.runner import EvaluationRun
@@ -147,7 +150,8 @@ def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyr
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     run = EvaluationRun(config, out, loaded=loaded, keyring=keyring, key_id=key_id, progress=progress,
-                        detect_backend=(detect_backend, detect_workers, ray_address))
+                        detect_backend=(detect_backend, detect_workers, ray_address),
+                        generate_backend=generate_backend, vllm_model=vllm_model)
     results = run.execute()
     results["stats"]["seconds"] = round(time.monotonic() - started, 1)
     if make_plots:

@@ -21,10 +21,15 @@ CHARACTER_FAMILY = "character"
 
 class EvaluationRun:
     def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True,
-                 detect_backend: tuple = ("inline", None, None)):
+                 detect_backend: tuple = ("inline", None, None), generate_backend: str = "engine",
+                 vllm_model: str | None = None):
         from watermark.keys import Keyring
 
+        if generate_backend not in ("engine", "vllm"):
+            raise ValueError(f"generate_backend={generate_backend!r}: choose engine or vllm")
         self.config = config
+        self.generate_backend = generate_backend  # vllm: evaluation.vllm_generator (our plugin in vLLM)
+        self.vllm_model = vllm_model
         self.detect_backend = detect_backend  # (backend, workers, ray address): see evaluation.scorer
         self.out = out
         self.progress = progress
@@ -55,8 +60,14 @@ class EvaluationRun:
         rows = cfg.n * (1 + len(marks) + len(extra))
         engine = Engine(self.loaded, max_num_seqs=min(cfg.max_num_seqs, rows),
                         max_model_len=max(len(p) for p in prompts) + cfg.tokens + 8)
-        source = GenerationSource(engine, lm, JsonlCache(self.out / "cache" / "generations.jsonl"),
-                                  self.vocab.fingerprint, self.progress)
+        generator, fingerprint = engine, self.vocab.fingerprint
+        if self.generate_backend == "vllm":
+            from evaluation.vllm_generator import VLLMGenerator
+
+            # its own cache keys: vLLM's sampled tokens differ from our engine's for the same seed
+            generator, fingerprint = VLLMGenerator(self.keyring, self.vllm_model), f"{fingerprint}|vllm"
+        source = GenerationSource(generator, lm, JsonlCache(self.out / "cache" / "generations.jsonl"),
+                                  fingerprint, self.progress)
         human = self._human_negatives(lm, tokenizer)
         context = AttackContext(tokenizer, human_texts=[d.body for d in load_documents() if d.body],
                                 lm=lm, engine=engine)

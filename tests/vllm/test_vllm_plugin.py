@@ -128,3 +128,23 @@ def test_the_plugin_biases_a_crafted_batch_exactly_as_our_processor(home_keyring
     WatermarkProcessor().apply(expected, [(), prompts[2] + outputs[2], ()], marks)
     assert torch.equal(plugin.apply(logits.clone()), expected)
     assert not torch.equal(expected, logits) and not plugin.is_argmax_invariant()
+
+
+@pytest.mark.slow
+def test_the_evaluation_generates_through_vllm_with_our_keys(llm, home_keyring):
+    """evaluation.vllm_generator (``provmark eval robustness --generate-backend vllm``): rows carry their
+    watermark to the plugin; the watermarked row detects, the unwatermarked one does not."""
+    from detector.service import Detector
+    from evaluation.vllm_generator import VLLMGenerator
+    from generation.sampling import SamplingParams as OurParams
+
+    tokenizer = llm.get_tokenizer()
+    prompt = tokenizer(PROMPT)["input_ids"]
+    params = [OurParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, temperature=1.0, seed=s) for s in (3, 4)]
+    marks = [generation_watermark(None, V, key_id=KEY_ID, keyring=home_keyring), None]
+    outs = VLLMGenerator(home_keyring, llm=llm).generate([prompt, prompt], params, watermarks=marks)
+    assert [len(o.token_ids) for o in outs] == [NEW_TOKENS, NEW_TOKENS]
+    detector = Detector(keyring=home_keyring)
+    marked, plain = (detector.detect(o.text, keys=[KEY_ID]) for o in outs)
+    assert marked.z_score >= Z_MIN and marked.verdict == "watermarked"
+    assert plain.z_score < Z_MIN and plain.verdict != "watermarked"

@@ -6,6 +6,7 @@ request is watermarked (default spec, a throwaway key). Each figure is the media
 runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
 
     python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16] [--vllm]
+        [--omp-wait-policy default|passive|active]
 
 Writes benchmarks/results/engine_throughput.json and prints the same JSON.
 """
@@ -23,9 +24,25 @@ import sys
 import time
 from pathlib import Path
 
-# Sleeping (not spinning) OpenMP workers: on a shared machine two spinning threads stall each other
-# (measured 0.7 vs 8 tokens/s at batch 1 under load). Must be set before torch loads OpenMP.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
+# default (workers spin a while before sleeping), which is what a service gets and how FACTS.md's peers
+# were measured; short kernels pay a thread wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
+# On a loaded machine, --omp-wait-policy passive: two spinning processes stall each other (0.7 vs
+# 8 tokens/s measured at batch 1).
+WAIT_POLICIES = ("default", "passive", "active")
+
+
+def _early_wait_policy(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--omp-wait-policy="):
+            return arg.split("=", 1)[1]
+        if arg == "--omp-wait-policy" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "default"
+
+
+if __name__ == "__main__" and _early_wait_policy(sys.argv[1:]) in ("passive", "active"):
+    os.environ["OMP_WAIT_POLICY"] = _early_wait_policy(sys.argv[1:]).upper()
 
 import torch
 
@@ -138,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
     parser.add_argument("--vllm", action="store_true",
                         help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
+    parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",
+                        help="OpenMP workers between kernels: OpenMP's default, passive (sleep: for a loaded "
+                             "machine) or active (spin); applied before torch loads")
     parser.add_argument("--output", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -185,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "threads": args.threads,
         "engine_packed_weights": engine.runner.packed_weights,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "new_tokens": NEW_TOKENS,
         "batch": BATCH,
         "prompt_lengths": list(PROMPT_LENGTHS),

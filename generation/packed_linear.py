@@ -78,15 +78,21 @@ def _self_check(dtype: torch.dtype) -> bool:
     return bool(((got - want).abs().max() / scale) <= SELF_CHECK_TOLERANCE[dtype])
 
 
-def packed_view(model: nn.Module) -> nn.Module:
+def packed_view(model: nn.Module, fuse_siblings: bool = True) -> nn.Module:
     """A copy of ``model``'s module tree sharing its parameters, with every nn.Linear packed.
 
-    Raises ValueError if packing is not available for this model (see ``packing_available``)."""
+    ``fuse_siblings``: q/k/v and gate/up projections run as one packed matmul each
+    (generation/fused_linear.py). Raises ValueError if packing is not available for this model
+    (see ``packing_available``)."""
     if not packing_available(model):
         raise ValueError("packed linear weights need a CPU model in float32/bfloat16/float16 and torch's oneDNN ops")
     shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}  # deepcopy reuses these
     view = copy.deepcopy(model, memo=shared)
     with torch.inference_mode():
+        if fuse_siblings:
+            from generation.fused_linear import fuse_siblings_  # imports this module's constants
+
+            fuse_siblings_(view)
         for parent in list(view.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):

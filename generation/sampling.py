@@ -4,6 +4,9 @@ Sampler.sample() runs, over logits[B, V]: (1) penalties, logit bias and bans, (2
 (3) the watermark hook, (4) temperature then truncation (or mirostat), (5) greedy argmax or a draw
 from each row's own generator. A transform no row uses is skipped; rows with a transform off are
 left bit-for-bit untouched.
+
+Rows with top-k skip the full vocabulary after one topk: temperature, the later truncations and the
+draw run on the row's head of top_k (+ a few) tokens, where every other token is already -inf.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ HEAD_BUCKETS = 256  # ... down to 64 nats below the top token; everything deeper
 HEAD_MARGIN = 16  # a few spare tokens against float rounding at the bucket edge
 FULL_SORT_FRACTION = 4  # a head above V/4 tokens costs about a full sort (topk measured vs sort on CPU)
 MIROSTAT_M = 100  # Basu et al. 2021, alg. 1: Zipf exponent estimated from the top m = 100 probabilities
+HEAD_SPARE = 16  # head tokens past the largest top_k: room for ties at the k-th value (half-precision logits tie often)
+TOP_K_HEAD = True  # False forces top-k rows through the full-vocabulary path (tests compare the two)
 
 
 @dataclass
@@ -98,9 +103,9 @@ def apply_bans_(scores: torch.Tensor, states: list[SamplerState]) -> None:
 
 # ---- stage 4: truncation, each on [R, V] with per-row parameter columns ----
 
-def top_k_(scores: torch.Tensor, k: torch.Tensor) -> None:
+def top_k_(scores: torch.Tensor, k: torch.Tensor, presorted: bool = False) -> None:
     """Keep tokens >= the row's k-th largest logit (ties kept, as transformers)."""
-    kth = scores.topk(int(k.max())).values.gather(1, k.long() - 1)
+    kth = (scores if presorted else scores.topk(int(k.max())).values).gather(1, k.long() - 1)
     scores.masked_fill_(scores < kth, NEG_INF)
 
 
@@ -114,6 +119,14 @@ class DescendingOrder:
         vocab = scores.shape[1]
         self.full = size * FULL_SORT_FRACTION >= vocab
         self.values, self.ids = scores.sort(-1, descending=True) if self.full else scores.topk(size)
+
+    @classmethod
+    def presorted(cls, scores: torch.Tensor) -> DescendingOrder:
+        """The order of rows whose columns already descend (a top-k head): the identity."""
+        order = cls.__new__(cls)
+        order.full, order.values = True, scores
+        order.ids = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
+        return order
 
     def select(self, local_rows: torch.Tensor) -> DescendingOrder:
         """The order of a subset of rows."""
@@ -200,24 +213,33 @@ def eta_(scores: torch.Tensor, eps: torch.Tensor) -> None:
     scores.masked_fill_((logp.exp() < eta) & (scores < scores.amax(-1, keepdim=True)), NEG_INF)
 
 
-def truncate_(scores: torch.Tensor, params: list[SamplingParams]) -> None:
-    """top-k, top-p, min-p, typical, epsilon, eta in that order; each only on rows that use it."""
-    dev, vocab = scores.device, scores.shape[1]
-    rows = _rows([0 < p.top_k < vocab for p in params], dev)
+def truncate_(scores: torch.Tensor, params: list[SamplingParams], presorted: bool = False) -> None:
+    """top-k, top-p, min-p, typical, epsilon, eta in that order; each only on rows that use it.
+
+    presorted: every row's columns already descend (a top-k head), so no transform sorts or topks.
+    """
+    dev, width = scores.device, scores.shape[1]
+    rows = _rows([0 < p.top_k < width for p in params], dev)
     if rows is not None:
-        _on_rows(scores, rows, lambda s: top_k_(s, _column([p.top_k for p in params], rows, torch.long)))
+        _on_rows(scores, rows, lambda s: top_k_(s, _column([p.top_k for p in params], rows, torch.long), presorted))
     sort_rows = _rows([p.top_p < 1.0 or p.typical_p < 1.0 for p in params], dev)
     if sort_rows is not None:
         sorted_params = [params[i] for i in sort_rows.tolist()]
-        sub = scores.index_select(0, sort_rows)
-        needs_full = any(p.typical_p < 1.0 for p in sorted_params)
-        top_p = _column([p.top_p for p in sorted_params], torch.arange(len(sorted_params), device=dev))
-        order = DescendingOrder(sub, sub.shape[1] if needs_full else top_p_head_size(sub, top_p))
+        whole = sort_rows.numel() == scores.shape[0]  # every row sorts: work in place, no row copies
+        sub = scores if whole else scores.index_select(0, sort_rows)
+        if presorted:
+            order = DescendingOrder.presorted(sub)
+        elif any(p.typical_p < 1.0 for p in sorted_params):
+            order = DescendingOrder(sub, sub.shape[1])
+        else:
+            top_p = _column([p.top_p for p in sorted_params], torch.arange(len(sorted_params), device=dev))
+            order = DescendingOrder(sub, top_p_head_size(sub, top_p))
         p_local = _rows([p.top_p < 1.0 for p in sorted_params], dev)
         if p_local is not None:
             p_order = order if p_local.numel() == sub.shape[0] else order.select(p_local)
             _on_rows(sub, p_local, lambda s: top_p_(s, _column([p.top_p for p in sorted_params], p_local), p_order))
-        scores.index_copy_(0, sort_rows, sub)
+        if not whole:
+            scores.index_copy_(0, sort_rows, sub)
     rows = _rows([p.min_p > 0.0 for p in params], dev)
     if rows is not None:
         _on_rows(scores, rows, lambda s: min_p_(s, _column([p.min_p for p in params], rows)))
@@ -273,9 +295,43 @@ def draw_(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tenso
     costs microseconds (an exponential race draws V numbers: ~0.9 ms per row at V=49152 on CPU).
     """
     u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(probs.device)
-    cdf = probs.double().cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # the same sums as .double().cumsum(), without the copy
     target = (u * cdf[:, -1])[:, None]  # u < 1, so target < total: the chosen token has p > 0
     return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[1] - 1)[:, 0]
+
+
+# ---- top-k heads: rows with top-k sampled from their top_k (+ spare) tokens only ----
+
+def head_rows(params: list[SamplingParams], vocab: int) -> list[int]:
+    """Rows a top-k head serves: plain truncation (no mirostat) and a head well below a full sort's cost."""
+    return [j for j, p in enumerate(params)
+            if p.mirostat_mode == 0 and p.top_k > 0 and (p.top_k + HEAD_SPARE) * FULL_SORT_FRACTION <= vocab]
+
+
+def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator]) -> tuple[list[int], torch.Tensor]:
+    """Draw for rows of scores[R, V] (before temperature) from each row's head; returns (rows served, tokens).
+
+    A row is served when its head holds every token the full path keeps (all tokens >= its k-th
+    value), then its token is the one the full path draws: the same values (dividing by T > 0 keeps
+    the order, so topk may come first), truncations on the same survivors, and draw_ over them in
+    token-id order. Rows not served (ties at the k-th value reaching past the head) are left to the caller.
+    """
+    k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
+    values, ids = scores.topk(int(k.max()) + HEAD_SPARE)
+    if any(p.temperature != 1.0 for p in params):
+        values.div_(torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+    fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
+    served = [j for j, f in enumerate(fits) if f]
+    if not served:
+        return served, ids[:0, 0]
+    if len(served) < len(params):
+        at = torch.tensor(served, device=scores.device)
+        values, ids = values[at], ids[at]
+    truncate_(values, [params[j] for j in served], presorted=True)
+    ids_ascending, by_id = ids.sort(-1)  # draw_ walks the CDF in token-id order, as over the full row
+    at = draw_(values.softmax(-1).gather(1, by_id), [generators[j] for j in served])
+    return served, ids_ascending.gather(1, at[:, None])[:, 0]
 
 
 class Sampler:
@@ -305,8 +361,8 @@ class Sampler:
             scores = watermark_hook(scores)
         tokens = torch.empty(len(states), dtype=torch.long, device=scores.device)
         greedy = _rows([p.greedy for p in params], scores.device)
-        if greedy is not None:
-            tokens[greedy] = scores.index_select(0, greedy).argmax(-1)
+        if greedy is not None:  # max(dim) gives argmax's first maximal index, several times faster on CPU
+            tokens[greedy] = (scores if greedy.numel() == len(states) else scores.index_select(0, greedy)).max(-1).indices
         sampled = _rows([not p.greedy for p in params], scores.device)
         if sampled is not None:
             tokens[sampled] = self._sample_rows(scores, sampled, states)
@@ -314,6 +370,24 @@ class Sampler:
 
     def _sample_rows(self, scores: torch.Tensor, rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
         picked = [states[i] for i in rows.tolist()]
+        heads = head_rows([st.params for st in picked], self.vocab_size) if TOP_K_HEAD else []
+        if not heads:
+            return self._sample_full_rows(scores, rows, picked)
+        chosen = torch.empty(len(picked), dtype=torch.long, device=scores.device)
+        head_global = rows[torch.tensor(heads, device=rows.device)]
+        head_scores = scores if head_global.numel() == scores.shape[0] else scores.index_select(0, head_global)
+        served, tokens = sample_heads(head_scores, [picked[j].params for j in heads], [picked[j].generator for j in heads])
+        served = [heads[j] for j in served]
+        if served:
+            chosen[torch.tensor(served, device=scores.device)] = tokens
+        rest = sorted(set(range(len(picked))) - set(served))
+        if rest:
+            rest_at = torch.tensor(rest, device=scores.device)
+            chosen[rest_at] = self._sample_full_rows(scores, rows[rest_at], [picked[j] for j in rest])
+        return chosen
+
+    def _sample_full_rows(self, scores: torch.Tensor, rows: torch.Tensor, picked: list[SamplerState]) -> torch.Tensor:
+        """Temperature, truncation or mirostat, and the draw over whole rows of the vocabulary."""
         params = [st.params for st in picked]
         sub = scores.index_select(0, rows) if rows.numel() < scores.shape[0] else scores
         if any(p.temperature != 1.0 for p in params):

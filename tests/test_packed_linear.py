@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from generation.fused_linear import FusedMember, FusedProjections
 from generation.packed_linear import PackedLinear, packed_view, packing_available
 
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -33,7 +34,8 @@ def test_view_matches_model_and_shares_weights(dtype):
     assert ((got - want).abs().max() / want.abs().max()).item() <= TOLERANCE[dtype]
     # every linear of the view is packed; the caller's model still has plain nn.Linear layers
     assert not any(isinstance(m, nn.Linear) for m in view.modules())
-    assert sum(isinstance(m, PackedLinear) for m in view.modules()) == 2 * 7 + 1  # q k v o gate up down, head
+    assert sum(isinstance(m, PackedLinear) for m in view.modules()) == 2 * 2 + 1  # o, down per layer; head
+    assert sum(isinstance(m, FusedMember) for m in view.modules()) == 2 * 5  # q k v and gate up, fused
     assert all(isinstance(m, nn.Linear) for m in [model.lm_head, model.model.layers[0].self_attn.q_proj])
     # non-linear parameters are the same tensors, not copies
     assert view.model.embed_tokens.weight is model.model.embed_tokens.weight
@@ -56,3 +58,32 @@ def test_packing_refuses_what_it_cannot_do():
     assert not packing_available(model)
     with pytest.raises(ValueError, match="packed linear weights need"):
         packed_view(model)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 16])  # both sides of PLAIN_BELOW_ROWS
+def test_fused_siblings_equal_their_linears_in_any_call_pattern(rows):
+    gen = torch.Generator().manual_seed(2)
+    linears = [nn.Linear(32, n, bias=True) for n in (24, 8, 8)]
+    for lin in linears:
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen))
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen))
+    if not packing_available(linears[0]):
+        pytest.skip("this CPU/torch build cannot pack float32")
+    group = FusedProjections(linears)
+    members = [FusedMember(group, i, lin) for i, lin in enumerate(linears)]
+    x, other = torch.randn(rows, 32, generator=gen), torch.randn(rows, 32, generator=gen)
+    with torch.inference_mode():
+        want = [lin(x) for lin in linears]
+        # the model's own order; then out of order; then a sibling called with another input in between
+        for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
+            got = {i: members[i](x) for i in order}
+            for i in range(3):
+                torch.testing.assert_close(got[i], want[i], rtol=1e-5, atol=1e-5)
+        first = members[0](x)
+        torch.testing.assert_close(members[1](other), linears[1](other), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(members[1](x), want[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(members[2](x), want[2], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(first, want[0], rtol=1e-5, atol=1e-5)
+        # a slice is handed out once: a second call for the same input computes again, still exact
+        torch.testing.assert_close(members[1](x), want[1], rtol=1e-5, atol=1e-5)

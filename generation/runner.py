@@ -13,6 +13,7 @@ import torch
 
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
 from generation.packed_linear import packed_view, packing_available
+from generation.slot_attention import GROUP_KWARG, plan_row_groups, use_slot_attention_
 
 
 class ModelRunner:
@@ -26,6 +27,8 @@ class ModelRunner:
         self.packed_weights = bool(packed_weights)
         self.model = model
         forward_model = packed_view(model) if self.packed_weights else model
+        # grouped decode attention (generation/slot_attention.py), only ever on our own view of the model
+        self.slot_attention = self.packed_weights and use_slot_attention_(forward_model)
         self.decoder = forward_model.get_decoder()
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
@@ -76,6 +79,9 @@ class ModelRunner:
         else:
             mask = None  # every row sees all kv_len keys: SDPA needs no mask (transformers skips making one)
         index = self.cache.decode_index(positions)
+        extra = {}
+        if self.slot_attention:
+            extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
         self.cache.plan = ForwardPlan(False, 0, batch, 1, kv_len, index)
         try:
             hidden = self.decoder(
@@ -84,6 +90,7 @@ class ModelRunner:
                 position_ids=positions[:, None],
                 past_key_values=self.cache,
                 use_cache=True,
+                **extra,
             ).last_hidden_state
         finally:
             self.cache.plan = None

@@ -74,14 +74,12 @@ class ModelRunner:
 
         ``ragged=False`` promises every position equals ``kv_len - 1`` (then no mask is built)."""
         batch = token_ids.shape[0]
-        if ragged:
-            mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
-        else:
-            mask = None  # every row sees all kv_len keys: SDPA needs no mask (transformers skips making one)
-        index = self.cache.decode_index(positions)
-        extra = {}
-        if self.slot_attention:
+        mask, extra = None, {}  # no mask: every row sees all kv_len keys (transformers then makes none either)
+        if self.slot_attention:  # the row groups carry their own masks
             extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
+        elif ragged:
+            mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
+        index = self.cache.decode_index(positions)
         self.cache.plan = ForwardPlan(False, 0, batch, 1, kv_len, index)
         try:
             hidden = self.decoder(

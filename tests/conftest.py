@@ -18,3 +18,24 @@ def provmark_home(tmp_path, monkeypatch):
     home = tmp_path / "provmark-home"
     monkeypatch.setenv("PROVMARK_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module's model-running tests: exactness does not depend on it, and on a
+    shared 2-core runner two spinning OpenMP threads stall each other (0.7 vs 10 tokens/s measured), so
+    runtime stays bounded. Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """The embedded default model, loaded once for the whole run (engines wrap it; none modifies it)."""
+    from generation.models import load_model
+
+    return load_model()

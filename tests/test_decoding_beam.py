@@ -21,10 +21,9 @@ from generation.decoding.beam import (
 from generation.decoding.best_of import run_best_of, sibling_seed
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.engine import Engine
-from generation.models import load_model
 from generation.sampling import SamplerState, SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a"]
 NEW_TOKENS = 16
@@ -33,18 +32,9 @@ SCORE_TOLERANCE = 1e-3  # nats over 16 tokens of float32 log-softmax
 Z_THRESHOLD = 4.0  # the issue's bar: one-sided p ~ 3.2e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread (see tests/test_engine.py: two spinning OpenMP threads stall each other)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(load_model(), max_num_seqs=2, max_model_len=512)
+def engine(loaded):
+    return Engine(loaded, max_num_seqs=2, max_model_len=512)
 
 
 TEST_SECRET = bytes(range(32))  # a fixed 256-bit key: every run scores and detects the same texts

@@ -10,27 +10,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from api.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 PROMPT = "The capital of France is"
 CHOICE_FIELDS = {"index", "text", "token_ids", "finish_reason", "cumulative_logprob"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # shared runner: see tests/test_engine.py
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    from generation.models import load_model
-
-    return load_model()
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from generation.decoding.contrastive import (
 from generation.models import LoadedModel
 from generation.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 AMATEUR_LAYERS = 4  # of the expert's 30: much weaker, same tokenizer and embeddings
 LOGP_TOLERANCE = 1e-4  # incremental (cached) vs one-pass forward differ by float rounding, ~1e-6 in logp
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
@@ -81,21 +83,6 @@ def test_alpha_one_keeps_only_the_expert_top_and_amateur_minus_inf_stays_finite(
 
 
 # ------------------------------------------------------------------------------ the embedded model
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # shared 2-core runner: see tests/test_engine.py
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    from generation.models import load_model
-
-    return load_model()
-
-
 @pytest.fixture(scope="module")
 def engine(loaded):
     from generation.engine import Engine

@@ -7,7 +7,6 @@ import dataclasses
 import importlib.metadata
 
 import pytest
-import torch
 
 from generation.decoding.mbr import MBRConfig, candidate_seed, run_mbr, select_consensus
 from generation.decoding.similarity import (
@@ -18,6 +17,8 @@ from generation.decoding.similarity import (
 )
 from generation.sampling import SamplingParams
 from generation.sequence import RequestOutput, Usage
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 Z_THRESHOLD = 4.0  # issue #7: watermarked outputs detected at z >= 4 (one-sided p ~ 3.2e-5)
 WATERMARK_TOKENS = 200  # ... at 200 tokens
@@ -134,21 +135,6 @@ def test_candidates_that_failed_their_constraint_take_no_part():
 
 
 # ------------------------------------------------------------------------------ the embedded model
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # shared 2-core runner: see tests/test_engine.py
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    from generation.models import load_model
-
-    return load_model()
-
-
 @pytest.fixture(scope="module")
 def engine(loaded):
     from generation.engine import Engine

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from generation.engine import Engine
-from generation.models import load_model
 from generation.sampling import SamplingParams
 from generation.scheduler import SchedulerConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 NEW_TOKENS = 32
 PROMPTS = [
@@ -25,21 +24,6 @@ PROMPTS = [
 ]
 NON_ASCII_CHAT = [{"role": "user", "content": "Translate to Chinese: I love the sea."}]
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: exactness does not depend on it, and on a shared runner two spinning OpenMP
-    threads can stall each other (measured: 0.7 vs 10 tokens/s under load), so runtime stays bounded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model()
 
 
 @pytest.fixture(scope="module")

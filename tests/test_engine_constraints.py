@@ -17,12 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from generation.constraints import ConstraintSpec
 from generation.engine import Engine
-from generation.models import load_model
 from generation.sampling import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark, generation_watermark
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 FACT_REGEX = r"[A-Z][a-z]{2,8} (is|was) [0-9]{1,3}\."  # at most 18 characters, so <= 18 tokens
 PERSON_SCHEMA = {
@@ -36,20 +35,6 @@ PERSON_SCHEMA = {
     "additionalProperties": False,
 }
 HARD_SPEC = "kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0,prf=hmac-sha256,hard"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread (see tests/test_engine.py): bounded runtime on a shared 2-core runner."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model()
 
 
 @pytest.fixture(scope="module")

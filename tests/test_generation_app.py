@@ -23,12 +23,11 @@ CONCURRENT = 4
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory, loaded):
     from generation.engine import Engine
-    from generation.models import load_model
 
     home = tmp_path_factory.mktemp("generation-home")
-    engine = Engine(load_model(), max_num_seqs=8, max_model_len=256)
+    engine = Engine(loaded, max_num_seqs=8, max_model_len=256)
     app = create_app({"home": home, "engine": engine, "rate_limit": 0, "max_text_chars": MAX_TEXT_CHARS})
     service = app.extensions["provmark.generation"]
     store = app.extensions["provmark.store"]

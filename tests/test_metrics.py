@@ -121,13 +121,12 @@ def test_multiprocess_mode_sums_files_of_every_worker(tmp_path, monkeypatch, det
 
 
 @pytest.mark.slow  # loads the embedded model
-def test_generation_engine_gauges_and_tokens(tmp_path):
+def test_generation_engine_gauges_and_tokens(tmp_path, loaded):
     from api.generation_app import create_app as create_generation_app
     from generation.engine import Engine
-    from generation.models import load_model
 
     home = tmp_path / "generation-home"
-    engine = Engine(load_model(), max_num_seqs=4, max_model_len=128)
+    engine = Engine(loaded, max_num_seqs=4, max_model_len=128)
     app = create_generation_app({"home": home, "engine": engine, "rate_limit": 0})
     worker = app.extensions["provmark.generation"].worker
     token = make_token(app.extensions["provmark.store"], "generate")

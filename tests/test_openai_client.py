@@ -22,12 +22,11 @@ STORY_TOKENS = 200
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory, loaded):
     from generation.engine import Engine
-    from generation.models import load_model
 
     home = tmp_path_factory.mktemp("openai-home")
-    engine = Engine(load_model(), max_num_seqs=4, max_model_len=512)
+    engine = Engine(loaded, max_num_seqs=4, max_model_len=512)
     app = create_app({"home": home, "engine": engine, "rate_limit": 0})
     store = app.extensions["provmark.store"]
     with serve(app) as base_url:

@@ -31,12 +31,11 @@ GENERATING = {"/v1/generate", "/v1/completions", "/v1/chat/completions"}
 
 
 @pytest.fixture(scope="module")
-def live_generation(tmp_path_factory):
+def live_generation(tmp_path_factory, loaded):
     from generation.engine import Engine
-    from generation.models import load_model
 
     home = tmp_path_factory.mktemp("fuzz-home")
-    engine = Engine(load_model(), max_num_seqs=4, max_model_len=FUZZ_MODEL_LEN)
+    engine = Engine(loaded, max_num_seqs=4, max_model_len=FUZZ_MODEL_LEN)
     # No rate limit: the fuzzer sends hundreds of requests with one token on purpose.
     app = create_app({"home": home, "engine": engine, "rate_limit": 0, "max_text_chars": 2000})
     with serve(app) as base_url:

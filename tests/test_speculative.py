@@ -33,6 +33,8 @@ from generation.sampling import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 FALSE_ALARM = 1e-4  # per test: probability that a correct sampler fails the chi-square check
 MIN_EXPECTED = 5.0  # Cochran's rule: chi-square is accurate when every bin expects >= 5 counts
 DRAWS = 10_000  # crafted-distribution draws per case (~1 s each)
@@ -202,15 +204,6 @@ TINY_PROMPTS = [[1, 5, 6, 7, 5, 6], [1, 9, 9, 9, 9], [1, 3, 4, 8, 11, 13, 3, 4]]
 TINY_RUNS = 300  # sampled end-to-end runs per drafter (~30 ms each on an idle core)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread (see tests/test_engine.py: spinning OpenMP threads stall a shared runner)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class LetterTokenizer:
     """Token i decodes to the i-th lowercase letter: enough for TextTracker and stop strings."""
 
@@ -355,11 +348,10 @@ PASSAGE = ("The river flooded the old mill in the spring of 1890. The miller, Th
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(loaded):
     from generation.engine import Engine
-    from generation.models import load_model
 
-    return Engine(load_model(), max_num_seqs=2, max_model_len=512)
+    return Engine(loaded, max_num_seqs=2, max_model_len=512)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def create_app(config: dict | None = None) -> Flask:
     engine = (config or {}).get("engine") or _load_engine(settings)
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
+    _warm_up_watermark(engine)
     service = GenerationService(worker, store, keyring, signer, model_id=engine.loaded.model_id,
                                 max_prompt_chars=settings.max_text_chars)
 
@@ -169,6 +171,21 @@ def create_app(config: dict | None = None) -> Flask:
     for bp in (generate_bp, openai_bp, meta_bp):
         app.register_blueprint(bp)
     return app
+
+
+def _warm_up_watermark(engine) -> None:
+    """Compile the default spec's bias kernel in the background: the first watermarked request would
+    otherwise wait for it (about 5 s here). A failure only means that request compiles it instead."""
+    from watermark.processor import warm_up
+
+    def run() -> None:
+        try:
+            warm_up(engine.vocab_size, device=engine.runner.device)
+        except Exception:  # best effort: the request path compiles, or falls back to eager, by itself
+            log.warning("watermark kernel warm-up failed; the first watermarked request will compile it",
+                        exc_info=True)
+
+    threading.Thread(target=run, name="provmark-watermark-warm-up", daemon=True).start()
 
 
 def _install_metrics(app: Flask, worker: EngineWorker) -> None:

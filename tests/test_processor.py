@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from watermark.processor import WatermarkProcessor
+from watermark.processor import WatermarkProcessor, warm_up
 from watermark.scheme import Watermark
 
 V = 49152
@@ -118,3 +118,15 @@ def test_rows_with_equal_spec_and_key_are_biased_in_one_call(monkeypatch):
     WatermarkProcessor().apply(logits, hist, rows)
     assert sorted(calls[-2:]) == [1, 4]
     assert torch.equal(logits, expected)
+
+
+def test_warm_up_compiles_the_default_kernel_before_any_request(monkeypatch):
+    from watermark import greenlist
+
+    fresh = greenlist._Kernels()  # nothing compiled yet in this "process"
+    monkeypatch.setattr(greenlist, "kernels", fresh)
+    if not fresh.enabled:
+        pytest.skip("PROVMARK_COMPILE is off: there is nothing to warm up")
+    warm_up(1000)
+    assert "selfhash" in fresh.compiled  # the default spec's kernel: a request now finds it ready
+    assert fresh.enabled  # the compile worked (a failure would have switched the kernels to eager)

@@ -128,7 +128,7 @@ def _run_jsonl(detector, path: str, options: dict) -> int:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
-                record = _parse_record(line, path, number)
+                record = parse_record(line, path, number)
                 record_options = options
                 if record.get("forced_positions"):  # e.g. `provmark generate --json` output of a constrained run
                     record_options = {**options, "forced_positions": record["forced_positions"]}
@@ -142,7 +142,8 @@ def _run_jsonl(detector, path: str, options: dict) -> int:
     return 0
 
 
-def _parse_record(line: str, path: str, number: int) -> dict:
+def parse_record(line: str, path: str, number: int) -> dict:
+    """One JSONL line as a record with a string "text"; a CLIError names the file and line otherwise."""
     try:
         record = json.loads(line)
     except ValueError as exc:

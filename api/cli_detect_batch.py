@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from api.cli import CLIError
-from api.cli_detect import add_scoring_options
+from api.cli_detect import add_scoring_options, parse_record
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -160,15 +160,8 @@ def read_records(path: str, file_format: str) -> list[dict]:
     try:
         with open(path, encoding="utf-8") as handle:
             for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError as exc:
-                    raise CLIError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise CLIError(f'{path}:{number}: expected an object with a string "text" field')
-                records.append(record)
+                if line.strip():
+                    records.append(parse_record(line, path, number))
     except UnicodeDecodeError as exc:
         raise CLIError(f"{path}: not UTF-8 text ({exc.reason})") from None
     except OSError as exc:

@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from common import write_json
+
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sampling import SamplingParams
@@ -216,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "note": "medians of interleaved runs after a warm-up; other processes on the machine add noise to both sides",
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    write_json("engine_throughput", report, args.output)
     return 0
 
 

@@ -91,19 +91,24 @@ class SlotLayer(CacheLayerMixin):
         return self.keys.shape[2]
 
 
+def attention_shape(model_config, user: str) -> tuple[int, int, int]:
+    """(layers, key/value heads, head dim) of a full-attention decoder; ValueError naming ``user`` otherwise."""
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"model has non-full-attention layers {sorted(set(layer_types))}: not supported")
+    if getattr(text_config, "sliding_window", None) is not None:
+        raise ValueError(f"models with a sliding attention window are not supported by {user}")
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    return text_config.num_hidden_layers, kv_heads, head_dim
+
+
 class SlotKVCache(Cache):
     """transformers ``Cache`` over preallocated per-slot buffers (see module docstring)."""
 
     def __init__(self, config: CacheConfig, model_config, device: torch.device, dtype: torch.dtype) -> None:
-        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-        layer_types = getattr(text_config, "layer_types", None)
-        if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            raise ValueError(f"model has non-full-attention layers {sorted(set(layer_types))}: not supported")
-        if getattr(text_config, "sliding_window", None) is not None:
-            raise ValueError("models with a sliding attention window are not supported by the slot cache")
-        num_layers = text_config.num_hidden_layers
-        kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        num_layers, kv_heads, head_dim = attention_shape(model_config, "the slot cache")
         self.config = config
         self.shape = (config.num_slots, kv_heads, config.max_model_len, head_dim)
         self.plan: ForwardPlan | None = None

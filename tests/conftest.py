@@ -39,3 +39,14 @@ def loaded():
     from generation.models import load_model
 
     return load_model()
+
+
+@pytest.fixture
+def keyring(provmark_home):
+    """A keyring in this test's home: "alpha" (active) and "beta" (standby). Modules may define their own."""
+    from watermark.keys import Keyring
+
+    ring = Keyring()
+    ring.create("alpha")
+    ring.create("beta")
+    return ring

@@ -7,7 +7,6 @@ import shutil
 import pytest
 
 from api.cli import main
-from watermark.keys import Keyring
 from watermark.vocab import load_vocabulary
 
 TEXT = ("The committee met on Tuesday to discuss the budget. Members argued about the cost of the new "
@@ -21,14 +20,6 @@ def text_file(tmp_path):
     path = tmp_path / "text.txt"
     path.write_text(TEXT, encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def keyring(provmark_home):
-    ring = Keyring()
-    ring.create("alpha")
-    ring.create("beta")
-    return ring
 
 
 def run(capsys, *argv):

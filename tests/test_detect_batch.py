@@ -13,7 +13,7 @@ from api.cli import main
 from detector import batch
 from detector.service import Detector
 from detector.store import AuditEventRow, Store, VerdictRow
-from watermark.keys import Keyring, KeyringError
+from watermark.keys import KeyringError
 
 HF_SPEC = "hf:greenlist_ratio=0.25"
 
@@ -21,14 +21,6 @@ HF_SPEC = "hf:greenlist_ratio=0.25"
 @pytest.fixture(scope="module")
 def sources():
     return [human_text(700, start) for start in (0, 900, 1800, 2700, 3600)]
-
-
-@pytest.fixture
-def keyring(provmark_home):
-    ring = Keyring()
-    ring.create("alpha")
-    ring.create("beta")
-    return ring
 
 
 @pytest.fixture

@@ -12,21 +12,13 @@ from generation.vllm_rows import (
     WatermarkRequest,
 )
 from watermark.config import WatermarkSpec
-from watermark.keys import KeyNotFoundError, Keyring
+from watermark.keys import KeyNotFoundError
 from watermark.processor import WatermarkProcessor
 from watermark.scheme import generation_watermark
 
 V = 49152
 LEFT = "kgw:scheme=lefthash,h=1,gamma=0.5,delta=3.0"
 HF = "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0"
-
-
-@pytest.fixture
-def keyring(provmark_home):
-    ring = Keyring()
-    ring.create("alpha")  # active
-    ring.create("beta")  # standby
-    return ring
 
 
 def _ids(n, seed):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from generation.kv_cache import attention_shape
+
 
 class PrefixLayer(CacheLayerMixin):
     """One attention layer: the shared prompt keys/values plus per-branch generated buffers."""
@@ -78,20 +80,13 @@ class PrefixSharedCache(Cache):
             raise ValueError(f"max_branches={max_branches!r}: must be an int >= 1")
         if not isinstance(max_new, int) or max_new < 1:
             raise ValueError(f"max_new={max_new!r}: must be an int >= 1")
-        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-        layer_types = getattr(text_config, "layer_types", None)
-        if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            raise ValueError(f"model has non-full-attention layers {sorted(set(layer_types))}: not supported")
-        if getattr(text_config, "sliding_window", None) is not None:
-            raise ValueError("models with a sliding attention window are not supported by the prefix cache")
-        kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        num_layers, kv_heads, head_dim = attention_shape(model_config, "the prefix cache")
         shape = (max_branches, kv_heads, max_new, head_dim)
         self.max_branches, self.max_new = max_branches, max_new
         self.prompt_len = 0  # 0 until the prefill: update() then stores the prompt
         self.generated = 0  # generated positions every live branch holds
         self.branches = max_branches
-        super().__init__(layers=[PrefixLayer(self, shape, dtype, device) for _ in range(text_config.num_hidden_layers)])
+        super().__init__(layers=[PrefixLayer(self, shape, dtype, device) for _ in range(num_layers)])
 
     def reorder(self, index: torch.Tensor | list[int]) -> None:
         """Keep branches ``index`` (in that order, repeats allowed): beam selection or dropping siblings.

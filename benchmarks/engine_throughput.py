@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
     parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                         help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
+    parser.add_argument("--native-kernels", choices=("auto", "on", "off"), default="auto",
+                        help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/native.py)")
     parser.add_argument("--vllm", action="store_true",
                         help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
     parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     model, vocab_size = loaded.model, loaded.vocab.vocab_size
     pad_id = loaded.vocab.eos_token_id if loaded.vocab.eos_token_id is not None else 0
     packed = {"auto": None, "on": True, "off": False}[args.packed_weights]
-    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512, packed_weights=packed)
+    native = {"auto": None, "on": True, "off": False}[args.native_kernels]
+    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512, packed_weights=packed, native_kernels=native)
     watermark = default_watermark(vocab_size)
 
     results: dict[str, dict] = {}
@@ -207,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "threads": args.threads,
         "engine_packed_weights": engine.runner.packed_weights,
+        "engine_native_kernels": engine.runner.native_attention,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "new_tokens": NEW_TOKENS,
         "batch": BATCH,

@@ -53,12 +53,14 @@ class Engine:
     each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` optionally caps the
     tokens held in the cache at once (excess sequences wait or are preempted and recomputed).
     ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/packed_linear.py;
-    None = when the machine supports it; the loaded model itself is left untouched).
+    None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
+    runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/native.py; None = when
+    they build).
     """
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
                  max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
-                 packed_weights: bool | None = None) -> None:
+                 packed_weights: bool | None = None, native_kernels: bool | None = None) -> None:
         if model is None:
             from generation.models import load_model
 
@@ -70,7 +72,8 @@ class Engine:
         if position_limit is not None and max_model_len > position_limit:
             raise ValueError(f"max_model_len={max_model_len}: the model's positions stop at {position_limit}")
         self.config = SchedulerConfig(max_num_seqs, max_model_len, max_cache_tokens, max_prefill_tokens)
-        self.runner = ModelRunner(model.model, CacheConfig(max_num_seqs, max_model_len), packed_weights)
+        self.runner = ModelRunner(model.model, CacheConfig(max_num_seqs, max_model_len), packed_weights,
+                                  native_kernels)
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.sampler = Sampler(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)

@@ -38,11 +38,17 @@ class FusedProjections:
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self._stash = threading.local()  # (input, outputs) of this thread's last fused call
 
-    def first(self, x: torch.Tensor) -> list[torch.Tensor] | None:
-        """Every sibling's output for ``x`` (stashed for the others), or None when ``x`` is too small to fuse."""
+    def compute(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The siblings' outputs side by side ([..., sum(sizes)]), or None when ``x`` is too small to fuse."""
         if x.numel() < self.plain_below_rows * self.in_features:
             return None
-        fused = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def first(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every sibling's output for ``x`` (stashed for the others), or None when ``x`` is too small to fuse."""
+        fused = self.compute(x)
+        if fused is None:
+            return None
         outputs = list(fused.split(self.sizes, dim=-1))
         self._stash.entry = (x, outputs, [False] * len(outputs))
         return outputs

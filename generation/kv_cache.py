@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from generation import native
+
 
 @dataclass(slots=True)
 class CacheConfig:
@@ -45,6 +47,7 @@ class ForwardPlan:
     q_len: int  # prefill: padded prompt length; decode: 1
     kv_len: int  # decode: keys attention must see (max position + 1 over the batch)
     flat_index: torch.Tensor | None = None  # decode: LongTensor[B * kv_heads], see SlotKVCache.decode_index
+    positions: torch.Tensor | None = None  # decode: LongTensor[B], each row's new position (native write)
 
 
 class SlotLayer(CacheLayerMixin):
@@ -72,11 +75,15 @@ class SlotLayer(CacheLayerMixin):
             self.keys[rows, :, : plan.q_len].copy_(key_states)
             self.values[rows, :, : plan.q_len].copy_(value_states)
             return key_states, value_states
-        # decode: each (row, head) writes its one new key at that row's own position; index_copy_ on a
-        # flat [slots * heads * positions, head_dim] view costs far less than advanced-index assignment
-        head_dim = key_states.shape[-1]
-        self.keys.view(-1, head_dim).index_copy_(0, plan.flat_index, key_states.reshape(-1, head_dim))
-        self.values.view(-1, head_dim).index_copy_(0, plan.flat_index, value_states.reshape(-1, head_dim))
+        # decode: each (row, head) writes its one new key at that row's own position: one native call
+        # (generation/native.py) when the runner enabled it, else index_copy_ on a flat
+        # [slots * heads * positions, head_dim] view (far cheaper than advanced-index assignment)
+        if self.owner.native_write and plan.positions is not None:
+            native.cache_write(self.keys, self.values, key_states, value_states, plan.positions)
+        else:
+            head_dim = key_states.shape[-1]
+            self.keys.view(-1, head_dim).index_copy_(0, plan.flat_index, key_states.reshape(-1, head_dim))
+            self.values.view(-1, head_dim).index_copy_(0, plan.flat_index, value_states.reshape(-1, head_dim))
         return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -112,6 +119,7 @@ class SlotKVCache(Cache):
         self.config = config
         self.shape = (config.num_slots, kv_heads, config.max_model_len, head_dim)
         self.plan: ForwardPlan | None = None
+        self.native_write = False  # decode writes through native.cache_write (set by the runner)
         layers = [
             SlotLayer(self, torch.zeros(self.shape, dtype=dtype, device=device), torch.zeros(self.shape, dtype=dtype, device=device))
             for _ in range(num_layers)

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import torch
 
+from generation import native
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
+from generation.native_layers import use_native_layers_
 from generation.packed_linear import packed_view, packing_available
-from generation.slot_attention import GROUP_KWARG, plan_row_groups, use_slot_attention_
+from generation.slot_attention import (
+    GROUP_KWARG,
+    RowLengths,
+    plan_row_groups,
+    use_slot_attention_,
+)
 
 
 class ModelRunner:
     """Owns the KV cache and the scratch tensors; ``prefill`` / ``decode`` return logits ``[B, V]``."""
 
-    def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
+                 native_kernels: bool | None = None) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
-        oneDNN (generation/packed_linear.py); None = whenever this machine supports it."""
+        oneDNN (generation/packed_linear.py); None = whenever this machine supports it.
+        ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
+        kernels (generation/native.py); None = whenever they build; True = ValueError if they cannot."""
         if packed_weights is None:
             packed_weights = packing_available(model)
         self.packed_weights = bool(packed_weights)
@@ -29,13 +39,22 @@ class ModelRunner:
         forward_model = packed_view(model) if self.packed_weights else model
         # grouped decode attention (generation/slot_attention.py), only ever on our own view of the model
         self.slot_attention = self.packed_weights and use_slot_attention_(forward_model)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        # the C++ kernels (generation/native.py) where they build: decode attention (else SDPA over row
+        # groups), the cache write, RMSNorm and silu * up (generation/native_layers.py)
+        self.native_attention = (native_kernels is not False and self.slot_attention
+                                 and native.available(self.dtype, self.device))
+        if native_kernels and not self.native_attention:
+            raise ValueError(f"native kernels requested but unavailable for {self.dtype} on {self.device} "
+                             "(they need packed weights on the CPU, float32/bfloat16 and a C++ compiler)")
+        self.native_layers = use_native_layers_(forward_model) if self.native_attention else 0
         self.decoder = forward_model.get_decoder()
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
         self.cache = SlotKVCache(cache_config, model.config, self.device, self.dtype)
+        self.cache.native_write = self.native_attention
         max_len = cache_config.max_model_len
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(max_len, device=self.device)
@@ -75,12 +94,18 @@ class ModelRunner:
         ``ragged=False`` promises every position equals ``kv_len - 1`` (then no mask is built)."""
         batch = token_ids.shape[0]
         mask, extra = None, {}  # no mask: every row sees all kv_len keys (transformers then makes none either)
-        if self.slot_attention:  # the row groups carry their own masks
+        if self.native_attention:  # each row's own key count, read exactly by the kernels
+            positions = positions.to(torch.int64).contiguous()
+            extra[GROUP_KWARG] = RowLengths(positions, positions + 1)
+        elif self.slot_attention:  # the row groups carry their own masks
             extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
         elif ragged:
             mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
-        index = self.cache.decode_index(positions)
-        self.cache.plan = ForwardPlan(False, 0, batch, 1, kv_len, index)
+        if self.cache.native_write:
+            plan = ForwardPlan(False, 0, batch, 1, kv_len, positions=positions)
+        else:
+            plan = ForwardPlan(False, 0, batch, 1, kv_len, self.cache.decode_index(positions))
+        self.cache.plan = plan
         try:
             hidden = self.decoder(
                 input_ids=token_ids[:, None],

@@ -8,9 +8,12 @@ most two groups where that saves enough reading, and this attention function run
 group, each over its own key length. Query heads sharing a key/value head are packed as a 3-row query
 against that head (no ``repeat_kv`` copy, no ``enable_gqa`` path).
 
+Where the native kernel is built (generation/native.py, CPU float32/bfloat16) the runner passes each
+row's key count instead of groups (``RowLengths``), and the kernel reads exactly those keys, no SDPA.
+
 It is registered with transformers' AttentionInterface under ``ATTENTION_NAME`` and used only by the
 engine's own view of the model (generation/packed_linear.py makes that view). Anything but a decode step
-with groups goes to transformers' own SDPA attention unchanged.
+with groups or row lengths goes to transformers' own SDPA attention unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from generation import native
 
 ATTENTION_NAME = "provmark_slot_sdpa"
 GROUP_KWARG = "provmark_row_groups"
@@ -38,6 +43,15 @@ class RowGroup:
     stop: int
     kv_len: int
     mask: torch.Tensor | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowLengths:
+    """Row i's new token sits at ``positions[i]`` and attends to its first ``lengths[i]`` = position + 1 keys
+    (both int64 [B]); for the native kernels."""
+
+    positions: torch.Tensor
+    lengths: torch.Tensor
 
 
 def plan_row_groups(positions: list[int], arange: torch.Tensor, pos_t: torch.Tensor) -> list[RowGroup]:
@@ -78,10 +92,12 @@ def slot_sdpa_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         **kwargs):
     """transformers attention-function signature; decode steps with row groups take the grouped path."""
-    groups: list[RowGroup] | None = kwargs.pop(GROUP_KWARG, None)
+    groups: list[RowGroup] | RowLengths | None = kwargs.pop(GROUP_KWARG, None)
     if groups is None or query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    if isinstance(groups, RowLengths):
+        return native.decode_attention(query, key, value, groups.lengths, scaling), None
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)  # heads h = kv * groups + j

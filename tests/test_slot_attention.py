@@ -49,7 +49,9 @@ def test_interleaved_lengths_do_not_split():
 def test_grouped_decode_matches_plain_forward_per_row():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    runner = ModelRunner(model, CacheConfig(num_slots=6, max_model_len=128), packed_weights=True)
+    # native_kernels=False: the SDPA row-group path (with the kernels built, decode takes native.py's)
+    runner = ModelRunner(model, CacheConfig(num_slots=6, max_model_len=128), packed_weights=True,
+                         native_kernels=False)
     if not runner.slot_attention:
         pytest.skip("packing (and so the engine's own view) is unavailable on this machine")
     assert model.config._attn_implementation != ATTENTION_NAME  # the caller's model is left alone

@@ -1,0 +1,587 @@
+// The engine's CPU kernels for one decode step, built at first use by generation/native.py (g++ -O3
+// -march=native -fopenmp) and called through ctypes with raw pointers and element strides:
+//   provmark_decode_attention  one new query token per row, row b attending to the first lengths[b]
+//                              cached keys of its own slot;
+//   provmark_cache_write       each row's new key and value written at its own position of its slot;
+//   provmark_rms_norm          RMSNorm as Llama-style decoders compute it;
+//   provmark_silu_mul          silu(gate) * up over the fused gate/up projection's output.
+// The last three replace a handful of small torch ops each (a few microseconds of dispatch apiece, about
+// a thousand per decode step of the default model).
+//
+// Why an attention kernel of our own: a batched SDPA call must read every row up to the longest one, and the CPU
+// SDPA path streams the cache well below memory speed for one query token. Here each (row, key/value
+// head) work item reads its keys and values exactly once, for all the query heads that share them (GQA),
+// and the items are spread over OpenMP threads (the process's libgomp, the one torch already loaded).
+//
+// Numerics: scores, softmax and the weighted sum are in fp32 whatever the cache dtype; bf16 output is
+// rounded to nearest even, as torch does.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float bf16_to_float(uint16_t h) {
+    return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
+}
+
+inline uint16_t float_to_bf16(float f) {
+    uint32_t x = __builtin_bit_cast(uint32_t, f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return static_cast<uint16_t>(x >> 16);
+}
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bf16_to_float(x); }
+template <typename T> inline T from_float(float x);
+template <> inline float from_float<float>(float x) { return x; }
+template <> inline uint16_t from_float<uint16_t>(float x) { return float_to_bf16(x); }
+// x rounded to the storage type T and back (torch rounds every op's result to the tensor's dtype)
+inline float round_through(const float*, float x) { return x; }
+inline float round_through(const uint16_t*, float x) { return bf16_to_float(float_to_bf16(x)); }
+
+inline void load_row(const float* src, float* dst, int64_t n) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+inline void load_row(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) dst[d] = bf16_to_float(src[d]);
+}
+
+inline void store_row(const float* src, float* dst, int64_t n) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+inline void store_row(const float* src, uint16_t* dst, int64_t n) {
+    for (int64_t d = 0; d < n; ++d) dst[d] = float_to_bf16(src[d]);
+}
+
+// One (row, kv head) item: `group` query heads against `len` keys. Two passes over the keys: scores
+// (keys read once, every query head of the group scored against each key row while it is in L1), then
+// the softmax-weighted sum of the values (read once).
+template <typename T>
+void attend(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, int64_t group,
+            int64_t dim, float scale, T* out, std::vector<float>& scratch) {
+    scratch.resize(static_cast<size_t>(group * dim * 2 + dim + group * len + group));
+    float* qf = scratch.data();           // [group, dim]
+    float* acc = qf + group * dim;        // [group, dim]
+    float* row = acc + group * dim;       // [dim]
+    float* scores = row + dim;            // [group, len]
+    float* total = scores + group * len;  // [group]
+    for (int64_t g = 0; g < group; ++g) load_row(q + g * q_sh, qf + g * dim, dim);
+    for (int64_t j = 0; j < len; ++j) {
+        load_row(k + j * kv_st, row, dim);
+        for (int64_t g = 0; g < group; ++g) {
+            const float* qg = qf + g * dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < dim; ++d) dot += qg[d] * row[d];
+            scores[g * len + j] = dot * scale;
+        }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+        float* s = scores + g * len;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) top = s[j] > top ? s[j] : top;
+        float sum = 0.f;
+        for (int64_t j = 0; j < len; ++j) {
+            s[j] = std::exp(s[j] - top);
+            sum += s[j];
+        }
+        total[g] = sum;
+    }
+    std::memset(acc, 0, static_cast<size_t>(group * dim) * sizeof(float));
+    for (int64_t j = 0; j < len; ++j) {
+        load_row(v + j * kv_st, row, dim);
+        for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * len + j];
+            float* a = acc + g * dim;
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) a[d] += p * row[d];
+        }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.f / total[g];
+        float* a = acc + g * dim;
+        for (int64_t d = 0; d < dim; ++d) a[d] *= inv;
+        store_row(a, out + g * dim, dim);
+    }
+}
+
+#if defined(__AVX512F__)
+// AVX-512 path for head dims of 64 and 128 and up to 8 query heads per key/value head: the query heads
+// and the value accumulators live in registers, the exponentials are vectorised.
+
+template <int NV>
+inline void load_vecs(const float* p, __m512* out) {
+    for (int i = 0; i < NV; ++i) out[i] = _mm512_loadu_ps(p + 16 * i);
+}
+
+template <int NV>
+inline void load_vecs(const uint16_t* p, __m512* out) {
+    for (int i = 0; i < NV; ++i) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * i));
+        out[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+}
+
+// exp(x) to about 1 ulp for x in [-87, 88] (clamped outside): x = n ln2 + r, |r| <= ln2/2, e^r by its
+// degree-7 Taylor polynomial, then scaled by 2^n
+inline __m512 vexp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// The 16 horizontal sums of v[0..15], as one vector (lane j = sum of v[j]).
+inline __m512 reduce16(const __m512* v) {
+    __m512 u[8], w[4];
+    for (int i = 0; i < 8; ++i)  // 256-bit halves: [v_i lo+hi | v_i+8 lo+hi]
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    for (int i = 0; i < 4; ++i)  // 128-bit blocks: [v_i | v_i+8 | v_i+4 | v_i+12], four partial sums each
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[i], u[i + 4], 0x88), _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd));
+    const __m512 x0 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    const __m512 x1 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(x0, x1, 0x44), _mm512_shuffle_ps(x0, x1, 0xee));
+    // y holds sums 0-3, 8-11, 4-7, 12-15 by 128-bit block
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15), y);
+}
+
+// q . k for the G query heads of one kv head: ``partial`` leaves a vector whose lanes sum to the dot product.
+template <typename T, int NV, int G>
+struct KeyDot {
+    __m512 qv[G][NV];
+    explicit KeyDot(const T* q, int64_t q_sh) {
+        for (int g = 0; g < G; ++g) load_vecs<NV>(q + g * q_sh, qv[g]);
+    }
+    inline void partials(const T* key, __m512* out, int stride) const {
+        __m512 kv[NV];
+        load_vecs<NV>(key, kv);
+        for (int g = 0; g < G; ++g) {
+            __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+            for (int i = 1; i < NV; ++i) acc = _mm512_fmadd_ps(qv[g][i], kv[i], acc);
+            out[g * stride] = acc;
+        }
+    }
+};
+
+#if defined(__AVX512BF16__)
+// bf16 keys and queries: vdpbf16ps multiplies bf16 pairs exactly and accumulates in fp32, no conversions.
+template <int NV, int G>
+struct KeyDot<uint16_t, NV, G> {
+    static_assert(NV % 2 == 0, "bf16 pairs need an even number of 16-lane vectors");
+    __m512bh qb[G][NV / 2];
+    explicit KeyDot(const uint16_t* q, int64_t q_sh) {
+        for (int g = 0; g < G; ++g)
+            for (int i = 0; i < NV / 2; ++i)
+                qb[g][i] = (__m512bh)_mm512_loadu_si512(q + g * q_sh + 32 * i);
+    }
+    inline void partials(const uint16_t* key, __m512* out, int stride) const {
+        __m512bh kb[NV / 2];
+        for (int i = 0; i < NV / 2; ++i) kb[i] = (__m512bh)_mm512_loadu_si512(key + 32 * i);
+        for (int g = 0; g < G; ++g) {
+            __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], kb[0]);
+            for (int i = 1; i < NV / 2; ++i) acc = _mm512_dpbf16_ps(acc, qb[g][i], kb[i]);
+            out[g * stride] = acc;
+        }
+    }
+};
+#endif
+
+template <typename T, int NV, int G>
+void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, float scale,
+                  T* out, std::vector<float>& scratch) {
+    scratch.resize(static_cast<size_t>(G * (len + 16)));
+    float* scores = scratch.data();  // [G, len] (row stride len + 16 keeps the vector tails in bounds)
+    const int64_t stride = len + 16;
+    const KeyDot<T, NV, G> dot(q, q_sh);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    __m512 part[G * 16];  // [G][16 keys]
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) {  // 16 keys at a time: one transposed reduction per query head
+        for (int jj = 0; jj < 16; ++jj) dot.partials(k + (j + jj) * kv_st, part + jj, 16);
+        for (int g = 0; g < G; ++g)
+            _mm512_storeu_ps(scores + g * stride + j, _mm512_mul_ps(reduce16(part + g * 16), scale_v));
+    }
+    for (; j < len; ++j) {
+        dot.partials(k + j * kv_st, part, 1);
+        for (int g = 0; g < G; ++g) scores[g * stride + j] = _mm512_reduce_add_ps(part[g]) * scale;
+    }
+    float total[G];
+    for (int g = 0; g < G; ++g) {
+        float* s = scores + g * stride;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) top = s[j] > top ? s[j] : top;
+        const __m512 topv = _mm512_set1_ps(top);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < len; j += 16) {
+            const __mmask16 m = len - j >= 16 ? static_cast<__mmask16>(0xffff)
+                                              : static_cast<__mmask16>((1u << (len - j)) - 1u);
+            const __m512 e = vexp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), topv));
+            _mm512_mask_storeu_ps(s + j, m, e);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+        }
+        total[g] = _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[G][NV];
+    for (int g = 0; g < G; ++g)
+        for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+        __m512 vv[NV];
+        load_vecs<NV>(v + j * kv_st, vv);
+        for (int g = 0; g < G; ++g) {
+            const __m512 p = _mm512_set1_ps(scores[g * stride + j]);
+            for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
+        }
+    }
+    float row[NV * 16];
+    for (int g = 0; g < G; ++g) {
+        const __m512 inv = _mm512_set1_ps(1.f / total[g]);
+        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(row + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+        store_row(row, out + g * NV * 16, NV * 16);
+    }
+}
+
+template <typename T, int NV>
+bool attend_dispatch_group(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len,
+                           int64_t group, float scale, T* out, std::vector<float>& scratch) {
+    switch (group) {
+#define PROVMARK_GROUP(G) \
+    case G: attend_fixed<T, NV, G>(q, q_sh, k, v, kv_st, len, scale, out, scratch); return true;
+        PROVMARK_GROUP(1) PROVMARK_GROUP(2) PROVMARK_GROUP(3) PROVMARK_GROUP(4)
+        PROVMARK_GROUP(5) PROVMARK_GROUP(6) PROVMARK_GROUP(7) PROVMARK_GROUP(8)
+#undef PROVMARK_GROUP
+        default: return false;
+    }
+}
+
+template <typename T>
+bool attend_fast(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, int64_t group,
+                 int64_t dim, float scale, T* out, std::vector<float>& scratch) {
+    if (dim == 64) return attend_dispatch_group<T, 4>(q, q_sh, k, v, kv_st, len, group, scale, out, scratch);
+    if (dim == 128) return attend_dispatch_group<T, 8>(q, q_sh, k, v, kv_st, len, group, scale, out, scratch);
+    return false;
+}
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
+// float -> bf16 bits, rounded to nearest even (NaN stays NaN)
+inline __m256i to_bf16(__m512 x) {
+#if defined(__AVX512BF16__)
+    return (__m256i)_mm512_cvtneps_pbh(x);
+#else
+    __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    u = _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));  // quiet NaN, not rounded
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+#endif
+}
+inline void store16(uint16_t* p, __m512 x, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16(x)); }
+// Rounds a float vector through the storage type T and back, as torch does between two ops.
+inline __m512 through(const float*, __m512 x) { return x; }
+inline __m512 through(const uint16_t*, __m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
+}
+inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// silu(g) * up: the activation rounded to T before the product (two torch ops); 1 / (1 + e^-g) by a
+// reciprocal estimate and one Newton step (within an ulp of the division, at a fraction of its cost).
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 g = load16(gate + i, m);
+        const __m512 d = _mm512_add_ps(one, vexp(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+        __m512 r = _mm512_rcp14_ps(d);
+        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
+        const __m512 act = _mm512_mul_ps(g, r);
+        store16(out + i, _mm512_mul_ps(through(out, act), load16(up + i, m)), m);
+    }
+}
+
+// o = w * round_T(x * inv) (LlamaRMSNorm after its variance)
+template <typename T>
+void scale_row(const T* x, const T* w, float inv, T* o, int64_t dim) {
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int64_t d = 0; d < dim; d += 16) {
+        const __mmask16 m = tail_mask(dim - d);
+        const __m512 normed = through(o, _mm512_mul_ps(load16(x + d, m), iv));
+        store16(o + d, _mm512_mul_ps(load16(w + d, m), normed), m);
+    }
+}
+
+// y = round(round(x * cos) + round(rotate_half(x) * sin)); vectorised when each half is whole vectors
+template <typename T>
+void rope_head(const T* x, const T* cos, const T* sin, T* y, int64_t dim) {
+    const int64_t half = dim / 2;
+    if (half % 16 != 0) {
+        for (int64_t d = 0; d < dim; ++d) {
+            const float rot = d < half ? -to_float(x[d + half]) : to_float(x[d - half]);
+            const float a = round_through(y, to_float(x[d]) * to_float(cos[d]));
+            const float b = round_through(y, rot * to_float(sin[d]));
+            y[d] = from_float<T>(a + b);
+        }
+        return;
+    }
+    const __mmask16 all = 0xffff;
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t d = 0; d < dim; d += 16) {
+        const __m512 xv = load16(x + d, all);
+        __m512 rot = load16(x + (d < half ? d + half : d - half), all);
+        if (d < half) rot = _mm512_xor_ps(rot, sign);
+        const __m512 a = through(y, _mm512_mul_ps(xv, load16(cos + d, all)));
+        const __m512 b = through(y, _mm512_mul_ps(rot, load16(sin + d, all)));
+        store16(y + d, _mm512_add_ps(a, b), all);
+    }
+}
+#else
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = to_float(gate[i]);
+        const float act = round_through(out, g / (1.f + std::exp(-g)));
+        out[i] = from_float<T>(act * to_float(up[i]));
+    }
+}
+
+template <typename T>
+void scale_row(const T* x, const T* w, float inv, T* o, int64_t dim) {
+    for (int64_t d = 0; d < dim; ++d) o[d] = from_float<T>(to_float(w[d]) * round_through(o, to_float(x[d]) * inv));
+}
+
+template <typename T>
+void rope_head(const T* x, const T* cos, const T* sin, T* y, int64_t dim) {
+    const int64_t half = dim / 2;
+    for (int64_t d = 0; d < dim; ++d) {
+        const float rot = d < half ? -to_float(x[d + half]) : to_float(x[d - half]);
+        const float a = round_through(y, to_float(x[d]) * to_float(cos[d]));
+        const float b = round_through(y, rot * to_float(sin[d]));
+        y[d] = from_float<T>(a + b);
+    }
+}
+
+template <typename T>
+bool attend_fast(const T*, int64_t, const T*, const T*, int64_t, int64_t, int64_t, int64_t, float, T*,
+                 std::vector<float>&) {
+    return false;
+}
+#endif
+
+template <typename T>
+void run(const void* query, int64_t q_sb, int64_t q_sh, const void* keys, const void* values, int64_t kv_sb,
+         int64_t kv_sh, int64_t kv_st, const int64_t* lengths, void* output, int64_t batch, int64_t heads,
+         int64_t kv_heads, int64_t dim, float scale, int threads) {
+    const T* q = static_cast<const T*>(query);
+    const T* k = static_cast<const T*>(keys);
+    const T* v = static_cast<const T*>(values);
+    T* out = static_cast<T*>(output);
+    const int64_t group = heads / kv_heads;
+    const int64_t items = batch * kv_heads;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; ++item) {
+            const int64_t b = item / kv_heads, h = item % kv_heads;
+            const int64_t first = h * group;  // query heads h*group .. h*group+group-1 share kv head h
+            const T* qi = q + b * q_sb + first * q_sh;
+            const T* ki = k + b * kv_sb + h * kv_sh;
+            const T* vi = v + b * kv_sb + h * kv_sh;
+            T* oi = out + (b * heads + first) * dim;
+            if (!attend_fast<T>(qi, q_sh, ki, vi, kv_st, lengths[b], group, dim, scale, oi, scratch))
+                attend<T>(qi, q_sh, ki, vi, kv_st, lengths[b], group, dim, scale, oi, scratch);
+        }
+    }
+}
+
+// y = w * round(x / sqrt(mean(x^2) + eps)): the norm in fp32, rounded to T before the weight multiplies
+// (LlamaRMSNorm's order of operations).
+template <typename T>
+void rms_norm_rows(const T* x, int64_t x_stride, const T* w, float eps, T* out, int64_t rows, int64_t dim) {
+#pragma omp parallel for if (rows * dim >= (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * x_stride;
+        T* o = out + r * dim;
+        float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t d = 0; d < dim; ++d) {
+            const float v = to_float(xr[d]);
+            sq += v * v;
+        }
+        scale_row(xr, w, 1.f / std::sqrt(sq / static_cast<float>(dim) + eps), o, dim);
+    }
+}
+
+template <typename T>
+void silu_mul_rows(const T* gu, int64_t gu_stride, int64_t inner, T* out, int64_t rows) {
+#pragma omp parallel for if (rows * inner >= (1 << 14))
+    for (int64_t r = 0; r < rows; ++r) silu_mul_row<T>(gu + r * gu_stride, gu + r * gu_stride + inner, out + r * inner, inner);
+}
+
+template <typename T>
+void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_st, const T* new_k,
+                      int64_t k_sb, int64_t k_sh, const T* new_v, int64_t v_sb, int64_t v_sh,
+                      const int64_t* positions, int64_t batch, int64_t kv_heads, int64_t dim) {
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t at = b * c_sb + h * c_sh + positions[b] * c_st;
+            std::memcpy(keys + at, new_k + b * k_sb + h * k_sh, static_cast<size_t>(dim) * sizeof(T));
+            std::memcpy(values + at, new_v + b * v_sb + h * v_sh, static_cast<size_t>(dim) * sizeof(T));
+        }
+}
+
+}  // namespace
+
+extern "C" {
+
+// One decode step of a Llama-style attention block after its fused q/k/v projection: rotary embedding of
+// q and k, k and v written into the slot cache at each row's position, attention of each row over its
+// positions[b] + 1 cached keys. qkv [batch, (heads + 2 kv_heads) * dim] (q, then k, then v; row stride
+// qkv_sb); cos/sin [batch, dim] (row stride cs_sb); keys/values [slots, kv_heads, max_len, dim] (strides
+// c_sb, c_sh, c_st); out contiguous [batch, heads * dim]. Returns -1 (nothing written) for bad arguments.
+int provmark_rope_cache_attention(int dtype, const void* qkv, int64_t qkv_sb, const void* cos, const void* sin,
+                                  int64_t cs_sb, void* keys, void* values, int64_t c_sb, int64_t c_sh,
+                                  int64_t c_st, int64_t max_len, const int64_t* positions, void* out,
+                                  int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                                  int threads) {
+    if (batch < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 2 || dim % 2 != 0 || threads < 1) return -1;
+    std::vector<int64_t> lengths(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+        if (positions[b] < 0 || positions[b] >= max_len) return -1;
+        lengths[static_cast<size_t>(b)] = positions[b] + 1;
+    }
+    auto prepare = [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        const T* src = static_cast<const T*>(qkv);
+        const T* c = static_cast<const T*>(cos);
+        const T* s = static_cast<const T*>(sin);
+        T* k = static_cast<T*>(keys);
+        T* v = static_cast<T*>(values);
+        std::vector<T> q(static_cast<size_t>(batch * heads * dim));
+        for (int64_t b = 0; b < batch; ++b) {
+            const T* row = src + b * qkv_sb;
+            const T* cb = c + b * cs_sb;
+            const T* sb = s + b * cs_sb;
+            for (int64_t h = 0; h < heads; ++h) rope_head(row + h * dim, cb, sb, q.data() + (b * heads + h) * dim, dim);
+            for (int64_t h = 0; h < kv_heads; ++h) {
+                const int64_t at = b * c_sb + h * c_sh + positions[b] * c_st;
+                rope_head(row + (heads + h) * dim, cb, sb, k + at, dim);
+                std::memcpy(v + at, row + (heads + kv_heads + h) * dim, static_cast<size_t>(dim) * sizeof(T));
+            }
+        }
+        run<T>(q.data(), heads * dim, dim, k, v, c_sb, c_sh, c_st, lengths.data(), out, batch, heads, kv_heads,
+               dim, scale, threads);
+    };
+    if (dtype == 0)
+        prepare(static_cast<float*>(nullptr));
+    else if (dtype == 1)
+        prepare(static_cast<uint16_t*>(nullptr));
+    else
+        return -1;
+    return 0;
+}
+
+
+// x [rows, dim] (row stride x_stride, last dim contiguous), w [dim], out contiguous [rows, dim].
+int provmark_rms_norm(int dtype, const void* x, int64_t x_stride, const void* w, float eps, void* out,
+                      int64_t rows, int64_t dim) {
+    if (rows < 0 || dim < 1) return -1;
+    if (dtype == 0)
+        rms_norm_rows(static_cast<const float*>(x), x_stride, static_cast<const float*>(w), eps, static_cast<float*>(out), rows, dim);
+    else if (dtype == 1)
+        rms_norm_rows(static_cast<const uint16_t*>(x), x_stride, static_cast<const uint16_t*>(w), eps,
+                      static_cast<uint16_t*>(out), rows, dim);
+    else
+        return -1;
+    return 0;
+}
+
+// gu [rows, 2 * inner] (gate then up, row stride gu_stride), out contiguous [rows, inner].
+int provmark_silu_mul(int dtype, const void* gu, int64_t gu_stride, int64_t inner, void* out, int64_t rows) {
+    if (rows < 0 || inner < 1) return -1;
+    if (dtype == 0)
+        silu_mul_rows(static_cast<const float*>(gu), gu_stride, inner, static_cast<float*>(out), rows);
+    else if (dtype == 1)
+        silu_mul_rows(static_cast<const uint16_t*>(gu), gu_stride, inner, static_cast<uint16_t*>(out), rows);
+    else
+        return -1;
+    return 0;
+}
+
+// keys/values [slots, kv_heads, max_len, dim] (strides c_sb, c_sh, c_st, shared); new_k/new_v [batch,
+// kv_heads, 1, dim] (strides k_sb, k_sh and v_sb, v_sh); row b writes at positions[b], each in 0..max_len-1.
+int provmark_cache_write(int dtype, void* keys, void* values, int64_t c_sb, int64_t c_sh, int64_t c_st,
+                         int64_t max_len, const void* new_k, int64_t k_sb, int64_t k_sh, const void* new_v,
+                         int64_t v_sb, int64_t v_sh, const int64_t* positions, int64_t batch, int64_t kv_heads,
+                         int64_t dim) {
+    if (batch < 0 || kv_heads < 1 || dim < 1) return -1;
+    for (int64_t b = 0; b < batch; ++b)
+        if (positions[b] < 0 || positions[b] >= max_len) return -1;
+    if (dtype == 0)
+        cache_write_rows(static_cast<float*>(keys), static_cast<float*>(values), c_sb, c_sh, c_st,
+                         static_cast<const float*>(new_k), k_sb, k_sh, static_cast<const float*>(new_v), v_sb, v_sh,
+                         positions, batch, kv_heads, dim);
+    else if (dtype == 1)
+        cache_write_rows(static_cast<uint16_t*>(keys), static_cast<uint16_t*>(values), c_sb, c_sh, c_st,
+                         static_cast<const uint16_t*>(new_k), k_sb, k_sh, static_cast<const uint16_t*>(new_v), v_sb,
+                         v_sh, positions, batch, kv_heads, dim);
+    else
+        return -1;
+    return 0;
+}
+
+
+// dtype: 0 = float32, 1 = bfloat16. Strides are in elements; the last dimension of every tensor is
+// contiguous. query [batch, heads, dim] (strides q_sb, q_sh); keys/values [batch, kv_heads, >= max(lengths),
+// dim] (strides kv_sb, kv_sh, kv_st, shared by both); lengths int64 [batch], each in 1..max_len (the keys'
+// third dimension); output contiguous [batch, heads, dim]. Returns 0, or -1 (nothing read) for arguments
+// the kernel cannot take.
+int provmark_decode_attention(int dtype, const void* query, int64_t q_sb, int64_t q_sh, const void* keys,
+                              const void* values, int64_t kv_sb, int64_t kv_sh, int64_t kv_st,
+                              const int64_t* lengths, int64_t max_len, void* output, int64_t batch,
+                              int64_t heads, int64_t kv_heads, int64_t dim, float scale, int threads) {
+    if (batch < 0 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1 || threads < 1) return -1;
+    for (int64_t b = 0; b < batch; ++b)
+        if (lengths[b] < 1 || lengths[b] > max_len) return -1;
+    if (dtype == 0) {
+        run<float>(query, q_sb, q_sh, keys, values, kv_sb, kv_sh, kv_st, lengths, output, batch, heads, kv_heads,
+                   dim, scale, threads);
+    } else if (dtype == 1) {
+        run<uint16_t>(query, q_sb, q_sh, keys, values, kv_sb, kv_sh, kv_st, lengths, output, batch, heads,
+                      kv_heads, dim, scale, threads);
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+}  // extern "C"

@@ -153,6 +153,14 @@ inline __m512 vexp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// Keys and values are streamed from memory (the cache far exceeds L2): asking for rows this far ahead
+// keeps the loads from waiting on DRAM (measured best of 8, 16 and 32 rows ahead).
+constexpr int64_t PREFETCH_KEYS = 16;
+inline void prefetch_row(const void* row, size_t bytes) {
+    const char* p = static_cast<const char*>(row);
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
 // The 16 horizontal sums of v[0..15], as one vector (lane j = sum of v[j]).
 inline __m512 reduce16(const __m512* v) {
     __m512 u[8], w[4];
@@ -214,24 +222,44 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
     scratch.resize(static_cast<size_t>(G * (len + 16)));
     float* scores = scratch.data();  // [G, len] (row stride len + 16 keeps the vector tails in bounds)
     const int64_t stride = len + 16;
+    for (int64_t r = 0; r < PREFETCH_KEYS && r < len; ++r) {  // both passes' first rows
+        prefetch_row(k + r * kv_st, NV * 16 * sizeof(T));
+        prefetch_row(v + r * kv_st, NV * 16 * sizeof(T));
+    }
     const KeyDot<T, NV, G> dot(q, q_sh);
     const __m512 scale_v = _mm512_set1_ps(scale);
     __m512 part[G * 16];  // [G][16 keys]
+    __m512 running_max[G];  // per query head, lane-wise over the blocks (a scalar max chain cost a third)
+    float top_tail[G];
+    for (int g = 0; g < G; ++g) {
+        running_max[g] = _mm512_set1_ps(-INFINITY);
+        top_tail[g] = -INFINITY;
+    }
     int64_t j = 0;
     for (; j + 16 <= len; j += 16) {  // 16 keys at a time: one transposed reduction per query head
-        for (int jj = 0; jj < 16; ++jj) dot.partials(k + (j + jj) * kv_st, part + jj, 16);
-        for (int g = 0; g < G; ++g)
-            _mm512_storeu_ps(scores + g * stride + j, _mm512_mul_ps(reduce16(part + g * 16), scale_v));
+        for (int jj = 0; jj < 16; ++jj) {
+            if (j + jj + PREFETCH_KEYS < len) prefetch_row(k + (j + jj + PREFETCH_KEYS) * kv_st, NV * 16 * sizeof(T));
+            dot.partials(k + (j + jj) * kv_st, part + jj, 16);
+        }
+        for (int g = 0; g < G; ++g) {
+            const __m512 sv = _mm512_mul_ps(reduce16(part + g * 16), scale_v);
+            running_max[g] = _mm512_max_ps(running_max[g], sv);
+            _mm512_storeu_ps(scores + g * stride + j, sv);
+        }
     }
     for (; j < len; ++j) {
         dot.partials(k + j * kv_st, part, 1);
-        for (int g = 0; g < G; ++g) scores[g * stride + j] = _mm512_reduce_add_ps(part[g]) * scale;
+        for (int g = 0; g < G; ++g) {
+            const float sc = _mm512_reduce_add_ps(part[g]) * scale;
+            scores[g * stride + j] = sc;
+            top_tail[g] = sc > top_tail[g] ? sc : top_tail[g];
+        }
     }
     float total[G];
     for (int g = 0; g < G; ++g) {
         float* s = scores + g * stride;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) top = s[j] > top ? s[j] : top;
+        const float block_top = _mm512_reduce_max_ps(running_max[g]);
+        const float top = block_top > top_tail[g] ? block_top : top_tail[g];
         const __m512 topv = _mm512_set1_ps(top);
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < len; j += 16) {
@@ -248,6 +276,7 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
         for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
         __m512 vv[NV];
+        if (j + PREFETCH_KEYS < len) prefetch_row(v + (j + PREFETCH_KEYS) * kv_st, NV * 16 * sizeof(T));
         load_vecs<NV>(v + j * kv_st, vv);
         for (int g = 0; g < G; ++g) {
             const __m512 p = _mm512_set1_ps(scores[g * stride + j]);

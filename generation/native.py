@@ -106,7 +106,7 @@ def _code(*tensors: torch.Tensor) -> int:
     code = DTYPE_CODES.get(dtype)
     ok = code is not None
     for t in tensors:
-        if t.dtype is not dtype or t.is_cuda or t.device.type != "cpu":
+        if t.dtype is not dtype or not t.is_cpu:
             ok = False
             break
     if not ok:
@@ -198,12 +198,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     (the norm in fp32, rounded to x's dtype before the weight multiplies)."""
     code = _code(x, weight)
     dim = x.shape[-1]
-    if weight.shape != (dim,) or not weight.is_contiguous():
+    if weight.dim() != 1 or weight.shape[0] != dim or not weight.is_contiguous():
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} does not fit inputs of width {dim}")
-    rows = x.reshape(-1, dim) if x.stride(-1) == 1 else x.contiguous().reshape(-1, dim)
-    out = torch.empty(x.shape, dtype=x.dtype)
-    rc = _checked_library().provmark_rms_norm(code, rows.data_ptr(), rows.stride(0), weight.data_ptr(), eps,
-                                              out.data_ptr(), rows.shape[0], dim)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    out = torch.empty_like(x)
+    rc = _checked_library().provmark_rms_norm(code, x.data_ptr(), dim, weight.data_ptr(), eps, out.data_ptr(),
+                                              x.numel() // dim, dim)
     if rc != 0:
         raise ValueError("rms_norm: the kernel rejected its arguments")
     return out
@@ -216,10 +217,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     width = gate_up.shape[-1]
     if width % 2:
         raise ValueError(f"silu_mul: last dimension {width} is not gate and up of one width")
-    rows = gate_up.reshape(-1, width) if gate_up.stride(-1) == 1 else gate_up.contiguous().reshape(-1, width)
+    if not gate_up.is_contiguous():
+        gate_up = gate_up.contiguous()
     out = torch.empty((*gate_up.shape[:-1], width // 2), dtype=gate_up.dtype)
-    rc = _checked_library().provmark_silu_mul(code, rows.data_ptr(), rows.stride(0), width // 2, out.data_ptr(),
-                                              rows.shape[0])
+    rc = _checked_library().provmark_silu_mul(code, gate_up.data_ptr(), width, width // 2, out.data_ptr(),
+                                              gate_up.numel() // width)
     if rc != 0:
         raise ValueError("silu_mul: the kernel rejected its arguments")
     return out

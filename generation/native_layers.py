@@ -20,6 +20,7 @@ from torch import nn
 from generation import native
 from generation.fused_linear import FusedMember
 from generation.kv_cache import SlotKVCache
+from generation.packed_linear import PackedLinear
 from generation.slot_attention import GROUP_KWARG, RowLengths
 
 # Norm classes whose forward is exactly LlamaRMSNorm's (weight * normed, no 1 + weight, no offset).
@@ -149,3 +150,44 @@ def use_native_layers_(view: nn.Module) -> int:
                 setattr(parent, name, replacement)
                 swapped += 1
     return swapped
+
+
+def use_native_linears_(view: nn.Module) -> int:
+    """fp32 views: give every packed linear and fused projection group a decode kernel
+    (``native.PackedLinearF32``, used up to ``DECODE_KERNEL_MAX_ROWS`` rows); how many were given one.
+
+    None is given unless the kernel agrees with ``F.linear`` on the first layer (SELF_CHECK_TOLERANCE)."""
+    param = next(view.parameters())
+    if param.dtype != torch.float32 or not native.available(param.dtype, param.device):
+        return 0
+    targets: list[tuple[object, torch.Tensor, torch.Tensor | None]] = []
+    groups: dict[int, list[FusedMember]] = {}
+    for module in view.modules():
+        if isinstance(module, PackedLinear) and module.out_features % 16 == 0:
+            targets.append((module, module.weight, module.bias))
+        elif isinstance(module, FusedMember):
+            groups.setdefault(id(module.group), []).append(module)
+    for members in groups.values():
+        members.sort(key=lambda m: m.index)
+        group = members[0].group
+        if len(members) != len(group.sizes) or sum(group.sizes) % 16:
+            continue
+        biases = [m.bias for m in members]
+        bias = None if biases[0] is None else torch.cat(biases)
+        targets.append((group, torch.cat([m.weight for m in members]), bias))
+    if not targets or not _linear_agrees(*targets[0][1:]):
+        return 0
+    for owner, weight, bias in targets:
+        owner.decode_kernel = native.PackedLinearF32(weight, bias)
+    return len(targets)
+
+
+def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, weight.shape[1], generator=gen)
+    try:
+        got = native.PackedLinearF32(weight, bias)(x)
+    except (RuntimeError, ValueError):
+        return False
+    want = torch.nn.functional.linear(x, weight, bias)
+    return bool((got - want).abs().max() / want.abs().max().clamp_min(1.0) <= SELF_CHECK_TOLERANCE[torch.float32])

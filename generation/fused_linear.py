@@ -17,11 +17,7 @@ import threading
 import torch
 from torch import nn
 
-from generation.packed_linear import (
-    DECODE_KERNEL_MAX_ROWS,
-    PACK_BATCH_HINT,
-    PLAIN_BELOW_ROWS,
-)
+from generation.packed_linear import PACK_BATCH_HINT, PLAIN_BELOW_ROWS
 
 # The projection groups of Llama-style blocks (and most HF decoders that follow its naming).
 SIBLING_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -41,11 +37,11 @@ class FusedProjections:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights), PACK_BATCH_HINT)
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self._stash = threading.local()  # (input, outputs) of this thread's last fused call
-        self.decode_kernel = None  # as PackedLinear.decode_kernel, over the concatenated weights
+        self.decode_kernel, self.decode_kernel_rows = None, 0  # as PackedLinear's, over the concatenated weights
 
     def compute(self, x: torch.Tensor) -> torch.Tensor | None:
         """The siblings' outputs side by side ([..., sum(sizes)]), or None when ``x`` is too small to fuse."""
-        if self.decode_kernel is not None and x.numel() <= DECODE_KERNEL_MAX_ROWS * self.in_features:
+        if self.decode_kernel is not None and x.numel() <= self.decode_kernel_rows * self.in_features:
             return self.decode_kernel(x)
         if x.numel() < self.plain_below_rows * self.in_features:
             return None

@@ -133,8 +133,8 @@ def _library() -> ctypes.CDLL | None:
         "provmark_cache_write": [i32, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, i64],
         "provmark_rms_norm": [i32, ptr, i64, ptr, f32, ptr, i64, i64],
         "provmark_silu_mul": [i32, ptr, i64, i64, ptr, i64],
-        "provmark_pack_f32": [ptr, i64, ptr, i64, i64],
-        "provmark_linear_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i32],
+        "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
+        "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -258,36 +258,42 @@ def rope_cache_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return out
 
 
-class PackedLinearF32:
-    """An fp32 linear's weight packed for ``provmark_linear_f32`` (decode batches: the kernel streams the
-    weights faster than oneDNN at a few rows); ``__call__(x)`` computes ``x @ W.T + b`` for x [..., k]."""
+class PackedDecodeLinear:
+    """A float32 or bfloat16 linear's weight packed for ``provmark_linear``; ``__call__(x)`` computes
+    ``x @ W.T + b`` for x [..., k] of the weight's dtype. For decode batches: at a few rows the kernel
+    streams the weights faster than oneDNN (csrc/engine_kernels.cpp)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_cpu:
-            raise ValueError(f"PackedLinearF32 takes a 2-D CPU float32 weight, got {weight.dtype} {tuple(weight.shape)}")
+        if weight.dtype not in DTYPE_CODES or weight.dim() != 2 or not weight.is_cpu:
+            raise ValueError(f"PackedDecodeLinear takes a 2-D CPU float32/bfloat16 weight, got {weight.dtype} "
+                             f"{tuple(weight.shape)}")
+        self.dtype, self.code = weight.dtype, DTYPE_CODES[weight.dtype]
         self.out_features, self.in_features = weight.shape
         if self.out_features % 16:
-            raise ValueError(f"PackedLinearF32: {self.out_features} outputs is not a multiple of 16")
-        weight = weight.contiguous()
-        self.packed = torch.empty(weight.numel(), dtype=torch.float32)
-        if _checked_library().provmark_pack_f32(weight.data_ptr(), self.in_features, self.packed.data_ptr(),
-                                                self.out_features, self.in_features) != 0:
-            raise ValueError("PackedLinearF32: the kernel rejected the weight's shape")
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+            raise ValueError(f"PackedDecodeLinear: {self.out_features} outputs is not a multiple of 16")
+        weight = weight.detach().contiguous()
+        self.packed = torch.empty(weight.numel(), dtype=weight.dtype)
+        if _checked_library().provmark_pack_linear(self.code, weight.data_ptr(), self.in_features,
+                                                   self.packed.data_ptr(), self.out_features, self.in_features) != 0:
+            raise ValueError("PackedDecodeLinear: the kernel rejected the weight's shape")
+        self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
-        if x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != k:
-            raise ValueError(f"PackedLinearF32: input {x.dtype} {tuple(x.shape)} does not fit {k} float32 inputs")
+        if x.dtype is not self.dtype or not x.is_cpu or x.shape[-1] != k:
+            raise ValueError(f"PackedDecodeLinear: input {x.dtype} {tuple(x.shape)} does not fit {k} {self.dtype} "
+                             "inputs")
         if not x.is_contiguous():
             x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=self.dtype)
         rows = x.numel() // k
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
-        rc = _checked_library().provmark_linear_f32(
-            x.data_ptr(), k, self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+        if rows == 0:
+            return out
+        rc = _checked_library().provmark_linear(
+            self.code, x.data_ptr(), self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
             out.data_ptr(), rows, self.out_features, k, torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError("PackedLinearF32: this build of the kernels has no AVX-512 fp32 linear")
+            raise RuntimeError("PackedDecodeLinear: this build of the kernels has no AVX-512 linear")
         return out
 
 

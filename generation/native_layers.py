@@ -31,6 +31,10 @@ RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", 
 ATTENTION_CLASSES = frozenset({"LlamaAttention"})
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' (ACT2FN["silu"])
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
+# Rows up to which the native linear beats oneDNN (all 30 layers' weights at once, 2 threads; docs/engine.md).
+# fp32: every count up to 16 (16 rows: 25 vs 36 ms; 1 row: 17 ms, as MKL's own kernel). bf16: up to 8 rows
+# (8: 12.4 vs 14.2 ms; 1: 9.5 vs 14.1); at 16 rows oneDNN's AMX kernels win (15 vs 20 ms), the FMAs bind.
+DECODE_KERNEL_ROWS = {torch.float32: 16, torch.bfloat16: 8}
 
 
 def _eligible(x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -153,12 +157,12 @@ def use_native_layers_(view: nn.Module) -> int:
 
 
 def use_native_linears_(view: nn.Module) -> int:
-    """fp32 views: give every packed linear and fused projection group a decode kernel
-    (``native.PackedLinearF32``, used up to ``DECODE_KERNEL_MAX_ROWS`` rows); how many were given one.
+    """Give every packed linear and fused projection group of the view a decode kernel
+    (``native.PackedDecodeLinear``, used up to ``DECODE_KERNEL_ROWS`` rows); how many were given one.
 
     None is given unless the kernel agrees with ``F.linear`` on the first layer (SELF_CHECK_TOLERANCE)."""
     param = next(view.parameters())
-    if param.dtype != torch.float32 or not native.available(param.dtype, param.device):
+    if param.dtype not in SELF_CHECK_TOLERANCE or not native.available(param.dtype, param.device):
         return 0
     targets: list[tuple[object, torch.Tensor, torch.Tensor | None]] = []
     groups: dict[int, list[FusedMember]] = {}
@@ -178,16 +182,18 @@ def use_native_linears_(view: nn.Module) -> int:
     if not targets or not _linear_agrees(*targets[0][1:]):
         return 0
     for owner, weight, bias in targets:
-        owner.decode_kernel = native.PackedLinearF32(weight, bias)
+        owner.decode_kernel = native.PackedDecodeLinear(weight, bias)
+        owner.decode_kernel_rows = DECODE_KERNEL_ROWS[param.dtype]
     return len(targets)
 
 
 def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, weight.shape[1], generator=gen)
+    x = torch.randn(5, weight.shape[1], generator=gen).to(weight.dtype)
     try:
-        got = native.PackedLinearF32(weight, bias)(x)
+        with torch.inference_mode():
+            got = native.PackedDecodeLinear(weight, bias)(x).float()
+            want = torch.nn.functional.linear(x, weight, bias).float()
     except (RuntimeError, ValueError):
         return False
-    want = torch.nn.functional.linear(x, weight, bias)
-    return bool((got - want).abs().max() / want.abs().max().clamp_min(1.0) <= SELF_CHECK_TOLERANCE[torch.float32])
+    return bool((got - want).abs().max() / want.abs().max().clamp_min(1.0) <= SELF_CHECK_TOLERANCE[weight.dtype])

@@ -26,8 +26,6 @@ PACK_BATCH_HINT = 16  # the packed layout is chosen for this many rows; any row 
 # bf16 gains from packing at every row count.
 PLAIN_BELOW_ROWS = {torch.float32: 4}
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
-# Up to this many rows a ``decode_kernel`` (generation/native_layers.py sets one for fp32) replaces oneDNN.
-DECODE_KERNEL_MAX_ROWS = 16
 
 
 class PackedLinear(nn.Module):
@@ -42,10 +40,11 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT),
                              persistent=False)
         self.bias = None if linear.bias is None else linear.bias.detach()
-        self.decode_kernel = None  # callable x -> x @ W.T + b for up to DECODE_KERNEL_MAX_ROWS rows
+        # callable x -> x @ W.T + b used for up to decode_kernel_rows rows (generation/native_layers.py)
+        self.decode_kernel, self.decode_kernel_rows = None, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decode_kernel is not None and x.numel() <= DECODE_KERNEL_MAX_ROWS * self.in_features:
+        if self.decode_kernel is not None and x.numel() <= self.decode_kernel_rows * self.in_features:
             return self.decode_kernel(x)
         if x.numel() < self.plain_below_rows * self.in_features:
             return torch.nn.functional.linear(x, self.weight, self.bias)

@@ -49,7 +49,7 @@ class ModelRunner:
             raise ValueError(f"native kernels requested but unavailable for {self.dtype} on {self.device} "
                              "(they need packed weights on the CPU, float32/bfloat16 and a C++ compiler)")
         self.native_layers = use_native_layers_(forward_model) if self.native_attention else 0
-        # fp32: decode batches' matmuls on the native kernel (it streams the weights faster than oneDNN)
+        # decode batches' matmuls on the native kernel (it streams the weights faster than oneDNN)
         self.native_linears = use_native_linears_(forward_model) if self.native_attention else 0
         self.decoder = forward_model.get_decoder()
         self.lm_head = forward_model.get_output_embeddings()

@@ -159,28 +159,34 @@ def test_silu_mul_matches_torch(dtype):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("out_features,bias", [(64, True), (48, False), (16, True)])  # pairs, pair + tail, tail
-def test_packed_linear_f32_matches_f_linear(rows, out_features, bias):
+def test_packed_decode_linear_matches_f_linear(dtype, rows, out_features, bias):
     gen = torch.Generator().manual_seed(rows * out_features)
-    weight = torch.randn(out_features, 40, generator=gen)
-    b = torch.randn(out_features, generator=gen) if bias else None
-    x = torch.randn(rows, 1, 40, generator=gen)
-    got = native.PackedLinearF32(weight, b)(x)
-    assert got.shape == (rows, 1, out_features)
-    torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
-    strided = torch.randn(rows, 80, generator=gen)[:, ::2]  # not contiguous: copied first
-    torch.testing.assert_close(native.PackedLinearF32(weight, b)(strided), F.linear(strided, weight, b),
-                               rtol=1e-5, atol=1e-5)
+    weight = torch.randn(out_features, 40, generator=gen).to(dtype)
+    b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
+    x = torch.randn(rows, 1, 40, generator=gen).to(dtype)
+    kernel = native.PackedDecodeLinear(weight, b)
+    got = kernel(x)
+    assert got.shape == (rows, 1, out_features) and got.dtype == dtype
+    # fp32 accumulation in both; bf16 outputs may differ by one rounding step
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), F.linear(x, weight, b).float(), rtol=tol, atol=tol)
+    strided = torch.randn(rows, 80, generator=gen).to(dtype)[:, ::2]  # not contiguous: copied first
+    torch.testing.assert_close(kernel(strided).float(), F.linear(strided, weight, b).float(), rtol=tol, atol=tol)
+    assert kernel(torch.empty(0, 40, dtype=dtype)).shape == (0, out_features)
 
 
-def test_packed_linear_f32_refuses_what_it_cannot_take():
+def test_packed_decode_linear_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="multiple of 16"):
-        native.PackedLinearF32(torch.randn(20, 8), None)
-    with pytest.raises(ValueError, match="float32"):
-        native.PackedLinearF32(torch.randn(16, 8).bfloat16(), None)
-    with pytest.raises(ValueError, match="does not fit 8 float32 inputs"):
-        native.PackedLinearF32(torch.randn(16, 8), None)(torch.randn(2, 9))
+        native.PackedDecodeLinear(torch.randn(20, 8), None)
+    with pytest.raises(ValueError, match="float32/bfloat16"):
+        native.PackedDecodeLinear(torch.randn(16, 8).half(), None)
+    with pytest.raises(ValueError, match="does not fit 8 torch.float32 inputs"):
+        native.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 9))
+    with pytest.raises(ValueError, match="does not fit"):
+        native.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 8).bfloat16())
 
 
 TINY = {"vocab_size": 128, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
@@ -196,8 +202,8 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
     view_modules = [type(m) for m in runner.decoder.modules()]
     assert view_modules.count(NativeAttention) == 2 and view_modules.count(NativeGatedMLP) == 2
     assert view_modules.count(NativeRMSNorm) == 5  # two per layer and the final norm
-    # fp32: every packed linear (o, down, LM head) and fused group (qkv, gate/up) gets the decode kernel
-    assert runner.native_linears == (9 if dtype == torch.float32 else 0)  # 4 per layer and the LM head
+    # every packed linear (o, down, LM head) and fused group (qkv, gate/up) gets the decode kernel
+    assert runner.native_linears == 9  # 4 per layer and the LM head
     assert not any(isinstance(m, (NativeAttention, NativeRMSNorm)) for m in model.modules())  # caller's untouched
     gen = torch.Generator().manual_seed(3)
     lengths = [40, 33, 20, 7, 5, 1]

@@ -490,25 +490,36 @@ void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_
 
 
 #if defined(__AVX512F__)
-// fp32 linear for decode batches: y = x W^T + b with W packed as [n/16][k][16] (each block of 16 outputs
-// stored k-major, so one 64-byte load holds the 16 outputs' weights for input k). A tile of up to 8 rows
-// times 32 outputs keeps its 16 accumulators in registers; each x value is broadcast once for both
-// blocks. At decode batch sizes the step streams every weight from memory, and this reads them at about
-// 19 GB/s on the 2-core box where oneDNN's packed kernel reaches 12-13 GB/s (fp32, 16 rows).
+// Linear for decode batches: y = x W^T + b with W packed as [n/16][k][16] (each block of 16 outputs stored
+// k-major, so one load holds the 16 outputs' weights for input k). A tile of up to 8 rows times 32 outputs
+// keeps its 16 fp32 accumulators in registers; each x value is broadcast once for both blocks. At decode
+// batch sizes a step streams every weight from memory: fp32 at 16 rows, this reads them at about 17 GB/s
+// on the 2-core box where oneDNN's packed kernel reaches 12; bf16 wins up to 8 rows (at 16, oneDNN's AMX
+// kernels do: FMAs bind here). bf16 weights are widened to fp32 in registers (exact), products
+// accumulate in fp32, the output is rounded once.
 constexpr int64_t LINEAR_PREFETCH = 32;  // weight rows (of 16 outputs) fetched ahead
 
-template <int M, int NB>
-void linear_tile_f32(const float* x, int64_t x_stride, int64_t k, const float* wp, const float* bias, float* y,
-                     int64_t y_stride) {
+// unmasked 16-lane load/store: with the masked forms (load16/store16) this loop ran about a third slower
+inline __m512 load_full16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_full16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline void store_full16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void store_full16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+
+template <typename T, int M, int NB>
+void linear_tile(const float* x, int64_t x_stride, int64_t k, const T* wp, const T* bias, T* y, int64_t y_stride) {
     __m512 acc[NB][M];
     for (int b = 0; b < NB; ++b)
         for (int m = 0; m < M; ++m) acc[b][m] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; ++kk) {
+        // never past the block's last row
+        const int64_t ahead = kk + LINEAR_PREFETCH < k ? kk + LINEAR_PREFETCH : k - 1;
         __m512 w[NB];
         for (int b = 0; b < NB; ++b) {
-            const float* block = wp + b * k * 16;
-            if (kk + LINEAR_PREFETCH < k) _mm_prefetch(reinterpret_cast<const char*>(block + (kk + LINEAR_PREFETCH) * 16), _MM_HINT_T0);
-            w[b] = _mm512_loadu_ps(block + kk * 16);
+            const T* block = wp + b * k * 16;
+            _mm_prefetch(reinterpret_cast<const char*>(block + ahead * 16), _MM_HINT_T0);
+            w[b] = load_full16(block + kk * 16);
         }
         for (int m = 0; m < M; ++m) {
             const __m512 xb = _mm512_set1_ps(x[m * x_stride + kk]);
@@ -516,24 +527,40 @@ void linear_tile_f32(const float* x, int64_t x_stride, int64_t k, const float* w
         }
     }
     for (int b = 0; b < NB; ++b) {
-        const __m512 bv = bias ? _mm512_loadu_ps(bias + 16 * b) : _mm512_setzero_ps();
-        for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + m * y_stride + 16 * b, _mm512_add_ps(acc[b][m], bv));
+        const __m512 bv = bias ? load_full16(bias + 16 * b) : _mm512_setzero_ps();
+        for (int m = 0; m < M; ++m) store_full16(y + m * y_stride + 16 * b, _mm512_add_ps(acc[b][m], bv));
     }
 }
 
-template <int NB>
-void linear_rows_f32(const float* x, int64_t x_stride, int64_t rows, int64_t k, const float* wp, const float* bias,
-                     float* y, int64_t y_stride) {
+template <typename T, int NB>
+void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const T* wp, const T* bias, T* y,
+                 int64_t y_stride) {
     for (int64_t r = 0; r < rows; r += 8) {
         const float* xr = x + r * x_stride;
-        float* yr = y + r * y_stride;
+        T* yr = y + r * y_stride;
         switch (rows - r >= 8 ? 8 : rows - r) {
 #define PROVMARK_TILE(M) \
-    case M: linear_tile_f32<M, NB>(xr, x_stride, k, wp, bias, yr, y_stride); break;
+    case M: linear_tile<T, M, NB>(xr, x_stride, k, wp, bias, yr, y_stride); break;
             PROVMARK_TILE(1) PROVMARK_TILE(2) PROVMARK_TILE(3) PROVMARK_TILE(4)
             PROVMARK_TILE(5) PROVMARK_TILE(6) PROVMARK_TILE(7) PROVMARK_TILE(8)
 #undef PROVMARK_TILE
         }
+    }
+}
+
+template <typename T>
+void linear_all(const float* x, int64_t x_stride, const T* packed, const T* bias, T* y, int64_t rows, int64_t n,
+                int64_t k, int threads) {
+    const int64_t pairs = n / 32, units = pairs + (n % 32 != 0);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < units; ++u) {
+        const int64_t n0 = u * 32;
+        const T* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
+        const T* b = bias ? bias + n0 : nullptr;
+        if (u < pairs)
+            linear_rows<T, 2>(x, x_stride, rows, k, wp, b, y + n0, n);
+        else
+            linear_rows<T, 1>(x, x_stride, rows, k, wp, b, y + n0, n);
     }
 }
 #endif
@@ -541,37 +568,42 @@ void linear_rows_f32(const float* x, int64_t x_stride, int64_t rows, int64_t k, 
 
 extern "C" {
 
-// W [n, k] fp32 (row stride w_stride) -> packed [n/16][k][16] for provmark_linear_f32 (n % 16 == 0).
-int provmark_pack_f32(const float* w, int64_t w_stride, float* packed, int64_t n, int64_t k) {
-    if (n < 16 || n % 16 != 0 || k < 1) return -1;
+// W [n, k] (row stride w_stride) -> packed [n/16][k][16] for provmark_linear (n % 16 == 0); dtype 0 = float32,
+// 1 = bfloat16.
+int provmark_pack_linear(int dtype, const void* w, int64_t w_stride, void* packed, int64_t n, int64_t k) {
+    if (n < 16 || n % 16 != 0 || k < 1 || (dtype != 0 && dtype != 1)) return -1;
+    const size_t size = dtype == 0 ? 4 : 2;
+    const char* src = static_cast<const char*>(w);
+    char* dst = static_cast<char*>(packed);
 #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < n / 16; ++blk)
         for (int64_t kk = 0; kk < k; ++kk)
             for (int64_t lane = 0; lane < 16; ++lane)
-                packed[(blk * k + kk) * 16 + lane] = w[(blk * 16 + lane) * w_stride + kk];
+                std::memcpy(dst + ((blk * k + kk) * 16 + lane) * size, src + ((blk * 16 + lane) * w_stride + kk) * size, size);
     return 0;
 }
 
-// y [rows, n] (contiguous) = x [rows, k] (row stride x_stride) W^T + bias (fp32 [n] or null), W packed by
-// provmark_pack_f32. Returns -1 where this build has no AVX-512 or the shapes do not fit.
-int provmark_linear_f32(const float* x, int64_t x_stride, const float* packed, const float* bias, float* y,
-                        int64_t rows, int64_t n, int64_t k, int threads) {
+// y [rows, n] (contiguous) = x [rows, k] (contiguous) W^T + bias ([n] or null), all of one dtype, W packed by
+// provmark_pack_linear. Returns -1 where this build has no AVX-512 or the shapes do not fit.
+int provmark_linear(int dtype, const void* x, const void* packed, const void* bias, void* y, int64_t rows, int64_t n,
+                    int64_t k, int threads) {
 #if defined(__AVX512F__)
     if (rows < 1 || n < 16 || n % 16 != 0 || k < 1 || threads < 1) return -1;
-    const int64_t pairs = n / 32, units = pairs + (n % 32 != 0);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t u = 0; u < units; ++u) {
-        const int64_t n0 = u * 32;
-        const float* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
-        const float* b = bias ? bias + n0 : nullptr;
-        if (u < pairs)
-            linear_rows_f32<2>(x, x_stride, rows, k, wp, b, y + n0, n);
-        else
-            linear_rows_f32<1>(x, x_stride, rows, k, wp, b, y + n0, n);
+    if (dtype == 0) {
+        linear_all(static_cast<const float*>(x), k, static_cast<const float*>(packed), static_cast<const float*>(bias),
+                   static_cast<float*>(y), rows, n, k, threads);
+    } else if (dtype == 1) {
+        std::vector<float> xf(static_cast<size_t>(rows * k));  // the inputs widened once, then broadcast from here
+        const uint16_t* xs = static_cast<const uint16_t*>(x);
+        for (int64_t i = 0; i < rows * k; ++i) xf[static_cast<size_t>(i)] = bf16_to_float(xs[i]);
+        linear_all(xf.data(), k, static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias),
+                   static_cast<uint16_t*>(y), rows, n, k, threads);
+    } else {
+        return -1;
     }
     return 0;
 #else
-    (void)x; (void)x_stride; (void)packed; (void)bias; (void)y; (void)rows; (void)n; (void)k; (void)threads;
+    (void)dtype; (void)x; (void)packed; (void)bias; (void)y; (void)rows; (void)n; (void)k; (void)threads;
     return -1;
 #endif
 }

@@ -175,7 +175,8 @@ def create_app(config: dict | None = None) -> Flask:
 
 def _warm_up_watermark(engine) -> None:
     """Compile the default spec's bias kernel in the background: the first watermarked request would
-    otherwise wait for it (about 5 s here). A failure only means that request compiles it instead."""
+    otherwise wait for it (about 5 s here). A failure only means that request compiles it instead. Where
+    the engine registered its C++ bias (generation/native.py) this only exercises that, in milliseconds."""
     from watermark.processor import warm_up
 
     def run() -> None:

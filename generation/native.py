@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "engine_kernels.cpp"
 # -ffp-contract=off: no fused multiply-adds where torch rounds a product before adding (rotary embedding)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-ffp-contract=off", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=c++20", "-ffp-contract=off", "-shared",
+         "-fPIC")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 DISABLE_ENV = "PROVMARK_NATIVE"
 
@@ -133,6 +134,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_cache_write": [i32, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, i64],
         "provmark_rms_norm": [i32, ptr, i64, ptr, f32, ptr, i64, i64],
         "provmark_silu_mul": [i32, ptr, i64, i64, ptr, i64],
+        "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
@@ -256,6 +258,41 @@ def rope_cache_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     if rc != 0:
         raise ValueError(f"rope_cache_attention: every position must be in 0..{max_len - 1}")
     return out
+
+
+def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_values: torch.Tensor | None,
+                   salt: torch.Tensor | None, own: torch.Tensor | None, token_mix: torch.Tensor, threshold: int,
+                   delta: float, hard: bool) -> bool:
+    """watermark.greenlist's bias backend: the same integers as its tensor code, one pass in C++.
+
+    ``seeds`` [B, 1] (per-row schemes) or ``context_values`` [B, h] with ``salt``/``own`` [V] (selfhash);
+    ``token_mix`` [1, V]. Returns False, untouched, for what it does not take (not contiguous CPU float32
+    logits, a kernel build without it)."""
+    lib = _library()
+    batch, vocab = logits.shape if logits.dim() == 2 else (0, 0)
+    if (lib is None or logits.dtype is not torch.float32 or not logits.is_cpu or not logits.is_contiguous()
+            or vocab == 0 or token_mix.numel() != vocab):
+        return False
+    mix = token_mix.contiguous()
+    if seeds is not None:
+        row_seeds = seeds.reshape(-1).contiguous()
+        if row_seeds.numel() != batch:
+            return False
+        args = (0, row_seeds.data_ptr(), None, 0, None, None)
+        keep = (row_seeds,)
+    else:
+        ctx = context_values.contiguous()
+        salt, own = salt.contiguous(), own.contiguous()
+        if ctx.shape[0] != batch or salt.numel() != vocab or own.numel() != vocab:
+            return False
+        args = (1, None, ctx.data_ptr(), ctx.shape[1], salt.data_ptr(), own.data_ptr())
+        keep = (ctx, salt, own)
+    from watermark.prf import SEED_MULTIPLIER
+
+    rc = lib.provmark_watermark_bias(logits.data_ptr(), batch, vocab, *args, mix.data_ptr(), SEED_MULTIPLIER,
+                                     int(threshold), float(delta), int(bool(hard)), torch.get_num_threads())
+    del keep
+    return rc == 0
 
 
 class PackedDecodeLinear:

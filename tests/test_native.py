@@ -239,3 +239,37 @@ def test_build_is_cached_and_a_missing_compiler_is_a_clear_error(tmp_path, monke
     with pytest.raises(RuntimeError, match="is not an executable"):
         native.build(force=True)
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # the good build is kept
+
+
+@pytest.mark.parametrize("spec", ["kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0",
+                                  "kgw:scheme=lefthash,h=1,gamma=0.5,delta=1.5",
+                                  "kgw:scheme=minhash,h=3,gamma=0.25,delta=2.0",
+                                  "kgw:scheme=lefthash,h=2,gamma=0.25,delta=2.0,hard=true",
+                                  "kgw:scheme=selfhash,h=2,gamma=0.5,delta=2.0,hard=true",
+                                  "kgw:scheme=unigram,gamma=0.25,delta=2.0"])
+def test_watermark_bias_backend_equals_the_tensor_code(spec):
+    from watermark import greenlist
+    from watermark.scheme import Watermark
+    from watermark.config import WatermarkSpec
+
+    vocab = 5000
+    mark = Watermark(WatermarkSpec.parse(spec), b"k" * 32, vocab, key_id="t")
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(6, vocab, generator=gen)
+    histories = torch.randint(0, vocab, (6, 5), generator=gen).tolist()
+    greenlist.set_bias_backend(None)
+    try:
+        want = mark.bias(logits.clone(), histories)
+        calls = []
+
+        def counting(*args):
+            calls.append(1)
+            return native.watermark_bias(*args)
+
+        greenlist.set_bias_backend(counting)
+        got = mark.bias(logits.clone(), histories)
+    finally:
+        greenlist.set_bias_backend(None)
+    assert calls, "the backend was not used"
+    assert torch.equal(got, want)  # the same green lists, bit for bit
+    assert not torch.equal(got, logits)

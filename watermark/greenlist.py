@@ -83,6 +83,18 @@ class _Kernels:
 kernels = _Kernels()
 
 
+# An optional faster implementation of the same bias, registered by a caller that has one (the generation
+# engine registers its C++ kernel, generation/native.py); it returns False for inputs it does not take.
+_bias_backend = None
+
+
+def set_bias_backend(backend) -> None:
+    """``backend(logits, seeds or None, context_values or None, salt, own, token_mix, threshold, delta,
+    hard) -> bool`` (True: done, in place), or None to go back to the tensor code."""
+    global _bias_backend
+    _bias_backend = backend
+
+
 def bias_logits(logits: torch.Tensor, tables: SeedTables, gamma: float, delta: float, hard: bool,
                 contexts: torch.Tensor) -> torch.Tensor:
     """Soft (+delta on green) or hard (red -> -inf) bias of ``logits`` [B, V], in place."""
@@ -90,6 +102,15 @@ def bias_logits(logits: torch.Tensor, tables: SeedTables, gamma: float, delta: f
     t = tables.tensors(device)
     token_mix = vocab_mix_table(tables.vocab_size, device).unsqueeze(0)
     threshold = green_threshold(gamma)
+    backend = _bias_backend
+    if backend is not None:
+        if tables.scheme == "selfhash":
+            done = backend(logits, None, t["token"][contexts], t["salt"], t["self"], token_mix, threshold, delta, hard)
+        else:
+            done = backend(logits, context_seeds(tables, contexts, None), None, None, None, token_mix, threshold,
+                           delta, hard)
+        if done:
+            return logits
     if tables.scheme == "selfhash":
         return kernels.call("selfhash", _bias_selfhash, logits, t["token"][contexts],
                             t["salt"].unsqueeze(0), t["self"].unsqueeze(0), token_mix, threshold,

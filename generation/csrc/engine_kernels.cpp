@@ -564,9 +564,75 @@ void linear_all(const float* x, int64_t x_stride, const T* packed, const T* bias
     }
 }
 #endif
+// One row's span [v0, v1) of the watermark bias. H = 0: one seed for the row (``seed``); H > 0: selfhash
+// over an H-token context (unrolled); H = -1: selfhash with ``seed`` as the context length.
+template <int H>
+void bias_span(float* row, int64_t v0, int64_t v1, int64_t seed, const int64_t* c, const int64_t* salt,
+               const int64_t* own, const int64_t* mix, uint64_t mult, int64_t threshold, float delta, int hard) {
+#pragma omp simd
+    for (int64_t v = v0; v < v1; ++v) {
+        int64_t sd;
+        if constexpr (H == 0) {
+            sd = seed;
+        } else if constexpr (H > 0) {
+            sd = own[v];
+            for (int j = 0; j < H; ++j) {
+                const int64_t candidate = c[j] ^ salt[v];
+                sd = candidate < sd ? candidate : sd;
+            }
+        } else {
+            sd = own[v];
+            for (int64_t j = 0; j < seed; ++j) {
+                const int64_t candidate = c[j] ^ salt[v];
+                sd = candidate < sd ? candidate : sd;
+            }
+        }
+        const uint64_t u = static_cast<uint64_t>(sd);
+        const int64_t mixed = static_cast<int64_t>((u ^ static_cast<uint64_t>(mix[v])) * ((u * mult) | 1u));
+        if (hard)
+            row[v] = mixed < threshold ? row[v] : -INFINITY;
+        else
+            row[v] = row[v] + (mixed < threshold ? delta : 0.0f);  // as torch's add_(flags, alpha=delta)
+    }
+}
+
 }  // namespace
 
 extern "C" {
+
+// The watermark bias over fp32 logits [rows, vocab] (watermark/greenlist.py's bias_logits, same integers):
+// token v of row b is green when mix64(seed, mix[v]) < threshold, mix64(s, t) = (s ^ t) * ((s * M) | 1) in
+// wrapping 64-bit arithmetic. The seed is per row (mode 0: row_seeds[b]) or, for selfhash (mode 1),
+// min(own[v], min_j ctx[b, j] ^ salt[v]) as signed 64-bit values. Soft: green logits += delta; hard: red
+// logits = -inf.
+int provmark_watermark_bias(float* logits, int64_t rows, int64_t vocab, int mode, const int64_t* row_seeds,
+                            const int64_t* ctx, int64_t h, const int64_t* salt, const int64_t* own,
+                            const int64_t* mix, int64_t multiplier, int64_t threshold, float delta, int hard,
+                            int threads) {
+    if (rows < 0 || vocab < 1 || (mode != 0 && mode != 1) || (mode == 1 && h < 0) || threads < 1) return -1;
+    constexpr int64_t chunk = 4096;
+    const int64_t chunks = (vocab + chunk - 1) / chunk;
+    const uint64_t mult = static_cast<uint64_t>(multiplier);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < rows * chunks; ++item) {
+        const int64_t b = item / chunks, v0 = (item % chunks) * chunk, v1 = v0 + chunk < vocab ? v0 + chunk : vocab;
+        float* row = logits + b * vocab;
+        const int64_t* c = ctx + b * h;
+        if (mode == 0) {
+            bias_span<0>(row, v0, v1, row_seeds[b], c, nullptr, nullptr, mix, mult, threshold, delta, hard);
+        } else {
+            switch (h) {
+#define PROVMARK_H(H) \
+    case H: bias_span<H>(row, v0, v1, 0, c, salt, own, mix, mult, threshold, delta, hard); break;
+                PROVMARK_H(1) PROVMARK_H(2) PROVMARK_H(3) PROVMARK_H(4) PROVMARK_H(5) PROVMARK_H(6)
+                PROVMARK_H(7) PROVMARK_H(8)
+#undef PROVMARK_H
+                default: bias_span<-1>(row, v0, v1, h, c, salt, own, mix, mult, threshold, delta, hard);
+            }
+        }
+    }
+    return 0;
+}
 
 // W [n, k] (row stride w_stride) -> packed [n/16][k][16] for provmark_linear (n % 16 == 0); dtype 0 = float32,
 // 1 = bfloat16.

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from generation import native
 from generation.constraints import (
     ConstraintCompiler,
     ConstraintError,
     ConstraintMasks,
     start_masks,
 )
-from generation import native
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 from generation.sampling import Sampler, SamplerState, SamplingParams

@@ -249,8 +249,8 @@ def test_build_is_cached_and_a_missing_compiler_is_a_clear_error(tmp_path, monke
                                   "kgw:scheme=unigram,gamma=0.25,delta=2.0"])
 def test_watermark_bias_backend_equals_the_tensor_code(spec):
     from watermark import greenlist
-    from watermark.scheme import Watermark
     from watermark.config import WatermarkSpec
+    from watermark.scheme import Watermark
 
     vocab = 5000
     mark = Watermark(WatermarkSpec.parse(spec), b"k" * 32, vocab, key_id="t")

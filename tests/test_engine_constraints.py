@@ -149,8 +149,12 @@ def test_watermarked_json_document_is_detected(loaded):
     }
     wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)
     # room for the longest document the schema allows (~900 characters, at worst a token each), so the
-    # sampled trajectory, which moves with the machine's float rounding, always completes
-    params = SamplingParams(max_new_tokens=1000, temperature=1.0, seed=11, constraint=ConstraintSpec(json_schema=schema))
+    # sampled trajectory, which moves with the machine's float rounding, always completes. T 0.8, top-p 0.95
+    # and a repetition penalty: at T 1.0 the 135M model's story can fall into a digit or bracket loop that
+    # n-gram dedup leaves few units of (one such run scored z = 3.3); these settings gave z 11-15 on four
+    # trajectories (native kernels on and off, alone and after the module's other tests).
+    params = SamplingParams(max_new_tokens=1000, temperature=0.8, top_p=0.95, repetition_penalty=1.1, seed=11,
+                            constraint=ConstraintSpec(json_schema=schema))
     prompt = chat(engine, "Write a short story about a lighthouse keeper as JSON with a title and the story.")
     out = engine.generate([prompt], params, watermarks=[wm], use_tqdm=False)[0]
     assert out.finish_reason == "stop", (len(out.token_ids), out.error)

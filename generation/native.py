@@ -79,7 +79,7 @@ def build(force: bool = False) -> Path:
     target = kernel_dir() / f"engine_kernels-{digest.hexdigest()[:16]}.so"
     if target.exists() and not force:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a library is loaded from here: ours only
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:

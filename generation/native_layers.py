@@ -1,15 +1,19 @@
-"""RMSNorm and the gated MLP on the native kernels, swapped into the engine's view of the model only.
+"""The engine's view of the model on the native kernels (generation/native.py); the caller's model is untouched.
 
-A Llama-style decoder layer spends most of a batch-16 decode step outside its matmuls in two places:
-RMSNorm (seven small ops: cast, pow, mean, add, rsqrt, mul, cast, weight mul, twice per layer) and the
-MLP's ``silu(gate) * up`` (two ops over the fused gate/up output). ``use_native_layers_(view)`` replaces
-those modules in the view (generation/packed_linear.py) with ones that make one kernel call each
-(generation/native.py). The caller's model is never touched.
+Swapped into the view made by generation/packed_linear.py, for a Llama-style decoder:
 
-A class is swapped only when the replacement agrees with the original module on random inputs of the
-model's dtype at start-up (``SELF_CHECK_TOLERANCE`` of the largest output: the kernels sum in their own
-order and use their own exp, so the last bit can differ, as it does between torch's own CPU kernels). Anything the kernels do not take (another device or dtype, autograd) goes
-to the original module's forward.
+- ``NativeAttention``: a decode step's attention block is the fused q/k/v matmul, one kernel call (rotary
+  embedding, cache write, attention over each row's own keys) and ``o_proj``;
+- ``NativeRMSNorm`` and ``NativeGatedMLP``: one call instead of RMSNorm's seven small ops (twice a layer)
+  and the MLP's ``silu(gate) * up`` pair;
+- ``use_native_linears_``: the packed linears and fused projection groups get a decode kernel
+  (``native.PackedDecodeLinear``) for the row counts where it beats oneDNN.
+
+A norm, MLP or linear is swapped only when the replacement agrees with the original on random inputs of
+the model's dtype at start-up (``SELF_CHECK_TOLERANCE`` of the largest output: the kernels sum in their
+own order and use their own exp, so the last bit can differ, as it does between torch's own CPU kernels).
+Anything the kernels do not take (another device or dtype, autograd, a prefill) goes to the original
+module's forward.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class NativeAttention(nn.Module):
         rows = kwargs.get(GROUP_KWARG)
         plan = getattr(past_key_values, "plan", None)
         if (isinstance(rows, RowLengths) and isinstance(past_key_values, SlotKVCache) and plan is not None
-                and not plan.is_prefill and hidden_states.shape[1] == 1
+                and not plan.is_prefill and plan.row_start == 0 and hidden_states.shape[1] == 1
                 and _eligible(hidden_states, self.o_proj.weight.dtype)):
             qkv = self.q_proj.group.compute(hidden_states)
             if qkv is not None:

@@ -65,6 +65,15 @@ def _entropy(logp: torch.Tensor) -> torch.Tensor:
 
 # ---- stage 1: penalties, bias, bans (sparse: only the ids each row's history touches) ----
 
+def _no_overflow_(scores: torch.Tensor) -> torch.Tensor:
+    """Clamp logits pushed past the float range back to its largest value, in place.
+
+    A tiny temperature or repetition penalty (both only need to be positive) divides logits into +inf,
+    and one +inf in a row makes its log-softmax NaN. Clamped, the tokens that overflowed share the row's
+    mass, which is the limit the request asks for; -inf (a banned token) stays -inf."""
+    return scores.clamp_(max=torch.finfo(scores.dtype).max)
+
+
 def apply_penalties_(scores: torch.Tensor, states: list[SamplerState]) -> None:
     """Repetition (CTRL, over prompt+generated), presence/frequency (OpenAI, generated), logit bias."""
     dev = scores.device
@@ -86,7 +95,7 @@ def apply_penalties_(scores: torch.Tensor, states: list[SamplerState]) -> None:
         index = (torch.cat(rep_r).to(dev), torch.cat(rep_i).to(dev))
         factor = torch.cat(rep_f).to(dev)
         got = scores[index]
-        scores[index] = torch.where(got < 0, got * factor, got / factor)
+        scores[index] = _no_overflow_(torch.where(got < 0, got * factor, got / factor))
     if add_r:
         scores.index_put_((torch.cat(add_r).to(dev), torch.cat(add_i).to(dev)), torch.cat(add_v).to(dev), accumulate=True)
 
@@ -320,7 +329,7 @@ def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
     k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
     values, ids = scores.topk(int(k.max()) + HEAD_SPARE)
     if any(p.temperature != 1.0 for p in params):
-        values.div_(torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+        _no_overflow_(values.div_(torch.tensor([p.temperature for p in params], device=scores.device)[:, None]))
     fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
     served = [j for j, f in enumerate(fits) if f]
     if not served:
@@ -391,7 +400,7 @@ class Sampler:
         params = [st.params for st in picked]
         sub = scores.index_select(0, rows) if rows.numel() < scores.shape[0] else scores
         if any(p.temperature != 1.0 for p in params):
-            sub.div_(torch.tensor([p.temperature for p in params], device=sub.device)[:, None])
+            _no_overflow_(sub.div_(torch.tensor([p.temperature for p in params], device=sub.device)[:, None]))
         plain = _rows([p.mirostat_mode == 0 for p in params], sub.device)
         if plain is not None:
             _on_rows(sub, plain, lambda s: truncate_(s, [params[i] for i in plain.tolist()]))

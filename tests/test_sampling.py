@@ -398,3 +398,19 @@ def test_top_p_sorts_everything_when_the_head_bound_falls_short():
     assert short.full
     for row, p in enumerate(ps):
         assert_rows_match(ours[row:row + 1], lp.TopPLogitsWarper(p)(None, logits[row:row + 1].clone()))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(repetition_penalty=1e-40, top_p=0.5, seed=3),  # seen positive logits / 1e-40 -> +inf
+    SamplingParams(temperature=1e-40, top_p=0.9, seed=3),  # every positive logit / 1e-40 -> +inf
+    SamplingParams(temperature=1e-40, top_k=5, seed=3),  # the top-k head path
+])
+def test_logits_pushed_past_the_float_range_still_sample(params):
+    # found by the OpenAPI fuzzer: one +inf made the row's log-softmax NaN and the top-p histogram index
+    # garbage (a 500). The overflowed tokens now share the row's mass, the limit the request asks for.
+    vocab = 50
+    logits = torch.full((1, vocab), -1.0)
+    logits[0, [7, 11]] = 2.0  # the two largest logits, both seen in the prompt
+    state = SamplerState(params, [7, 11, 3], {0})
+    token = Sampler(vocab, "cpu").sample(logits, [state]).token_ids.item()
+    assert token in (7, 11)

@@ -159,7 +159,8 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     lib = _checked_library()
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    if q_len != 1 or key.shape != value.shape or key.stride() != value.stride() or heads % kv_heads:
+    if (q_len != 1 or key.shape != value.shape or key.stride() != value.stride() or heads % kv_heads
+            or key.shape[0] < batch or key.shape[3] != dim):
         raise ValueError(f"decode_attention: query {tuple(query.shape)} / keys {tuple(key.shape)} do not fit")
     code = _code(query, key, value)
     if query.stride(-1) != 1:

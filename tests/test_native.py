@@ -67,6 +67,10 @@ def test_decode_attention_refuses_lengths_outside_the_keys():
             native.decode_attention(query, keys, keys, torch.tensor(lengths))
     with pytest.raises(ValueError, match="int64"):
         native.decode_attention(query, keys, keys, torch.tensor([1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="do not fit"):  # fewer key rows than queries, another head dim
+        native.decode_attention(query, keys[:1], keys[:1], torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="do not fit"):
+        native.decode_attention(query, keys[..., :32], keys[..., :32], torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="float32/bfloat16"):
         native.decode_attention(query.half(), keys.half(), keys.half(), torch.tensor([1, 2]))
 

@@ -1,17 +1,21 @@
 // The engine's CPU kernels for one decode step, built at first use by generation/native.py (g++ -O3
 // -march=native -fopenmp) and called through ctypes with raw pointers and element strides:
-//   provmark_decode_attention  one new query token per row, row b attending to the first lengths[b]
-//                              cached keys of its own slot;
-//   provmark_cache_write       each row's new key and value written at its own position of its slot;
-//   provmark_rms_norm          RMSNorm as Llama-style decoders compute it;
-//   provmark_silu_mul          silu(gate) * up over the fused gate/up projection's output.
-// The last three replace a handful of small torch ops each (a few microseconds of dispatch apiece, about
-// a thousand per decode step of the default model).
+//   provmark_rope_cache_attention  a Llama attention block's decode step after its fused q/k/v matmul:
+//                                  rotary embedding, cache write, attention over each row's own keys;
+//   provmark_decode_attention      the attention alone (row b over the first lengths[b] keys of its slot);
+//   provmark_cache_write           each row's new key and value written at its own position of its slot;
+//   provmark_rms_norm              RMSNorm as Llama-style decoders compute it;
+//   provmark_silu_mul              silu(gate) * up over the fused gate/up projection's output;
+//   provmark_pack_linear,
+//   provmark_linear                linears at decode batch sizes, weights streamed at memory speed;
+//   provmark_watermark_bias        the green-list bias, the same integers as watermark/greenlist.py.
+// The small ones replace a handful of torch ops each (a few microseconds of dispatch apiece, about a
+// thousand per decode step of the default model).
 //
-// Why an attention kernel of our own: a batched SDPA call must read every row up to the longest one, and the CPU
-// SDPA path streams the cache well below memory speed for one query token. Here each (row, key/value
-// head) work item reads its keys and values exactly once, for all the query heads that share them (GQA),
-// and the items are spread over OpenMP threads (the process's libgomp, the one torch already loaded).
+// Why an attention kernel of our own: a batched SDPA call must read every row up to the longest one, and
+// the CPU SDPA path streams the cache well below memory speed for one query token. Here each (row,
+// key/value head) work item reads its keys and values exactly once, for all the query heads that share
+// them (GQA), and the items are spread over OpenMP threads (the process's libgomp, the one torch loaded).
 //
 // Numerics: scores, softmax and the weighted sum are in fp32 whatever the cache dtype; bf16 output is
 // rounded to nearest even, as torch does.

@@ -128,6 +128,11 @@ def _agrees(replacement: nn.Module, original: nn.Module, width: int, dtype: torc
             got, want = replacement(x).float(), original(x).float()
         except (RuntimeError, ValueError):
             return False
+    return _close(got, want, dtype)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Largest difference within SELF_CHECK_TOLERANCE of the largest output (at least 1)."""
     return bool((got - want).abs().max() / want.abs().max().clamp_min(1.0) <= SELF_CHECK_TOLERANCE[dtype])
 
 
@@ -200,4 +205,4 @@ def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
             want = torch.nn.functional.linear(x, weight, bias).float()
     except (RuntimeError, ValueError):
         return False
-    return bool((got - want).abs().max() / want.abs().max().clamp_min(1.0) <= SELF_CHECK_TOLERANCE[weight.dtype])
+    return _close(got, want, weight.dtype)

@@ -98,7 +98,7 @@ class ModelRunner:
         mask, extra = None, {}  # no mask: every row sees all kv_len keys (transformers then makes none either)
         if self.native_attention:  # each row's own key count, read exactly by the kernels
             positions = positions.to(torch.int64).contiguous()
-            extra[GROUP_KWARG] = RowLengths(positions, positions + 1)
+            extra[GROUP_KWARG] = RowLengths(positions)
         elif self.slot_attention:  # the row groups carry their own masks
             extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
         elif ragged:

@@ -47,11 +47,15 @@ class RowGroup:
 
 @dataclass(frozen=True, slots=True)
 class RowLengths:
-    """Row i's new token sits at ``positions[i]`` and attends to its first ``lengths[i]`` = position + 1 keys
-    (both int64 [B]); for the native kernels."""
+    """Row i's new token sits at ``positions[i]`` (int64 [B]) and attends to its first position + 1 keys;
+    for the native kernels."""
 
     positions: torch.Tensor
-    lengths: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Each row's key count (only the unfused attention path needs it, so it is not kept)."""
+        return self.positions + 1
 
 
 def plan_row_groups(positions: list[int], arange: torch.Tensor, pos_t: torch.Tensor) -> list[RowGroup]:

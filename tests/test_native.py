@@ -225,6 +225,38 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
             torch.testing.assert_close(got2[row], logits[-1], rtol=tol, atol=tol)
 
 
+def test_attention_blocks_not_swapped_still_decode_through_the_kernels(monkeypatch):
+    # an attention class outside ATTENTION_CLASSES keeps transformers' block: its cache update writes
+    # through native.cache_write and the attention interface calls native.decode_attention
+    from generation import native_layers
+
+    monkeypatch.setattr(native_layers, "ATTENTION_CLASSES", frozenset())
+    calls = {"write": 0, "attend": 0}
+    for name, key in (("cache_write", "write"), ("decode_attention", "attend")):
+        original = getattr(native, name)
+
+        def counted(*args, _original=original, _key=key, **kwargs):
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(native, name, counted)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    runner = ModelRunner(model, CacheConfig(num_slots=4, max_model_len=64), native_kernels=True)
+    assert not any(isinstance(m, NativeAttention) for m in runner.decoder.modules())
+    lengths = [20, 9, 3]
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
+    runner.prefill(0, prompts)
+    tokens = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
+    got = runner.decode(tokens, torch.tensor(lengths), max(lengths) + 1)
+    assert calls == {"write": TINY["num_hidden_layers"], "attend": TINY["num_hidden_layers"]}
+    with torch.inference_mode():
+        for row, prompt in enumerate(prompts):
+            want = model(torch.tensor([prompt + [int(tokens[row])]])).logits[0, -1]
+            torch.testing.assert_close(got[row], want, rtol=1e-4, atol=1e-4)
+
+
 def test_runner_without_native_kernels_keeps_transformers_modules():
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
     runner = ModelRunner(model, CacheConfig(num_slots=2, max_model_len=32), native_kernels=False)

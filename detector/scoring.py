@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from detector.common_units import CommonUnits
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
@@ -71,10 +72,19 @@ def green_flags(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
     return wm.green_flags(token_ids).numpy()
 
 
-def score_positions(wm: Watermark, token_ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass."""
+def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits | None = None,
+                    dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass.
+
+    Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
+    (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
+    in the text or in a window (``detector.common_units``)."""
     flags, units = wm.scored_positions(token_ids)
-    return flags.numpy(), _previous(units.numpy())
+    prev = _previous(units.numpy()) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
+    if common is not None:
+        excluded = common.excluded(wm, token_ids)
+        prev[excluded] = excluded
+    return flags.numpy(), prev
 
 
 def previous_occurrence(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
@@ -102,9 +112,13 @@ def _previous(units: np.ndarray) -> np.ndarray:
     return prev
 
 
-def counted_positions(prev: np.ndarray, dedup: bool) -> np.ndarray:
-    """Bool mask of the positions that enter T: first occurrences under dedup, else all."""
-    return prev < 0 if dedup else np.ones(prev.shape[0], dtype=bool)
+def counted_positions(prev: np.ndarray, dedup: bool = True) -> np.ndarray:
+    """Bool mask of the positions that enter T: first occurrences (``prev`` < 0). Positions left out
+    of every count (forced, or common in human text) point at themselves and never enter it. With
+    ``dedup`` False, every position that is not left out counts."""
+    if dedup:
+        return prev < 0
+    return prev != np.arange(prev.shape[0])
 
 
 # ----------------------------------------------------------------------------- whole text

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from detector import common_units
 from detector import windows as winmax
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
@@ -79,6 +80,10 @@ class Verdict:
     # scorable positions left out because the generator had fewer than two tokens to choose from
     # there (constrained decoding): the watermark could not act on them (see docs/constraints.md)
     num_forced_positions: int = 0
+    # scored positions left out because their unit is common in human text, for the best key, and the
+    # key-free table that named them (detector.common_units; None for hf specs, which count everything)
+    num_common_positions: int = 0
+    common_units: str | None = None
     windows: dict | None = None
     explanation: list[dict] | None = None
 
@@ -302,9 +307,9 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
-    flags, prevs = zip(*(score_positions(wm, ids) for wm in marks))
-    if not options.dedup:  # every position is its own first occurrence
-        prevs = [np.full_like(prev, -1) for prev in prevs]
+    common = common_units.for_vocabulary(vocab) if spec.kind == "kgw" else None
+    flags, prevs = zip(*(score_positions(wm, ids, common, options.dedup) for wm in marks))
+    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = _forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
     for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
@@ -359,6 +364,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         text_length=len(text),
         decided_by=decided_by,
         num_forced_positions=int(forced.shape[0]),
+        num_common_positions=num_common[best_index],
+        common_units=common.digest if common is not None else None,
         windows=window_report,
         explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
     )

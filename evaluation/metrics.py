@@ -96,9 +96,12 @@ def summary(values: Sequence[float]) -> dict[str, float | None]:
 
 
 # ------------------------------------------------------------------------ detection along prefixes
-def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True) -> np.ndarray:
+def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, common=None) -> np.ndarray:
     """Bool [T + 1]: entry L says whether the prefix of L tokens is detected (exact binomial p <= alpha,
-    the detector's rule for one key), from one scoring pass with running green and scored counts."""
+    the detector's rule for one key), from one scoring pass with running green and scored counts.
+
+    ``common``: the common-unit table the detector leaves out (``detector.common_units``); a unit's
+    exclusion does not depend on the rest of the text, so one pass serves every prefix."""
     import torch
 
     ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
@@ -106,8 +109,8 @@ def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True) -> 
     detected = np.zeros(total_tokens + 1, dtype=bool)
     if total_tokens <= watermark.context_width:
         return detected
-    flags, prev = score_positions(watermark, ids)
-    counted = counted_positions(prev, dedup)
+    flags, prev = score_positions(watermark, ids, common, dedup)
+    counted = counted_positions(prev)
     green = np.cumsum(flags & counted)
     scored = np.cumsum(counted)
     detected[watermark.context_width + 1:] = binomial_sf(green, scored, watermark.gamma) <= alpha

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from detector import common_units
 from detector.normalize import normalize as normalize_text
 from detector.service import Detector, tokenize
 from evaluation.metrics import prefix_detection
@@ -59,7 +60,7 @@ class Scorer:
             row = {"z": verdict["z"], "detected": verdict["watermarked"], "p_value": verdict["p_value"]}
             if prefixes:
                 ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-                row["prefix"] = prefix_detection(mark, ids, verdict["alpha"])
+                row["prefix"] = prefix_detection(mark, ids, verdict["alpha"], common=common_units.for_vocabulary(self.vocab))
             out.append(row)
         self.last_detected = [r["detected"] for r in out]
         return out

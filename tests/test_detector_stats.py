@@ -202,7 +202,8 @@ def test_a_sentence_repeated_50_times_is_not_flagged_with_dedup(detector, articl
     for sentence in _sentences(articles)[:10]:
         verdict = detector.detect(" ".join([sentence] * 50), spec=spec)
         assert verdict.verdict != "watermarked"
-        assert max(k["z_score"] for k in verdict.keys) < Z_THRESHOLD
+        # z is None when every unit of the sentence is common in human text (nothing was scored)
+        assert max((k["z_score"] for k in verdict.keys if k["z_score"] is not None), default=0.0) < Z_THRESHOLD
 
 
 def test_without_dedup_a_repeated_mostly_green_sentence_looks_watermarked(vocab, articles):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from watermark.config import WatermarkSpec
 from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
 from watermark.seeding import SeedTables, secret_digest
+from watermark.units import anchor_index, identities
 
 _TABLES_CACHE_SIZE = 32  # keys x schemes kept warm per process (tables are ~400 KB each)
 _tables_cache: OrderedDict[tuple, SeedTables] = OrderedDict()
@@ -131,6 +133,19 @@ class Watermark:
         else:
             units = ngrams
         return flags[:, 0], units
+
+    def unit_identities(self, token_ids: torch.Tensor | list[int]) -> np.ndarray:
+        """uint64 [T - h]: each scored position's unit named without the key (``watermark.units``), so
+        units that human texts share can be looked up in a key-free table. hf specs: not named (zeros)."""
+        ngrams = self.ngrams(token_ids)
+        if self._tables is None or ngrams.shape[0] == 0:
+            return np.zeros(ngrams.shape[0], dtype=np.uint64)
+        scheme = self.spec.scheme
+        anchors = None
+        if scheme in ("minhash", "selfhash"):
+            t = self._tables.tensors(torch.device("cpu"))
+            anchors = anchor_index(scheme, t["token"], t.get("salt"), t.get("self"), ngrams)
+        return identities(scheme, ngrams.numpy(), anchors)
 
     def ngrams(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """[T - h, h + 1]: each scored position's context followed by its token (the dedup unit)."""

@@ -1,0 +1,298 @@
+"""Per-key calibration: the null distribution of z for ONE key, measured on human text.
+
+A verdict's false-positive rate is a promise about the key in use. ``calibrate`` scores human text
+that ships in installed packages (the fit half of ``detector.human_corpora``, every domain there:
+news, encyclopedia, documentation prose, code, licence boilerplate) under one key and one spec, cut
+into windows of 64 to 4,096 tokens, exactly as the detector scores (common units left out, n-gram
+dedup), and reports per bucket of scored length T: the mean and spread of z, and the realised
+false-positive rate at the threshold that such a null implies, next to the stated one.
+
+The result is public (a handful of means and spreads: nothing about single colours) and is kept
+with the key's public metadata in ``$PROVMARK_HOME/calibrations.json`` (MACed with a key derived
+from the master key, so an edited file is refused rather than trusted). The detector uses it as a
+guard that can only make a verdict more careful: where a key's null is measurably shifted up or
+wider than N(0, 1) in the verdict's length bucket, the p-value is taken under that null instead
+(``guarded_p_value``), and every verdict says which calibration it used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from detector import human_corpora
+from detector.common_units import FIT_DOMAINS, CommonUnits
+from detector.scoring import score_positions
+from watermark.config import WatermarkSpec
+from watermark.scheme import Watermark
+from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
+
+FORMAT = 1
+FILE_NAME = "calibrations.json"
+MAC_PURPOSE = b"provmark/calibrations-mac"
+WINDOW_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)  # tokens of the human windows scored
+WINDOWS_PER_LENGTH = 120  # per domain and length, at most ...
+TOKENS_PER_LENGTH = 150_000  # ... and at most this many tokens per domain and length
+BUCKET_EDGES = (1, 25, 50, 100, 200, 400, 800, 1600)  # of scored units T; the last bucket is open
+MIN_BUCKET_TEXTS = 30  # fewer texts than this in a bucket: no estimate there (the guard stays off)
+GUARD_SIGMAS = 2.0  # the guard acts only on a shift or spread this many standard errors past N(0, 1)
+SCREEN_FACTOR = 2.0  # key screening: a key whose estimated realised FPR exceeds this multiple fails
+
+
+def bucket_of(total: int) -> int:
+    """Index of the scored-length bucket of T (0 for T < 25 ... len(BUCKET_EDGES) - 1 for T >= 1600)."""
+    return max(0, int(np.searchsorted(BUCKET_EDGES, total, side="right")) - 1)
+
+
+def bucket_label(index: int) -> str:
+    lo = BUCKET_EDGES[index]
+    return f"{lo}+" if index == len(BUCKET_EDGES) - 1 else f"{lo}-{BUCKET_EDGES[index + 1] - 1}"
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    index: int
+    n: int
+    mean: float
+    sd: float
+
+    @property
+    def guard(self) -> tuple[float, float]:
+        """(shift, scale) of the null the guard holds verdicts to: N(0, 1) unless the measured mean is
+        above 0, or the spread above 1, by more than GUARD_SIGMAS standard errors."""
+        if self.n < MIN_BUCKET_TEXTS:
+            return 0.0, 1.0
+        se_mean = self.sd / math.sqrt(self.n)
+        se_sd = self.sd / math.sqrt(2.0 * (self.n - 1))
+        return max(0.0, self.mean - GUARD_SIGMAS * se_mean), max(1.0, self.sd - GUARD_SIGMAS * se_sd)
+
+    def realised_fpr(self, z_threshold: float) -> float:
+        """P(z >= threshold) under N(mean, sd): the false-positive rate this key's null implies."""
+        return p_value_normal((z_threshold - self.mean) / max(self.sd, 1e-9))
+
+    def to_dict(self, z_threshold: float = Z_THRESHOLD) -> dict:
+        return {"bucket": bucket_label(self.index), "n": self.n, "mean_z": round(self.mean, 4),
+                "sd_z": round(self.sd, 4), "realised_fpr": self.realised_fpr(z_threshold) if self.n else None}
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """One key's measured null under one spec."""
+
+    key_id: str
+    key_fingerprint: str
+    spec: str
+    spec_fingerprint: str
+    common_units: str | None
+    created_at: str
+    buckets: tuple[Bucket, ...]
+    domains: dict  # domain -> {"n": texts, "mean_z": .., "sd_z": ..}
+    corpus: dict  # domain -> documents used
+    z_threshold: float = Z_THRESHOLD
+
+    @property
+    def calibration_id(self) -> str:
+        body = json.dumps(self.to_dict(with_id=False), sort_keys=True, separators=(",", ":"))
+        return "cal-" + hashlib.sha256(body.encode()).hexdigest()[:12]
+
+    def bucket(self, total: int) -> Bucket:
+        return self.buckets[bucket_of(total)]
+
+    @property
+    def stated_fpr(self) -> float:
+        return p_value_normal(self.z_threshold)
+
+    def worst_realised_fpr(self) -> float:
+        values = [b.realised_fpr(self.z_threshold) for b in self.buckets if b.n >= MIN_BUCKET_TEXTS]
+        return max(values) if values else float("nan")
+
+    def passes_screen(self) -> bool:
+        """No bucket's GUARDED null (what the data shows beyond noise) implies more than SCREEN_FACTOR
+        times the stated false-positive rate."""
+        stated = self.stated_fpr
+        for b in self.buckets:
+            shift, scale = b.guard
+            if p_value_normal((self.z_threshold - shift) / scale) > SCREEN_FACTOR * stated:
+                return False
+        return True
+
+    def summary(self) -> dict:
+        """What ``keys list`` and verdicts show: id, worst bucket, realised vs stated FPR."""
+        return {"id": self.calibration_id, "spec": self.spec, "created_at": self.created_at,
+                "max_abs_mean_z": round(max((abs(b.mean) for b in self.buckets if b.n >= MIN_BUCKET_TEXTS),
+                                            default=float("nan")), 4),
+                "stated_fpr": self.stated_fpr, "worst_realised_fpr": self.worst_realised_fpr(),
+                "passes_screen": self.passes_screen()}
+
+    def to_dict(self, with_id: bool = True) -> dict:
+        out = {"key_id": self.key_id, "key_fingerprint": self.key_fingerprint, "spec": self.spec,
+               "spec_fingerprint": self.spec_fingerprint, "common_units": self.common_units,
+               "created_at": self.created_at, "z_threshold": self.z_threshold,
+               "buckets": [[b.index, b.n, b.mean, b.sd] for b in self.buckets],
+               "domains": self.domains, "corpus": self.corpus}
+        if with_id:
+            out["id"] = self.calibration_id
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Calibration:
+        buckets = tuple(Bucket(int(i), int(n), float(m), float(s)) for i, n, m, s in raw["buckets"])
+        return cls(raw["key_id"], raw["key_fingerprint"], raw["spec"], raw["spec_fingerprint"], raw["common_units"],
+                   raw["created_at"], buckets, raw["domains"], raw["corpus"], float(raw["z_threshold"]))
+
+
+# ------------------------------------------------------------------------------------ measuring
+class HumanWindows:
+    """The fit half of the human corpora, tokenized once per tokenizer and cut into windows."""
+
+    _cache: dict[str, HumanWindows] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, vocab) -> None:
+        docs = human_corpora.documents(FIT_DOMAINS, human_corpora.FIT)
+        if not docs:
+            raise RuntimeError("no human corpus is installed to calibrate on (pip install gensim)")
+        encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast([d.text for d in docs], add_special_tokens=False)
+        self.corpus: dict[str, int] = {}
+        self.windows: list[tuple[str, torch.Tensor]] = []
+        by_domain: dict[str, list[np.ndarray]] = {}
+        for doc, enc in zip(docs, encoded):
+            by_domain.setdefault(doc.domain, []).append(np.asarray(enc.ids, dtype=np.int64))
+            self.corpus[doc.domain] = self.corpus.get(doc.domain, 0) + 1
+        for domain, streams in by_domain.items():
+            for length in WINDOW_LENGTHS:
+                cut = [s[i:i + length] for s in streams for i in range(0, s.shape[0] - length + 1, length)]
+                limit = min(WINDOWS_PER_LENGTH, max(1, TOKENS_PER_LENGTH // length))
+                if len(cut) > limit:  # an even spread over the corpus, the same on every machine
+                    cut = [cut[int(j)] for j in np.linspace(0, len(cut) - 1, limit)]
+                self.windows.extend((domain, torch.from_numpy(w)) for w in cut)
+
+    @classmethod
+    def for_vocabulary(cls, vocab) -> HumanWindows:
+        with cls._lock:
+            found = cls._cache.get(vocab.fingerprint)
+            if found is None:
+                found = cls._cache[vocab.fingerprint] = cls(vocab)
+            return found
+
+
+def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonUnits | None,
+              z_threshold: float = Z_THRESHOLD, progress: bool = False) -> Calibration:
+    """Score every human window under ``watermark`` (one key, one spec) as the detector would."""
+    windows = HumanWindows.for_vocabulary(vocab)
+    gamma = watermark.gamma
+    per_bucket: dict[int, list[float]] = {}
+    per_domain: dict[str, list[float]] = {}
+    items = windows.windows
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, desc=f"calibrating {watermark.key_id}", unit="text")
+    for domain, ids in items:
+        flags, prev = score_positions(watermark, ids, common)
+        counted = prev < 0
+        total = int(counted.sum())
+        if total == 0:
+            continue
+        z = z_score(int((flags & counted).sum()), total, gamma)
+        per_bucket.setdefault(bucket_of(total), []).append(z)
+        per_domain.setdefault(domain, []).append(z)
+    buckets = tuple(_bucket(i, per_bucket.get(i, [])) for i in range(len(BUCKET_EDGES)))
+    domains = {d: {"n": len(v), "mean_z": round(float(np.mean(v)), 4), "sd_z": round(float(np.std(v, ddof=1)), 4)}
+               for d, v in sorted(per_domain.items()) if len(v) > 1}
+    spec = watermark.spec
+    return Calibration(watermark.key_id or "", key_fingerprint, spec.format(), watermark.fingerprint,
+                       common.digest if common is not None else None,
+                       datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), buckets, domains,
+                       dict(sorted(windows.corpus.items())), float(z_threshold))
+
+
+def _bucket(index: int, values: list[float]) -> Bucket:
+    if len(values) < 2:
+        return Bucket(index, len(values), 0.0, 1.0)
+    arr = np.asarray(values, dtype=np.float64)
+    return Bucket(index, int(arr.size), float(arr.mean()), float(arr.std(ddof=1)))
+
+
+def guarded_p_value(p_value: float, z: float, total: int, calibration: Calibration | None) -> tuple[float, bool]:
+    """The verdict's p-value under this key's measured null: never smaller than ``p_value``; larger
+    where the calibration shows the key's null shifted up or widened in this length bucket.
+    Returns (p, whether the guard changed it)."""
+    if calibration is None or total <= 0 or not math.isfinite(z):
+        return p_value, False
+    shift, scale = calibration.bucket(total).guard
+    if shift == 0.0 and scale == 1.0:
+        return p_value, False
+    guarded = p_value_normal((z - shift) / scale)
+    return (guarded, True) if guarded > p_value else (p_value, False)
+
+
+# ------------------------------------------------------------------------------------- storage
+class CalibrationStoreError(Exception):
+    """The calibration file is damaged or was edited."""
+
+
+class CalibrationStore:
+    """``home/calibrations.json``: {key_id: {spec_fingerprint: calibration}}, MACed as a whole."""
+
+    def __init__(self, keyring) -> None:
+        self.keyring = keyring
+        self.path = Path(keyring.home) / FILE_NAME
+        self._stamp = None
+        self._data: dict = {}
+        self._lock = threading.Lock()
+
+    def _mac(self, body: dict) -> str:
+        key = self.keyring.derive_key(MAC_PURPOSE)
+        return hmac.new(key, json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
+
+    def _read(self) -> dict:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._stamp, self._data = None, {}
+            return self._data
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return self._data
+        try:
+            doc = json.loads(self.path.read_bytes())
+            body, mac = doc["body"], doc["mac"]
+        except (ValueError, KeyError, TypeError):
+            raise CalibrationStoreError(f"{self.path} is not a provmark calibration file") from None
+        if body.get("format") != FORMAT or not hmac.compare_digest(str(mac), self._mac(body)):
+            raise CalibrationStoreError(f"{self.path} does not verify (edited, or another master key)")
+        self._stamp, self._data = stamp, body["keys"]
+        return self._data
+
+    def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
+        with self._lock:
+            raw = self._read().get(key_id, {}).get(spec_fingerprint)
+        return Calibration.from_dict(raw) if raw else None
+
+    def for_key(self, key_id: str) -> list[Calibration]:
+        with self._lock:
+            return [Calibration.from_dict(raw) for raw in self._read().get(key_id, {}).values()]
+
+    def put(self, calibration: Calibration) -> None:
+        from watermark.keys import write_private_atomic
+
+        with self._lock:
+            keys = {k: dict(v) for k, v in self._read().items()}
+            keys.setdefault(calibration.key_id, {})[calibration.spec_fingerprint] = calibration.to_dict()
+            body = {"format": FORMAT, "keys": keys}
+            write_private_atomic(self.path, json.dumps({"body": body, "mac": self._mac(body)}, indent=1).encode())
+            self._stamp = None
+
+
+def spec_for(text: str | WatermarkSpec | None) -> WatermarkSpec:
+    return WatermarkSpec.default() if text is None else WatermarkSpec.parse(text)

@@ -1,0 +1,194 @@
+"""Units human texts share, and why the detector does not count them.
+
+For a fixed key every unit (``watermark.units``: a token, a pair, an n-gram) has one fixed colour.
+A unit that many human texts contain (", the", "self.", "Permission is hereby granted") therefore
+moves ALL their z-scores the same way: under one key the mean z of human text is shifted by about
+N(0, f), where f is the mean share of texts that contain a scored unit (docs/detection.md). That is
+what made one key's false-positive rate ten times another's. A unit that most texts contain anyway
+is no evidence: the detector leaves out every position whose unit is in this table, as it leaves
+out forced positions, and the key's null is N(0, 1) again.
+
+The table is key-free and fixed per tokenizer: every identity whose document frequency (share of
+``WINDOW_TOKENS``-token windows that contain it) reaches ``FLOOR`` in some domain of the fit half of
+``detector.human_corpora``, with that frequency (the largest over domains). Each scheme leaves out
+the units at or above its own threshold (``THRESHOLDS``, chosen by measurement: the smallest that
+brings every key's mean z on held-out human text to the noise level, docs/detection.md).
+The embedded tokenizer's table ships in ``detector/data``; another tokenizer's is built on first use
+from the same corpora and cached beside the converted models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, window_identities
+
+log = logging.getLogger(__name__)
+
+# A unit at or above this document frequency is left out, per scheme (docs/detection.md, "the fix").
+THRESHOLDS = {"selfhash": 0.01, "minhash": 0.01, "lefthash": 0.005, "unigram": 0.002}
+# The table keeps what any threshold may need: tokens from 0.002 (unigram), pairs and n-grams from 0.005.
+FLOOR = {TOKEN_TAG: 0.002, PAIR_TAG: 0.005, GRAM_TAG: 0.005}
+WINDOW_TOKENS = 200
+MIN_WINDOWS = 3  # an entry must be seen in at least this many windows (none from a single text)
+FIT_DOMAINS = ("news", "encyclopedia", "docs", "code", "boilerplate")
+FORMAT = 1
+SHIPPED = Path(__file__).parent / "data"
+
+
+@dataclass(frozen=True, slots=True)
+class CommonUnits:
+    """Sorted uint64 identities of units frequent in human text and their document frequencies."""
+
+    identities: np.ndarray  # uint64, sorted
+    frequencies: np.ndarray  # float32, same order
+    tokenizer_fingerprint: str
+    window_tokens: int
+    digest: str = field(default="")  # short public name, reported with every verdict that used the table
+
+    def __post_init__(self) -> None:
+        h = hashlib.sha256(f"provmark-common-units/v{FORMAT}|{self.tokenizer_fingerprint}|{self.window_tokens}|".encode())
+        h.update(np.ascontiguousarray(self.identities, dtype=np.uint64).tobytes())
+        h.update(np.ascontiguousarray(self.frequencies, dtype=np.float32).tobytes())
+        object.__setattr__(self, "digest", h.hexdigest()[:16])
+
+    def __len__(self) -> int:
+        return int(self.identities.shape[0])
+
+    def contains(self, ids: np.ndarray, threshold: float) -> np.ndarray:
+        """Bool per identity: in the table with document frequency >= ``threshold`` (binary search)."""
+        table = self.identities
+        if table.shape[0] == 0 or ids.shape[0] == 0:
+            return np.zeros(ids.shape[0], dtype=bool)
+        at = np.searchsorted(table, ids).clip(max=table.shape[0] - 1)
+        return (table[at] == ids) & (self.frequencies[at] >= threshold)
+
+    def excluded(self, watermark, token_ids) -> np.ndarray:
+        """Indices of the scored positions of ``token_ids`` whose unit this table leaves out under
+        ``watermark`` (kgw specs only: hf specs count every position, as transformers does)."""
+        spec = watermark.spec
+        if spec.kind != "kgw":
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.contains(watermark.unit_identities(token_ids), THRESHOLDS[spec.scheme]))
+
+    # ------------------------------------------------------------------------------ storage
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, identities=self.identities, frequencies=self.frequencies, format=FORMAT,
+                                tokenizer_fingerprint=self.tokenizer_fingerprint, window_tokens=self.window_tokens)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CommonUnits:
+        with np.load(path, allow_pickle=False) as data:
+            if int(data["format"]) != FORMAT:
+                raise ValueError(f"{path}: common-unit table format {int(data['format'])}, expected {FORMAT}")
+            return cls(np.asarray(data["identities"], dtype=np.uint64), np.asarray(data["frequencies"], dtype=np.float32),
+                       str(data["tokenizer_fingerprint"]), int(data["window_tokens"]))
+
+
+def file_name(tokenizer_fingerprint: str) -> str:
+    return f"common-units-{tokenizer_fingerprint[:16]}.npz"
+
+
+def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> CommonUnits:
+    """Count, per fit domain, the share of ``window_tokens``-token windows that contain each identity;
+    keep those at FLOOR or more in some domain (and in at least MIN_WINDOWS windows)."""
+    from detector import human_corpora
+
+    docs = human_corpora.documents(FIT_DOMAINS, human_corpora.FIT)
+    if not docs:
+        raise RuntimeError("no human corpus is installed to build a common-unit table from (pip install gensim)")
+    encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast([d.text for d in docs], add_special_tokens=False)
+    per_domain: dict[str, dict[int, list[np.ndarray]]] = {}
+    windows: dict[str, int] = {}
+    items = zip(docs, encoded)
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, total=len(docs), desc="common units", unit="doc")
+    for doc, enc in items:
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        for start in range(0, max(1, ids.shape[0] - window_tokens // 2), window_tokens):
+            window = ids[start:start + window_tokens]
+            if window.shape[0] < 20:
+                continue
+            windows[doc.domain] = windows.get(doc.domain, 0) + 1
+            for tag, found in window_identities(window).items():
+                per_domain.setdefault(doc.domain, {}).setdefault(tag, []).append(found)
+    kept_ids, kept_freq = [], []
+    for domain, by_tag in per_domain.items():
+        for tag, parts in by_tag.items():
+            found, counts = np.unique(np.concatenate(parts), return_counts=True)
+            freq = counts / windows[domain]
+            keep = (counts >= MIN_WINDOWS) & (freq >= FLOOR[tag])
+            kept_ids.append(found[keep])
+            kept_freq.append(freq[keep])
+    ids = np.concatenate(kept_ids)
+    freq = np.concatenate(kept_freq).astype(np.float32)
+    order = np.lexsort((-freq, ids))  # by identity, the largest frequency first
+    ids, freq = ids[order], freq[order]
+    first = np.ones(ids.shape[0], dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    return CommonUnits(ids[first].astype(np.uint64), freq[first], vocab.fingerprint, int(window_tokens))
+
+
+_loaded: dict[str, CommonUnits] = {}
+_lock = threading.Lock()
+
+
+def for_vocabulary(vocab) -> CommonUnits:
+    """The table of ``vocab``'s tokenizer: shipped, cached, or built now (once) and cached."""
+    fingerprint = vocab.fingerprint
+    found = _loaded.get(fingerprint)
+    if found is not None:
+        return found
+    with _lock:
+        found = _loaded.get(fingerprint)
+        if found is None:
+            found = _loaded[fingerprint] = _load_or_build(vocab)
+    return found
+
+
+def _load_or_build(vocab) -> CommonUnits:
+    from watermark.paths import models_dir
+
+    name = file_name(vocab.fingerprint)
+    for path in (SHIPPED / name, models_dir() / "common-units" / name):
+        if path.is_file():
+            table = CommonUnits.load(path)
+            if table.tokenizer_fingerprint == vocab.fingerprint:
+                return table
+    log.warning("no common-unit table for tokenizer %s yet: building one from the installed human corpora",
+                vocab.fingerprint[:16])
+    table = build(vocab)
+    table.save(models_dir() / "common-units" / name)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m detector.common_units [OUT_DIR]``: (re)build the embedded tokenizer's table."""
+    import sys
+
+    from watermark.vocab import load_vocabulary
+
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0]) if args else SHIPPED
+    vocab = load_vocabulary()
+    table = build(vocab, progress=True)
+    path = out / file_name(vocab.fingerprint)
+    table.save(path)
+    print(f"{path}: {len(table)} units, digest {table.digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

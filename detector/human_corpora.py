@@ -1,0 +1,188 @@
+"""Human-written text that ships inside installed packages, by domain, split into fit and held-out halves.
+
+A per-key promise ("a human text is flagged with probability at most alpha") has to be measured on
+human text, and whatever is fitted on text (the common-unit table, a key's calibration) must be
+checked on text it never saw. Every source here is a file inside an installed distribution, read as
+a file (nothing is imported, nothing is downloaded), and every document goes to exactly one half by
+a hash of its name, so the split is the same on every machine:
+
+* ``news``        gensim's Lee corpus: ``lee_background.cor`` (299 ABC news articles) and ``lee.cor``;
+* ``encyclopedia`` the Wikipedia articles of gensim's ``enwiki-...-shortened.xml.bz2``, markup removed;
+* ``reviews``     gensim's ``pang_lee_polarity.cor`` (lower-cased film reviews, tokenised by spaces);
+* ``docs``        the Python documentation's prose (``pydoc_data/topics.py`` of the standard library);
+* ``code``        the standard library's own Python source, and CPython's C headers;
+* ``boilerplate`` licence texts of the installed distributions (MIT, BSD, Apache ... over and over).
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import html
+import importlib.metadata
+import re
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+FIT, HELD_OUT = "fit", "held_out"
+DOMAINS = ("news", "encyclopedia", "reviews", "docs", "code", "boilerplate")
+GENSIM_DATA = "gensim/test/test_data"
+MAX_DOC_CHARS = 60_000  # a longer source file is cut: long enough for 5,000-token texts
+
+
+@dataclass(frozen=True, slots=True)
+class HumanDoc:
+    domain: str
+    source: str  # where it came from: "<distribution>:<path>[#part]"
+    text: str
+
+    @property
+    def split(self) -> str:
+        """FIT or HELD_OUT, by a hash of the source name (stable across machines)."""
+        return FIT if hashlib.sha256(self.source.encode()).digest()[0] % 2 == 0 else HELD_OUT
+
+
+def documents(domains: tuple[str, ...] = DOMAINS, split: str | None = None) -> list[HumanDoc]:
+    """Every document of the given domains (one split, or both with ``split=None``), in a fixed order.
+
+    Sources that are not installed are skipped; ``available_domains()`` says which are there."""
+    unknown = set(domains) - set(DOMAINS)
+    if unknown:
+        raise ValueError(f"domains: unknown {sorted(unknown)}; known: {', '.join(DOMAINS)}")
+    if split not in (None, FIT, HELD_OUT):
+        raise ValueError(f"split: expected {FIT!r}, {HELD_OUT!r} or None, got {split!r}")
+    out = [d for domain in domains for d in _domain(domain)]
+    return [d for d in out if split is None or d.split == split]
+
+
+def available_domains() -> tuple[str, ...]:
+    return tuple(d for d in DOMAINS if _domain(d))
+
+
+@lru_cache(maxsize=None)
+def _domain(domain: str) -> tuple[HumanDoc, ...]:
+    loader = {"news": _news, "encyclopedia": _encyclopedia, "reviews": _reviews, "docs": _python_docs,
+              "code": _code, "boilerplate": _licences}[domain]
+    return tuple(HumanDoc(domain, source, text[:MAX_DOC_CHARS]) for source, text in loader() if text.strip())
+
+
+# ------------------------------------------------------------------------------------- sources
+def _distribution_file(distribution: str, path: str) -> Path | None:
+    try:
+        found = Path(str(importlib.metadata.distribution(distribution).locate_file(path)))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return found if found.is_file() else None
+
+
+def _news() -> Iterator[tuple[str, str]]:
+    for name in ("lee_background.cor", "lee.cor"):
+        path = _distribution_file("gensim", f"{GENSIM_DATA}/{name}")
+        if path is None:
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
+            if line.strip():
+                yield f"gensim:{name}#{i}", " ".join(line.split())
+
+
+def _reviews() -> Iterator[tuple[str, str]]:
+    path = _distribution_file("gensim", f"{GENSIM_DATA}/pang_lee_polarity.cor")
+    if path is None:
+        return
+    for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
+        text = " ".join(line.split())
+        if text:
+            yield f"gensim:pang_lee_polarity.cor#{i}", text
+
+
+_WIKI_PAGE = re.compile(r"<page>.*?<title>(.*?)</title>.*?<text[^>]*>(.*?)</text>", re.S)
+
+
+def _encyclopedia() -> Iterator[tuple[str, str]]:
+    path = _distribution_file("gensim", f"{GENSIM_DATA}/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+    if path is None:
+        return
+    raw = bz2.decompress(path.read_bytes()).decode("utf-8", errors="replace")
+    for title, body in _WIKI_PAGE.findall(raw):
+        text = wiki_to_text(html.unescape(body))
+        if len(text) >= 500:  # redirects and stubs are not articles
+            yield f"gensim:enwiki#{title}", text
+
+
+_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
+_TABLE = re.compile(r"\{\|.*?\|\}", re.S)
+_REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S)
+_TAG = re.compile(r"<[^>]+>")
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_FILE_LINK = re.compile(r"\[\[(?:File|Image|Category):[^\[\]]*(?:\[\[[^\]]*\]\][^\[\]]*)*\]\]", re.I)
+_LINK = re.compile(r"\[\[(?:[^|\]]*\|)?([^\]]*)\]\]")
+_EXTERNAL = re.compile(r"\[https?://\S+\s?([^\]]*)\]")
+
+
+def wiki_to_text(markup: str) -> str:
+    """Plain paragraphs from MediaWiki markup: templates, tables, references, files and tags removed,
+    links replaced by their text, headings and list lines dropped."""
+    text = _COMMENT.sub("", markup)
+    text = _REF.sub("", text)
+    for _ in range(6):  # templates nest
+        text, count = _TEMPLATE.subn("", text)
+        if not count:
+            break
+    text = _TABLE.sub("", text)
+    text = _FILE_LINK.sub("", text)
+    text = _LINK.sub(r"\1", text)
+    text = _EXTERNAL.sub(r"\1", text)
+    text = _TAG.sub("", text).replace("'''", "").replace("''", "")
+    paragraphs = []
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if len(line) < 80 or line[0] in "=*#:;|!{}" or line.startswith("}}"):
+            continue
+        paragraphs.append(line)
+    return "\n\n".join(paragraphs)
+
+
+def _python_docs() -> Iterator[tuple[str, str]]:
+    path = Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py"
+    if not path.is_file():
+        return
+    namespace: dict = {}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # a dict literal only
+    for name, body in sorted(namespace.get("topics", {}).items()):
+        yield f"stdlib:pydoc_data/topics.py#{name}", body
+
+
+def _code() -> Iterator[tuple[str, str]]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "idlelib", "lib2to3", "site-packages", "pydoc_data", "encodings", "__pycache__")
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib)
+        if rel.parts[0] in skip or path.stat().st_size < 1_000:
+            continue
+        yield f"stdlib:{rel.as_posix()}", path.read_text(encoding="utf-8", errors="replace")
+    include = Path(sysconfig.get_paths()["include"])
+    for path in sorted(include.rglob("*.h")):
+        if path.stat().st_size >= 1_000:
+            yield f"include:{path.relative_to(include).as_posix()}", path.read_text(encoding="utf-8", errors="replace")
+
+
+def _licences() -> Iterator[tuple[str, str]]:
+    seen = set()
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        name = (dist.metadata["Name"] or "").lower()
+        for file in dist.files or ():
+            stem = file.name.upper()
+            if not (stem.startswith(("LICENSE", "LICENCE", "COPYING", "NOTICE"))):
+                continue
+            key = (name, str(file))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                text = Path(str(dist.locate_file(file))).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            yield f"{name}:{file}", text

@@ -1,0 +1,110 @@
+"""What a scored position's unit IS, named without the key: the tokens that decide its green flag.
+
+A position's flag is one coin of the key. Which tokens that coin belongs to depends on the scheme:
+
+* unigram:            the token itself                                     ("tok", v)
+* lefthash h:         the (h+1)-gram, context then token                    ("gram", c_1..c_h, v)
+                      (h = 1: the pair at distance 1, the same identity as below)
+* minhash h:          the context token with the smallest keyed value, its distance d, and the token
+                                                                            ("pair", c*, v, d)
+* selfhash h:         the same, where the token itself may win the min      ("pair", c*, v, d) or ("tok", v)
+
+For minhash and selfhash WHICH context token anchors the seed is chosen by the key, but once it is
+known the identity is key-free: it is what the same human text shares with other human texts,
+whatever the key. ``identities`` hashes each identity to 64 bits (a SplitMix64 chain over a type
+tag and the token ids), so a table of identities frequent in human text can be looked up with one
+vectorised ``isin``. ``window_identities`` lists every identity a stretch of text contains, for
+building such a table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+TOKEN_TAG, PAIR_TAG, GRAM_TAG = 1, 2, 3
+MAX_PAIR_DISTANCE = 8  # anchors further back than this are not named (no table covers them)
+MAX_GRAM = 5  # (h+1)-grams up to h = 4 are named; longer contexts are rarely shared by human texts
+
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+UNNAMED = np.uint64(0)  # identity of a position no table can name (never a table entry)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def hash_identity(tag: int, columns: list[np.ndarray]) -> np.ndarray:
+    """SplitMix64 chain over ``tag`` then each column (token ids or distances), per row; never 0."""
+    acc = _splitmix(np.full(columns[0].shape, tag, dtype=np.uint64))
+    for column in columns:
+        acc = _splitmix(acc ^ column.astype(np.uint64))
+    acc[acc == UNNAMED] = np.uint64(1)
+    return acc
+
+
+def token_identities(tokens: np.ndarray) -> np.ndarray:
+    return hash_identity(TOKEN_TAG, [tokens])
+
+
+def pair_identities(anchors: np.ndarray, tokens: np.ndarray, distances: np.ndarray) -> np.ndarray:
+    return hash_identity(PAIR_TAG, [anchors, tokens, distances])
+
+
+def gram_identities(grams: np.ndarray) -> np.ndarray:
+    """[N, n] n-grams (n >= 2); n = 2 is the pair at distance 1."""
+    n = grams.shape[1]
+    if n == 2:
+        return pair_identities(grams[:, 0], grams[:, 1], np.ones(grams.shape[0], dtype=np.int64))
+    return hash_identity(GRAM_TAG, [np.full(grams.shape[0], n)] + [grams[:, j] for j in range(n)])
+
+
+def identities(scheme: str, ngrams: np.ndarray, anchor_index: np.ndarray | None) -> np.ndarray:
+    """Identity of each scored position. ``ngrams`` [T, h+1] is context then token; ``anchor_index``
+    [T] (minhash, selfhash) the column of the anchoring token, h when the token anchors itself."""
+    tokens = ngrams[:, -1]
+    h = ngrams.shape[1] - 1
+    if scheme == "unigram":
+        return token_identities(tokens)
+    if scheme == "lefthash":
+        if h + 1 > MAX_GRAM:
+            return np.full(tokens.shape[0], UNNAMED, dtype=np.uint64)
+        return gram_identities(ngrams)
+    if anchor_index is None:
+        raise ValueError(f"{scheme}: the anchor of each position is needed")
+    out = token_identities(tokens)  # the token anchors itself (selfhash)
+    rows = np.flatnonzero(anchor_index < h)
+    distance = h - anchor_index[rows]
+    named = pair_identities(ngrams[rows, anchor_index[rows]], tokens[rows], distance)
+    out[rows] = np.where(distance <= MAX_PAIR_DISTANCE, named, UNNAMED)
+    return out
+
+
+def window_identities(ids: np.ndarray) -> dict[int, np.ndarray]:
+    """Every identity any scheme could give a position of ``ids``, once each, by kind (TOKEN_TAG,
+    PAIR_TAG, GRAM_TAG): the raw counts of a table of units frequent in human text."""
+    n = ids.shape[0]
+    pairs = [pair_identities(ids[:n - d], ids[d:], np.full(n - d, d)) for d in range(1, min(MAX_PAIR_DISTANCE, n - 1) + 1)]
+    grams = [gram_identities(np.lib.stride_tricks.sliding_window_view(ids, size)) for size in range(3, min(MAX_GRAM, n) + 1)]
+    empty = np.zeros(0, dtype=np.uint64)
+    return {TOKEN_TAG: np.unique(token_identities(ids)),
+            PAIR_TAG: np.unique(np.concatenate(pairs)) if pairs else empty,
+            GRAM_TAG: np.unique(np.concatenate(grams)) if grams else empty}
+
+
+def anchor_index(scheme: str, token_values: torch.Tensor, salt: torch.Tensor | None, own: torch.Tensor | None,
+                 ngrams: torch.Tensor) -> np.ndarray:
+    """Column of the token whose keyed value won the min (minhash, selfhash): h = the token itself.
+
+    ``token_values`` [V] are the key's single-token PRF values; for selfhash ``salt``/``own`` [V]."""
+    h = ngrams.shape[1] - 1
+    values = token_values[ngrams[:, :h]]
+    if scheme == "selfhash":
+        tokens = ngrams[:, h]
+        values = torch.cat([values ^ salt[tokens].unsqueeze(1), own[tokens].unsqueeze(1)], dim=1)
+    return values.argmin(dim=1).numpy()

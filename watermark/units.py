@@ -4,10 +4,11 @@ A position's flag is one coin of the key. Which tokens that coin belongs to depe
 
 * unigram:            the token itself                                     ("tok", v)
 * lefthash h:         the (h+1)-gram, context then token                    ("gram", c_1..c_h, v)
-                      (h = 1: the pair at distance 1, the same identity as below)
-* minhash h:          the context token with the smallest keyed value, its distance d, and the token
-                                                                            ("pair", c*, v, d)
-* selfhash h:         the same, where the token itself may win the min      ("pair", c*, v, d) or ("tok", v)
+* minhash h:          the context token with the smallest keyed value, and the token   ("pair", c*, v)
+* selfhash h:         the same, where the token itself may win the min      ("pair", c*, v) or ("tok", v)
+
+The seed of minhash and selfhash depends on WHICH token anchors, not on how far back it stands, so
+the pair carries no distance: "the" anywhere in the window before "of" is one coin.
 
 For minhash and selfhash WHICH context token anchors the seed is chosen by the key, but once it is
 known the identity is key-free: it is what the same human text shares with other human texts,
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 TOKEN_TAG, PAIR_TAG, GRAM_TAG = 1, 2, 3
-MAX_PAIR_DISTANCE = 8  # anchors further back than this are not named (no table covers them)
+PAIR_WINDOW = 4  # a table counts a pair (a, v) when a stands at most this far before v (the default h)
 MAX_GRAM = 5  # (h+1)-grams up to h = 4 are named; longer contexts are rarely shared by human texts
 
 _M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -40,7 +41,7 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
 
 
 def hash_identity(tag: int, columns: list[np.ndarray]) -> np.ndarray:
-    """SplitMix64 chain over ``tag`` then each column (token ids or distances), per row; never 0."""
+    """SplitMix64 chain over ``tag`` then each column (token ids), per row; never 0."""
     acc = _splitmix(np.full(columns[0].shape, tag, dtype=np.uint64))
     for column in columns:
         acc = _splitmix(acc ^ column.astype(np.uint64))
@@ -52,15 +53,13 @@ def token_identities(tokens: np.ndarray) -> np.ndarray:
     return hash_identity(TOKEN_TAG, [tokens])
 
 
-def pair_identities(anchors: np.ndarray, tokens: np.ndarray, distances: np.ndarray) -> np.ndarray:
-    return hash_identity(PAIR_TAG, [anchors, tokens, distances])
+def pair_identities(anchors: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    return hash_identity(PAIR_TAG, [anchors, tokens])
 
 
 def gram_identities(grams: np.ndarray) -> np.ndarray:
-    """[N, n] n-grams (n >= 2); n = 2 is the pair at distance 1."""
+    """[N, n] n-grams (n >= 2)."""
     n = grams.shape[1]
-    if n == 2:
-        return pair_identities(grams[:, 0], grams[:, 1], np.ones(grams.shape[0], dtype=np.int64))
     return hash_identity(GRAM_TAG, [np.full(grams.shape[0], n)] + [grams[:, j] for j in range(n)])
 
 
@@ -79,9 +78,7 @@ def identities(scheme: str, ngrams: np.ndarray, anchor_index: np.ndarray | None)
         raise ValueError(f"{scheme}: the anchor of each position is needed")
     out = token_identities(tokens)  # the token anchors itself (selfhash)
     rows = np.flatnonzero(anchor_index < h)
-    distance = h - anchor_index[rows]
-    named = pair_identities(ngrams[rows, anchor_index[rows]], tokens[rows], distance)
-    out[rows] = np.where(distance <= MAX_PAIR_DISTANCE, named, UNNAMED)
+    out[rows] = pair_identities(ngrams[rows, anchor_index[rows]], tokens[rows])
     return out
 
 
@@ -89,8 +86,8 @@ def window_identities(ids: np.ndarray) -> dict[int, np.ndarray]:
     """Every identity any scheme could give a position of ``ids``, once each, by kind (TOKEN_TAG,
     PAIR_TAG, GRAM_TAG): the raw counts of a table of units frequent in human text."""
     n = ids.shape[0]
-    pairs = [pair_identities(ids[:n - d], ids[d:], np.full(n - d, d)) for d in range(1, min(MAX_PAIR_DISTANCE, n - 1) + 1)]
-    grams = [gram_identities(np.lib.stride_tricks.sliding_window_view(ids, size)) for size in range(3, min(MAX_GRAM, n) + 1)]
+    pairs = [pair_identities(ids[:n - d], ids[d:]) for d in range(1, min(PAIR_WINDOW, n - 1) + 1)]
+    grams = [gram_identities(np.lib.stride_tricks.sliding_window_view(ids, size)) for size in range(2, min(MAX_GRAM, n) + 1)]
     empty = np.zeros(0, dtype=np.uint64)
     return {TOKEN_TAG: np.unique(token_identities(ids)),
             PAIR_TAG: np.unique(np.concatenate(pairs)) if pairs else empty,

@@ -18,6 +18,7 @@ from flask import Blueprint, g, jsonify
 
 from api.detector_schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, parse_body
+from detector.calibration import null_record
 from detector.normalize import normalize as normalize_text
 from detector.receipts import find_receipt_by_text_sha256
 from detector.store import VerdictRecord, text_sha256
@@ -105,6 +106,7 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None) -> Ve
     """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction."""
     options = body.model_dump(exclude={"text"})
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
+    options["null"] = null_record(verdict.to_dict())
     return VerdictRecord(
         text_sha256=verdict.text_sha256,
         verdict=verdict.verdict,

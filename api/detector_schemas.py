@@ -96,6 +96,11 @@ class DetectResponse(BaseModel):
     fingerprint: str
     text_sha256: str
     num_forced_positions: int
+    num_common_positions: int = Field(description="scored positions left out: their unit is common in human text")
+    common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
+    calibration: dict[str, Any] | None = Field(
+        description="the best key's calibration: id, length bucket, its measured null, and whether that null "
+                    "set the p-value (guarded); None when the key has no calibration")
     windows: dict[str, Any] | None
     explanation: list[dict[str, Any]] | None
     provenance: Provenance | None

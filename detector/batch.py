@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from detector.calibration import null_record
 from watermark.config import SpecError, WatermarkSpec
 from watermark.keys import KeyNotFoundError, KeyringError
 from watermark.stats import Z_THRESHOLD
@@ -475,7 +476,8 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, recor
                       "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
                       "z_threshold": options.z_threshold, "fpr": options.fpr,
                       "forced_positions": list(job.forced_positions) or None,
-                      "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch"}
+                      "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch",
+                      "null": null_record(verdict)}
     p_value = verdict["p_value"]
     return record_type(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,

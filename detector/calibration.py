@@ -22,7 +22,7 @@ import hmac
 import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,6 +46,8 @@ BUCKET_EDGES = (1, 25, 50, 100, 200, 400, 800, 1600)  # of scored units T; the l
 MIN_BUCKET_TEXTS = 30  # fewer texts than this in a bucket: no estimate there (the guard stays off)
 GUARD_SIGMAS = 2.0  # the guard acts only on a shift or spread this many standard errors past N(0, 1)
 SCREEN_FACTOR = 2.0  # key screening: a key whose estimated realised FPR exceeds this multiple fails
+SCREEN_SHIFT = 0.1  # key screening: a bucket's mean z this far off 0 (beyond noise) fails the key
+SCREEN_TRIES = 4  # fresh secrets drawn at most, per key created
 
 
 def bucket_of(total: int) -> int:
@@ -98,6 +100,7 @@ class Calibration:
     domains: dict  # domain -> {"n": texts, "mean_z": .., "sd_z": ..}
     corpus: dict  # domain -> documents used
     z_threshold: float = Z_THRESHOLD
+    z_values: tuple = field(default=(), compare=False, repr=False)  # every window's z (for plots; not stored)
 
     @property
     def calibration_id(self) -> str:
@@ -112,26 +115,33 @@ class Calibration:
         return p_value_normal(self.z_threshold)
 
     def worst_realised_fpr(self) -> float:
+        """The largest point estimate over buckets (noisy where a bucket has few texts)."""
         values = [b.realised_fpr(self.z_threshold) for b in self.buckets if b.n >= MIN_BUCKET_TEXTS]
         return max(values) if values else float("nan")
 
+    def worst_guarded_fpr(self) -> float:
+        """The largest false-positive rate at the threshold under the null the guard holds verdicts to
+        (what the data show beyond noise): the stated rate unless a bucket is measurably off."""
+        return max(p_value_normal((self.z_threshold - shift) / scale)
+                   for shift, scale in (b.guard for b in self.buckets))
+
     def passes_screen(self) -> bool:
         """No bucket's GUARDED null (what the data shows beyond noise) implies more than SCREEN_FACTOR
-        times the stated false-positive rate."""
-        stated = self.stated_fpr
+        times the stated false-positive rate, and no bucket's mean z is off 0 by more than SCREEN_SHIFT
+        beyond noise in either direction (down costs detection power, up false positives)."""
         for b in self.buckets:
-            shift, scale = b.guard
-            if p_value_normal((self.z_threshold - shift) / scale) > SCREEN_FACTOR * stated:
+            if b.n >= MIN_BUCKET_TEXTS and abs(b.mean) - GUARD_SIGMAS * b.sd / math.sqrt(b.n) > SCREEN_SHIFT:
                 return False
-        return True
+        return self.worst_guarded_fpr() <= SCREEN_FACTOR * self.stated_fpr
 
     def summary(self) -> dict:
         """What ``keys list`` and verdicts show: id, worst bucket, realised vs stated FPR."""
+        measured = [abs(b.mean) for b in self.buckets if b.n >= MIN_BUCKET_TEXTS]
+        worst = self.worst_realised_fpr()
         return {"id": self.calibration_id, "spec": self.spec, "created_at": self.created_at,
-                "max_abs_mean_z": round(max((abs(b.mean) for b in self.buckets if b.n >= MIN_BUCKET_TEXTS),
-                                            default=float("nan")), 4),
-                "stated_fpr": self.stated_fpr, "worst_realised_fpr": self.worst_realised_fpr(),
-                "passes_screen": self.passes_screen()}
+                "max_abs_mean_z": round(max(measured), 4) if measured else None,
+                "stated_fpr": self.stated_fpr, "worst_realised_fpr": worst if math.isfinite(worst) else None,
+                "worst_guarded_fpr": self.worst_guarded_fpr(), "passes_screen": self.passes_screen()}
 
     def to_dict(self, with_id: bool = True) -> dict:
         out = {"key_id": self.key_id, "key_fingerprint": self.key_fingerprint, "spec": self.spec,
@@ -168,9 +178,12 @@ class HumanWindows:
         for doc, enc in zip(docs, encoded):
             by_domain.setdefault(doc.domain, []).append(np.asarray(enc.ids, dtype=np.int64))
             self.corpus[doc.domain] = self.corpus.get(doc.domain, 0) + 1
+        seen: set[bytes] = set()
         for domain, streams in by_domain.items():
             for length in WINDOW_LENGTHS:
                 cut = [s[i:i + length] for s in streams for i in range(0, s.shape[0] - length + 1, length)]
+                cut = [w for w in cut if not (w.tobytes() in seen or seen.add(w.tobytes()))]  # a licence
+                # shipped by twenty packages is one text, not twenty
                 limit = min(WINDOWS_PER_LENGTH, max(1, TOKENS_PER_LENGTH // length))
                 if len(cut) > limit:  # an even spread over the corpus, the same on every machine
                     cut = [cut[int(j)] for j in np.linspace(0, len(cut) - 1, limit)]
@@ -213,7 +226,31 @@ def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonU
     return Calibration(watermark.key_id or "", key_fingerprint, spec.format(), watermark.fingerprint,
                        common.digest if common is not None else None,
                        datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), buckets, domains,
-                       dict(sorted(windows.corpus.items())), float(z_threshold))
+                       dict(sorted(windows.corpus.items())), float(z_threshold),
+                       tuple(z for values in per_bucket.values() for z in values))
+
+
+def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
+                    progress: bool = False) -> tuple[bytes, Calibration, int]:
+    """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
+    ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws)."""
+    from watermark.keys import key_fingerprint, new_secret
+
+    best = None
+    for attempt in range(1, tries + 1):
+        secret = new_secret()
+        mark = Watermark(spec, secret, vocab.vocab_size, key_id="candidate")
+        result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
+        if result.passes_screen():
+            return secret, result, attempt
+        if best is None or result.worst_guarded_fpr() < best[1].worst_guarded_fpr():
+            best = (secret, result)
+    return best[0], best[1], tries
+
+
+def for_key(calibration: Calibration, key_id: str) -> Calibration:
+    """The calibration of a screened candidate, named after the key it became."""
+    return replace(calibration, key_id=key_id)
 
 
 def _bucket(index: int, values: list[float]) -> Bucket:
@@ -234,6 +271,21 @@ def guarded_p_value(p_value: float, z: float, total: int, calibration: Calibrati
         return p_value, False
     guarded = p_value_normal((z - shift) / scale)
     return (guarded, True) if guarded > p_value else (p_value, False)
+
+
+def verdict_calibration(calibration: Calibration, total: int, guarded: bool) -> dict:
+    """What a verdict reports about the calibration it used."""
+    bucket = calibration.bucket(total)
+    return {"id": calibration.calibration_id, "created_at": calibration.created_at,
+            "bucket": bucket_label(bucket.index), "n": bucket.n, "mean_z": round(bucket.mean, 4),
+            "sd_z": round(bucket.sd, 4), "guarded": guarded}
+
+
+def null_record(verdict: dict) -> dict:
+    """The part of a stored verdict that says which null it was held to: the common-unit table and
+    how many positions it left out, and the key's calibration (both stored verdict writers use it)."""
+    return {"common_units": verdict.get("common_units"), "num_common_positions": verdict.get("num_common_positions", 0),
+            "calibration": verdict.get("calibration")}
 
 
 # ------------------------------------------------------------------------------------- storage

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from detector import common_units
+from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
 from detector import windows as winmax
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
@@ -84,6 +85,9 @@ class Verdict:
     # key-free table that named them (detector.common_units; None for hf specs, which count everything)
     num_common_positions: int = 0
     common_units: str | None = None
+    # the best key's calibration (detector.calibration): its id, the length bucket, the null measured
+    # there, and whether that null (rather than N(0, 1)) set the p-value; None when the key has none
+    calibration: dict | None = None
     windows: dict | None = None
     explanation: list[dict] | None = None
 
@@ -138,6 +142,7 @@ class Detector:
         self._stamp: tuple | None = None
         self._watermarks: dict[tuple[str, str | None], Watermark] = {}
         self._detection_ids: list[str] | None = None
+        self._calibrations: CalibrationStore | None = None
 
     def __repr__(self) -> str:
         model = self._vocab.model_id if self._vocab is not None else "default (not loaded)"
@@ -183,7 +188,15 @@ class Detector:
         vocab = self.vocab
         ids_list, offsets = tokenize(vocab, normalized.text, with_offsets=options.windows or options.explain)
         ids = torch.tensor(ids_list, dtype=torch.int64)
-        return _score(text, normalized, ids, offsets, marks, spec, vocab, options)
+        return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks))
+
+    def calibrations_for(self, marks: list[Watermark]) -> list[Calibration | None]:
+        """Each key's calibration under the spec being tested (``detector.calibration``), or None."""
+        if not marks or marks[0].key_id is None:
+            return [None] * len(marks)
+        if self._calibrations is None:
+            self._calibrations = CalibrationStore(self.keyring)
+        return [self._calibrations.get(wm.key_id, wm.fingerprint) for wm in marks]
 
     def watermarks(self, spec: WatermarkSpec, keys: Iterable[str] | None = None) -> list[Watermark]:
         """The Watermark objects a detection tests: one per key (kgw) or one public one (hf)."""
@@ -303,7 +316,8 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
 
 
 def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
-           spec: WatermarkSpec, vocab: Vocabulary, options: _Options) -> Verdict:
+           spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
+           calibrations: list[Calibration | None]) -> Verdict:
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
@@ -316,8 +330,13 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     counted = [counted_positions(prev, True) for prev in prevs]
     scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
               for wm, f, c in zip(marks, flags, counted)]
+    guarded = [False] * len(scores)
+    for i, (score, calibration) in enumerate(zip(scores, calibrations)):
+        # a key whose measured null is shifted up or wider in this length bucket is held to that null
+        score.p_value, guarded[i] = guarded_p_value(score.p_value, score.z_score, score.num_tokens_scored, calibration)
     best = correct_across_keys(scores)
     best_index = scores.index(best)
+    best_calibration = calibrations[best_index]
     total = best.num_tokens_scored
 
     decision = options.decision
@@ -365,6 +384,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         decided_by=decided_by,
         num_forced_positions=int(forced.shape[0]),
         num_common_positions=num_common[best_index],
+        calibration=(None if best_calibration is None
+                     else verdict_calibration(best_calibration, total, guarded[best_index])),
         common_units=common.digest if common is not None else None,
         windows=window_report,
         explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,

@@ -370,8 +370,9 @@ class Store:
 
     # --- watermark key metadata ------------------------------------------------------------------
 
-    def record_key_event(self, info: KeyInfo, action: str, actor: str) -> None:
-        """Upsert a key's public metadata and append a ``key.<action>`` audit event, in one transaction."""
+    def record_key_event(self, info: KeyInfo, action: str, actor: str, details: dict | None = None) -> None:
+        """Upsert a key's public metadata and append a ``key.<action>`` audit event, in one transaction
+        (``details``: public facts the event carries too, e.g. a calibration's summary)."""
         from detector.audit import append_event  # audit imports this module
 
         with self.write() as session:
@@ -383,7 +384,7 @@ class Store:
             row.created_at, row.retired_at, row.updated_at = info.created_at, info.retired_at, utc_now()
             session.flush()
             append_event(session, f"key.{action}", actor, info.key_id,
-                         {"status": info.status, "fingerprint": info.fingerprint})
+                         {"status": info.status, "fingerprint": info.fingerprint, **(details or {})})
 
     def list_key_records(self) -> list[dict]:
         """Public metadata of every key the store has heard of, by key id."""

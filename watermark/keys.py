@@ -126,6 +126,11 @@ class KeyInfo:
         return asdict(self)
 
 
+def new_secret() -> bytes:
+    """A fresh key secret: SECRET_BYTES from the operating system's CSPRNG."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
 def key_fingerprint(secret: bytes) -> str:
     """Public, non-reversible short name of a secret so users can tell keys apart."""
     return hmac.new(secret, b"provmark/key-fingerprint", hashlib.sha256).hexdigest()[:FINGERPRINT_HEX]
@@ -338,13 +343,16 @@ class Keyring:
 
     # --- public operations -------------------------------------------------------------------
 
-    def create(self, key_id: str | None = None) -> KeyInfo:
-        """A new key: ``active`` when no key is active (the first one), otherwise ``standby``."""
+    def create(self, key_id: str | None = None, secret: bytes | None = None) -> KeyInfo:
+        """A new key: ``active`` when no key is active (the first one), otherwise ``standby``.
+
+        ``secret``: a fresh secret from ``new_secret()`` chosen by the caller (key screening draws a
+        few and keeps one whose measured null is sound); default: drawn here."""
         with self._transaction() as entries:
             status = STANDBY if any(e.info.status == ACTIVE for e in entries) else ACTIVE
-            return self._add(entries, key_id, status)
+            return self._add(entries, key_id, status, secret)
 
-    def rotate(self, new_key_id: str | None = None) -> KeyInfo:
+    def rotate(self, new_key_id: str | None = None, secret: bytes | None = None) -> KeyInfo:
         """Make a new key (or the named standby key) active; the previous active key becomes ``rotated``."""
         with self._transaction() as entries:
             target = None
@@ -359,7 +367,7 @@ class Keyring:
                 if entry.info.status == ACTIVE:
                     entries[i] = self._restatus(entry, status=ROTATED)
             if target is None:
-                return self._add(entries, new_key_id, ACTIVE)
+                return self._add(entries, new_key_id, ACTIVE, secret)
             entries[target] = self._restatus(entries[target], status=ACTIVE)
             return entries[target].info
 
@@ -417,13 +425,18 @@ class Keyring:
 
     # --- storage -------------------------------------------------------------------------------
 
-    def _add(self, entries: list[_Entry], key_id: str | None, status: str) -> KeyInfo:
+    def _add(self, entries: list[_Entry], key_id: str | None, status: str, secret: bytes | None = None) -> KeyInfo:
         taken = {e.info.key_id for e in entries}
         if key_id is None:
             key_id = next(k for k in iter(lambda: f"k-{secrets.token_hex(4)}", None) if k not in taken)
         elif validate_key_id(key_id) in taken:
             raise KeyExistsError(f"key {key_id} already exists (key ids are never reused)")
-        secret = secrets.token_bytes(SECRET_BYTES)
+        if secret is None:
+            secret = new_secret()
+        elif not isinstance(secret, bytes) or len(secret) != SECRET_BYTES:
+            raise KeyringError(f"a key secret is {SECRET_BYTES} random bytes")
+        elif any(e.info.fingerprint == key_fingerprint(secret) for e in entries):
+            raise KeyExistsError("that secret is already in the keyring")
         info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret))
         entries.append(_seal(self._master_keys(create=True), info, secret))
         return info

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     id_tensors = [torch.tensor(encode(vocab, t)) for t in texts]
 
     def score_only(i: int):
-        return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options)
+        return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options,
+                      detector.calibrations_for(marks))
 
     ours_n = range(args.texts)
     ours_tokens = sum(token_counts[i] for i in ours_n)

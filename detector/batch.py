@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from detector.calibration import null_record
+from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from watermark.config import SpecError, WatermarkSpec
 from watermark.keys import KeyNotFoundError, KeyringError
 from watermark.stats import Z_THRESHOLD
@@ -107,6 +107,8 @@ class PreparedJobs:
     options: DetectOptions
     vocab: object = field(repr=False)  # watermark.vocab.Vocabulary
     secrets: KeySecrets = field(repr=False)
+    # the tested keys' calibrations (public; detector.calibration), so workers hold verdicts to the same null
+    calibrations: dict = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -211,7 +213,7 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     except KeyringError as exc:  # keyring messages name ids, never secrets
         raise BatchError(str(exc)) from None
     vocab = vocab if vocab is not None else Detector().vocab
-    return PreparedJobs(jobs, options, vocab, secrets)
+    return PreparedJobs(jobs, options, vocab, secrets, shipped_calibrations(keyring, needed))
 
 
 def _record_fields(record, number: int):
@@ -262,10 +264,11 @@ def _detection_ids(keyring) -> tuple[str, ...]:
 class ChunkDetector:
     """The worker: a Detector over shipped material; ``__call__`` scores rows (index, task json, text)."""
 
-    def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions) -> None:
+    def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None) -> None:
         from detector.service import Detector
 
-        self._detector = Detector(vocab=vocab, keyring=_SecretsKeyring(secrets))
+        self._detector = Detector(vocab=vocab, keyring=_SecretsKeyring(secrets),
+                                  calibrations=ShippedCalibrations(calibrations or {}))
         self._options = options.as_kwargs()
 
     def __repr__(self) -> str:
@@ -291,10 +294,10 @@ class ChunkDetector:
 _worker: ChunkDetector | None = None  # the local pool worker's detector, set by its initializer
 
 
-def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions) -> None:
+def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict) -> None:
     global _worker
     _one_thread_per_process()
-    _worker = ChunkDetector(vocab, secrets, options)
+    _worker = ChunkDetector(vocab, secrets, options, calibrations)
 
 
 def _one_thread_per_process() -> None:
@@ -353,7 +356,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            worker = ChunkDetector(prepared.vocab, prepared.secrets, prepared.options)
+            worker = ChunkDetector(prepared.vocab, prepared.secrets, prepared.options, prepared.calibrations)
             for chunk in chunks:
                 results += [(index, worker.detect(task, text)) for index, task, text in chunk]
                 if progress:
@@ -363,7 +366,8 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
         return _collect(results, len(rows))
     context = multiprocessing.get_context("spawn")  # no forked torch / tokenizer thread state
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_local_worker,
-                                                initargs=(prepared.vocab, prepared.secrets, prepared.options)) as pool:
+                                                initargs=(prepared.vocab, prepared.secrets, prepared.options,
+                                                          prepared.calibrations)) as pool:
         futures = [pool.submit(_detect_chunk, chunk) for chunk in chunks]
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -401,7 +405,7 @@ def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | N
         items = [{"index": index, "task": task, "text": text} for index, task, text in rows]
         dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(rows) // CHUNK_ROWS)))
         sealed, transport_key = seal_secrets(prepared.secrets)
-        material = [ray.put(prepared.vocab), sealed, prepared.options]
+        material = [ray.put(prepared.vocab), sealed, prepared.options, prepared.calibrations]
         scored = dataset.map_batches(_RayChunkDetector, fn_constructor_kwargs={"material": material},
                                      batch_size=CHUNK_ROWS, batch_format="numpy", num_cpus=1,
                                      compute=ray.data.ActorPoolStrategy(size=actors),
@@ -436,10 +440,10 @@ class _RayChunkDetector(ChunkDetector):
     def __init__(self, material) -> None:
         import ray
 
-        vocab_ref, sealed, options = material
+        vocab_ref, sealed, options, calibrations = material
         _one_thread_per_process()
         transport_key = os.environ.pop(TRANSPORT_KEY_ENV, "")  # gone from the env once read
-        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options)
+        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options, calibrations)
 
 
 # --------------------------------------------------------------------------------------- store

@@ -33,6 +33,7 @@ from detector import human_corpora
 from detector.common_units import FIT_DOMAINS, CommonUnits
 from detector.scoring import score_positions
 from watermark.config import WatermarkSpec
+from watermark.keys import KeyringIntegrityError
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
 
@@ -289,8 +290,8 @@ def null_record(verdict: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------- storage
-class CalibrationStoreError(Exception):
-    """The calibration file is damaged or was edited."""
+class CalibrationStoreError(KeyringIntegrityError):
+    """The calibration file is damaged or was edited (handled like a tampered keyring: fail closed)."""
 
 
 class CalibrationStore:
@@ -348,3 +349,22 @@ class CalibrationStore:
 
 def spec_for(text: str | WatermarkSpec | None) -> WatermarkSpec:
     return WatermarkSpec.default() if text is None else WatermarkSpec.parse(text)
+
+
+class ShippedCalibrations:
+    """Calibrations carried to batch workers: ``{"key_id|spec fingerprint": calibration dict}``."""
+
+    def __init__(self, shipped: dict) -> None:
+        self._shipped = shipped
+
+    def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
+        raw = self._shipped.get(f"{key_id}|{spec_fingerprint}")
+        return Calibration.from_dict(raw) if raw else None
+
+
+def shipped_calibrations(keyring, key_ids) -> dict:
+    """Every calibration of ``key_ids`` in ``keyring``'s home, in the form ShippedCalibrations reads."""
+    if not hasattr(keyring, "derive_key"):
+        return {}
+    store = CalibrationStore(keyring)
+    return {f"{c.key_id}|{c.spec_fingerprint}": c.to_dict() for k in key_ids for c in store.for_key(k)}

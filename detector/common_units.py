@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +32,14 @@ from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, window_identities
 
 log = logging.getLogger(__name__)
 
-# A unit at or above this document frequency is left out, per scheme (docs/detection.md, "the fix").
-THRESHOLDS = {"selfhash": 0.01, "minhash": 0.01, "lefthash": 0.005, "unigram": 0.002}
-# The table keeps what any threshold may need: tokens from 0.002 (unigram), pairs and n-grams from 0.005.
-FLOOR = {TOKEN_TAG: 0.002, PAIR_TAG: 0.005, GRAM_TAG: 0.005}
+# A unit is left out of a text of L tokens when the share of L-token human texts containing it reaches
+# the scheme's threshold (docs/detection.md, "the fix"). The table measures f, the share of 200-token
+# windows; a text of L tokens contains a unit with probability about 1 - (1 - f)^(L/200), so longer
+# texts leave out rarer units and shorter ones only the most common (``threshold_for_length``).
+THRESHOLDS = {"selfhash": 0.02, "minhash": 0.02, "lefthash": 0.01, "unigram": 0.002}
+# The table keeps what the thresholds may need down to texts of ~2,000 tokens (rarer units are not kept:
+# longer texts fall back to these floors): tokens from 0.0002, pairs and n-grams from 0.002.
+FLOOR = {TOKEN_TAG: 0.0002, PAIR_TAG: 0.002, GRAM_TAG: 0.002}
 WINDOW_TOKENS = 200
 MIN_WINDOWS = 3  # an entry must be seen in at least this many windows (none from a single text)
 FIT_DOMAINS = ("news", "encyclopedia", "docs", "code", "boilerplate")
@@ -69,13 +74,28 @@ class CommonUnits:
         at = np.searchsorted(table, ids).clip(max=table.shape[0] - 1)
         return (table[at] == ids) & (self.frequencies[at] >= threshold)
 
+    def frequency_of(self, ids: np.ndarray) -> np.ndarray:
+        """The window frequency of each identity (0 for identities not in the table)."""
+        table = self.identities
+        if table.shape[0] == 0 or ids.shape[0] == 0:
+            return np.zeros(ids.shape[0], dtype=np.float32)
+        at = np.searchsorted(table, ids).clip(max=table.shape[0] - 1)
+        return np.where(table[at] == ids, self.frequencies[at], np.float32(0.0))
+
+    def position_frequencies(self, watermark, token_ids) -> np.ndarray:
+        """Window frequency of each scored position's unit under ``watermark`` (0 for hf specs)."""
+        if watermark.spec.kind != "kgw":
+            return np.zeros(max(0, len(token_ids) - watermark.context_width), dtype=np.float32)
+        return self.frequency_of(watermark.unit_identities(token_ids))
+
     def excluded(self, watermark, token_ids) -> np.ndarray:
         """Indices of the scored positions of ``token_ids`` whose unit this table leaves out under
         ``watermark`` (kgw specs only: hf specs count every position, as transformers does)."""
         spec = watermark.spec
         if spec.kind != "kgw":
             return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(self.contains(watermark.unit_identities(token_ids), THRESHOLDS[spec.scheme]))
+        threshold = threshold_for_length(THRESHOLDS[spec.scheme], len(token_ids), self.window_tokens)
+        return np.flatnonzero(self.position_frequencies(watermark, token_ids) >= threshold)
 
     # ------------------------------------------------------------------------------ storage
     def save(self, path: Path) -> None:
@@ -93,6 +113,12 @@ class CommonUnits:
                 raise ValueError(f"{path}: common-unit table format {int(data['format'])}, expected {FORMAT}")
             return cls(np.asarray(data["identities"], dtype=np.uint64), np.asarray(data["frequencies"], dtype=np.float32),
                        str(data["tokenizer_fingerprint"]), int(data["window_tokens"]))
+
+
+def threshold_for_length(threshold: float, num_tokens: int, window_tokens: int = WINDOW_TOKENS) -> float:
+    """The window frequency f at which a unit is in ``threshold`` of the human texts of ``num_tokens``
+    tokens: 1 - (1 - threshold)^(window / L) (``threshold`` itself at L = window)."""
+    return -math.expm1(math.log1p(-threshold) * window_tokens / max(1, num_tokens))
 
 
 def file_name(tokenizer_fingerprint: str) -> str:

@@ -16,6 +16,7 @@ a hash of its name, so the split is the same on every machine:
 
 from __future__ import annotations
 
+import ast
 import bz2
 import hashlib
 import html
@@ -149,10 +150,10 @@ def _python_docs() -> Iterator[tuple[str, str]]:
     path = Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py"
     if not path.is_file():
         return
-    namespace: dict = {}
-    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # a dict literal only
-    for name, body in sorted(namespace.get("topics", {}).items()):
-        yield f"stdlib:pydoc_data/topics.py#{name}", body
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:  # one assignment of a dict literal
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
+            for name, body in sorted(ast.literal_eval(node.value).items()):
+                yield f"stdlib:pydoc_data/topics.py#{name}", body
 
 
 def _code() -> Iterator[tuple[str, str]]:

@@ -100,8 +100,8 @@ def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, com
     """Bool [T + 1]: entry L says whether the prefix of L tokens is detected (exact binomial p <= alpha,
     the detector's rule for one key), from one scoring pass with running green and scored counts.
 
-    ``common``: the common-unit table the detector leaves out (``detector.common_units``); a unit's
-    exclusion does not depend on the rest of the text, so one pass serves every prefix."""
+    ``common``: the common-unit table the detector leaves out (``detector.common_units``). Which units
+    it leaves out depends on the text's length, so each prefix is judged as if it were pasted alone."""
     import torch
 
     ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
@@ -109,11 +109,24 @@ def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, com
     detected = np.zeros(total_tokens + 1, dtype=bool)
     if total_tokens <= watermark.context_width:
         return detected
-    flags, prev = score_positions(watermark, ids, common, dedup)
+    flags, prev = score_positions(watermark, ids, None, dedup)
     counted = counted_positions(prev)
-    green = np.cumsum(flags & counted)
-    scored = np.cumsum(counted)
-    detected[watermark.context_width + 1:] = binomial_sf(green, scored, watermark.gamma) <= alpha
+    h = watermark.context_width
+    if common is None or watermark.spec.kind != "kgw":
+        green = np.cumsum(flags & counted)
+        scored = np.cumsum(counted)
+    else:  # prefix of L tokens (positions < L - h): a unit counts where its frequency is below L's threshold
+        from detector.common_units import THRESHOLDS, threshold_for_length
+
+        freq = common.position_frequencies(watermark, ids)
+        lengths = np.arange(h + 1, total_tokens + 1)
+        limits = np.array([threshold_for_length(THRESHOLDS[watermark.spec.scheme], int(n), common.window_tokens)
+                           for n in lengths])
+        within = np.arange(freq.shape[0])[None, :] < (lengths - h)[:, None]
+        kept = within & counted[None, :] & (freq[None, :] < limits[:, None])
+        green = (kept & flags[None, :]).sum(axis=1)
+        scored = kept.sum(axis=1)
+    detected[h + 1:] = binomial_sf(green, scored, watermark.gamma) <= alpha
     return detected
 
 

@@ -55,7 +55,10 @@ def test_json_flow_create_rotate_retire_list(home, run):
     assert code == 0
     created = json.loads(out)
     assert created["key_id"] == "first" and created["status"] == "active"
-    assert set(created) == {"key_id", "status", "created_at", "retired_at", "fingerprint", "purged"}
+    assert set(created) == {"key_id", "status", "created_at", "retired_at", "fingerprint", "purged", "calibration"}
+    # a new key is screened and calibrated under the default spec; only public summary numbers come back
+    assert created["calibration"]["id"].startswith("cal-") and created["calibration"]["passes_screen"] is True
+    assert created["calibration"]["screening_draws"] >= 1
 
     code, out, _ = run("keys", "rotate", "--json")
     rotated_to = json.loads(out)
@@ -162,8 +165,11 @@ def test_key_actions_write_audit_events_that_verify(provmark_home, capsys):
     assert main(["keys", "retire", "alpha"]) == 0
     store = Store()
     kinds = [(e.kind, e.subject_id) for e in list_events(store)]
-    assert kinds == [("key.create", "alpha"), ("key.rotate", "beta"), ("key.rotate_out", "alpha"),
-                     ("key.retire", "alpha")]
+    # a created or rotated-in key is calibrated too: its summary is an audit event of its own
+    assert kinds == [("key.create", "alpha"), ("key.calibrate", "alpha"), ("key.rotate", "beta"),
+                     ("key.rotate_out", "alpha"), ("key.calibrate", "beta"), ("key.retire", "alpha")]
+    calibrated = [e for e in list_events(store) if e.kind == "key.calibrate"]
+    assert all(e.details["id"].startswith("cal-") and e.details["passes_screen"] for e in calibrated)
     assert verify(store).ok
     records = {r["key_id"]: r["status"] for r in store.list_key_records()}
     assert records == {"alpha": "retired", "beta": "active"}

@@ -1,0 +1,179 @@
+"""Per-key calibration: measured on human text, stored MACed beside the keyring, used by the detector as a
+guard that can only make a verdict more careful, and reported on every verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.cli import main
+from detector import calibration as cal
+from detector import common_units
+from detector.calibration import Bucket, Calibration, CalibrationStore, CalibrationStoreError
+from detector.service import Detector
+from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
+from watermark.scheme import Watermark
+from watermark.stats import Z_THRESHOLD, p_value_normal
+from watermark.vocab import load_vocabulary
+
+SPEC = WatermarkSpec.default()
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return load_vocabulary()
+
+
+def shifted(calibration: Calibration, mean: float, sd: float = 1.0, n: int = 2000) -> Calibration:
+    """The same calibration with every bucket measured at N(mean, sd) over n texts."""
+    return replace(calibration, buckets=tuple(Bucket(b.index, n, mean, sd) for b in calibration.buckets))
+
+
+@pytest.fixture
+def calibrated(provmark_home, vocab):
+    """A keyring with one key and its real calibration under the default spec."""
+    keyring = Keyring()
+    info = keyring.create("k1")
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    result = cal.calibrate(mark, info.fingerprint, vocab, common_units.for_vocabulary(vocab))
+    CalibrationStore(keyring).put(result)
+    return keyring, result
+
+
+def test_calibration_measures_every_domain_and_length(calibrated):
+    _, result = calibrated
+    assert set(result.domains) == set(common_units.FIT_DOMAINS)
+    measured = [b for b in result.buckets if b.n >= cal.MIN_BUCKET_TEXTS]
+    assert len(measured) >= 6  # T from under 25 to over 800 scored units
+    assert sum(b.n for b in result.buckets) == len(result.z_values) >= 2000
+    # one key, thousands of human windows scored as the detector scores them: N(0, 1) within noise
+    z = np.asarray(result.z_values)
+    assert abs(z.mean()) <= 4 * 1.0 / math.sqrt(z.size) + 0.1  # 0.1: the key-to-key spread (test_key_soundness)
+    assert 0.85 <= z.std() <= 1.15
+
+
+def test_the_store_round_trips_and_refuses_an_edited_file(calibrated):
+    keyring, result = calibrated
+    store = CalibrationStore(keyring)
+    again = store.get("k1", result.spec_fingerprint)
+    assert again.calibration_id == result.calibration_id and again.buckets == result.buckets
+    assert (keyring.home / cal.FILE_NAME).stat().st_mode & 0o077 == 0
+    doc = json.loads((keyring.home / cal.FILE_NAME).read_text())
+    doc["body"]["keys"]["k1"][result.spec_fingerprint]["buckets"][3][2] = -5.0  # a friendlier null
+    (keyring.home / cal.FILE_NAME).write_text(json.dumps(doc))
+    with pytest.raises(CalibrationStoreError):
+        CalibrationStore(keyring).get("k1", result.spec_fingerprint)
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=st.floats(0.0, 1.0), z=st.floats(-10, 40), total=st.integers(1, 10_000),
+       mean=st.floats(-1.0, 1.0), sd=st.floats(0.5, 2.0), n=st.integers(0, 5000))
+def test_the_guard_never_makes_a_verdict_less_careful(p, z, total, mean, sd, n):
+    base = Calibration("k", "f", SPEC.format(), "fp", None, "t",
+                       tuple(Bucket(i, n, mean, sd) for i in range(len(cal.BUCKET_EDGES))), {}, {})
+    guarded, applied = cal.guarded_p_value(p, z, total, base)
+    assert guarded >= p
+    assert applied == (guarded > p)
+
+
+def test_a_key_whose_null_is_shifted_up_is_held_to_that_null(calibrated, vocab):
+    """Give k1 a calibration whose buckets measure N(+1, 1): a text at z = 4.5 is no longer significant,
+    and the verdict says which calibration held it."""
+    keyring, result = calibrated
+    bad = shifted(result, mean=1.0)
+    CalibrationStore(keyring).put(bad)
+    assert not bad.passes_screen()
+    detector = Detector(vocab=vocab, keyring=keyring)
+    text = "The committee met on Tuesday to review the budget. " * 3
+    verdict = detector.detect(text, keys=["k1"])
+    assert verdict.calibration["id"] == bad.calibration_id
+    assert verdict.calibration["mean_z"] == pytest.approx(1.0)
+    # the guard's p-value is P(N(0,1) >= (z - shift) / scale) with the shift reduced by 2 standard errors
+    shift = 1.0 - 2.0 / math.sqrt(2000)
+    if verdict.z_score is not None and verdict.z_score > shift:
+        assert verdict.p_value >= p_value_normal(verdict.z_score - shift) * (1 - 1e-9)
+    # a sound calibration changes nothing
+    CalibrationStore(keyring).put(result)
+    plain = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
+    assert plain.calibration["id"] == result.calibration_id and plain.calibration["guarded"] is False
+
+
+def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted(calibrated, vocab):
+    """A text the plain test calls watermarked at z just above 4 is not, under a key whose calibration
+    measured its human null at N(+1, 1): that key's realised false-positive rate at z = 4 is ~40x the
+    stated one, and the verdict is held to the null it really has."""
+    import test_detector_stats as stats_tests
+
+    keyring, result = calibrated
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    pool = stats_tests.pool.__wrapped__(vocab)
+    detector = Detector(vocab=vocab, keyring=keyring)
+    for seed in range(200):  # the first seeded passage whose plain verdict is borderline
+        ids = stats_tests.watermarked_ids(mark, pool, [], 60, 0.9, seed)
+        text = vocab.tokenizer.decode(ids)
+        verdict = detector.detect(text, keys=["k1"])
+        if verdict.watermarked and verdict.z_score < 5.0 and verdict.calibration["guarded"] is False:
+            break
+    else:
+        pytest.fail("no borderline passage among 200 seeds")
+    CalibrationStore(keyring).put(shifted(result, mean=1.0))
+    held = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
+    assert held.z_score == verdict.z_score  # the evidence is the same ...
+    assert held.calibration["guarded"] is True and held.p_value > verdict.p_value  # ... its weight is not
+    assert held.verdict != "watermarked"
+
+
+def test_screening_draws_again_until_a_key_passes(monkeypatch, vocab):
+    draws = []
+    real = cal.calibrate
+
+    def calibrate(mark, *args, **kwargs):
+        result = real(mark, *args, **kwargs)
+        draws.append(result)
+        return shifted(result, mean=0.8) if len(draws) < 3 else result
+
+    monkeypatch.setattr(cal, "calibrate", calibrate)
+    secret, result, count = cal.screened_secret(SPEC, vocab, common_units.for_vocabulary(vocab))
+    assert count == 3 and result.passes_screen() and len(secret) == 32
+
+
+def test_cli_calibrate_lists_plots_and_refuses_bad_input(provmark_home, capsys, tmp_path):
+    assert main(["keys", "create", "a1", "--no-calibrate"]) == 0
+    assert main(["keys", "list"]) == 0
+    assert "none (provmark keys calibrate)" in capsys.readouterr().out
+    png = tmp_path / "null.png"
+    assert main(["keys", "calibrate", "a1", "--plot", str(png), "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out[0]["key_id"] == "a1" and len(out[0]["buckets"]) == len(cal.BUCKET_EDGES)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["keys", "list"]) == 0
+    assert out[0]["id"] in capsys.readouterr().out
+    assert main(["keys", "calibrate", "nope"]) != 0
+    assert "no key nope" in capsys.readouterr().err
+    assert main(["keys", "calibrate", "a1", "--spec", "hf:seeding_scheme=lefthash"]) != 0
+    assert "hf specs have no secret key" in capsys.readouterr().err
+    assert main(["keys", "calibrate", "a1", "--spec", "kgw:gamma=2"]) != 0
+    assert "gamma" in capsys.readouterr().err
+
+
+def test_batch_workers_hold_verdicts_to_the_same_calibration(calibrated, vocab):
+    from detector.batch import DetectOptions, prepare_jobs, run_local
+
+    keyring, result = calibrated
+    CalibrationStore(keyring).put(shifted(result, mean=1.0))
+    texts = ["The committee met on Tuesday to review the budget and the new roads plan for the region."] * 2
+    prepared = prepare_jobs([{"text": t} for t in texts], DetectOptions(), keys=["k1"], vocab=vocab, keyring=keyring)
+    batch = run_local(prepared, workers=1)
+    single = Detector(vocab=vocab, keyring=keyring).detect(texts[0], keys=["k1"]).to_dict()
+    assert batch[0]["calibration"] == single["calibration"] and batch[0]["p_value"] == single["p_value"]
+
+
+def test_z_threshold_of_the_stated_rate():
+    assert cal.Calibration("k", "f", SPEC.format(), "fp", None, "t", (), {}, {}).stated_fpr == p_value_normal(Z_THRESHOLD)

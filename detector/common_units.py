@@ -67,35 +67,42 @@ class CommonUnits:
         return int(self.identities.shape[0])
 
     def contains(self, ids: np.ndarray, threshold: float) -> np.ndarray:
-        """Bool per identity: in the table with document frequency >= ``threshold`` (binary search)."""
-        table = self.identities
-        if table.shape[0] == 0 or ids.shape[0] == 0:
-            return np.zeros(ids.shape[0], dtype=bool)
-        at = np.searchsorted(table, ids).clip(max=table.shape[0] - 1)
-        return (table[at] == ids) & (self.frequencies[at] >= threshold)
+        """Bool per identity: in the table with document frequency >= ``threshold``."""
+        return self.frequency_of(ids) >= max(threshold, np.finfo(np.float32).tiny)
 
     def frequency_of(self, ids: np.ndarray) -> np.ndarray:
-        """The window frequency of each identity (0 for identities not in the table)."""
-        table = self.identities
-        if table.shape[0] == 0 or ids.shape[0] == 0:
-            return np.zeros(ids.shape[0], dtype=np.float32)
-        at = np.searchsorted(table, ids).clip(max=table.shape[0] - 1)
-        return np.where(table[at] == ids, self.frequencies[at], np.float32(0.0))
+        """The window frequency of each identity (0 for identities not in the table).
 
-    def position_frequencies(self, watermark, token_ids) -> np.ndarray:
-        """Window frequency of each scored position's unit under ``watermark`` (0 for hf specs)."""
-        if watermark.spec.kind != "kgw":
-            return np.zeros(max(0, len(token_ids) - watermark.context_width), dtype=np.float32)
-        return self.frequency_of(watermark.unit_identities(token_ids))
+        An open-addressing hash table over the identities (uniform 64-bit hashes: the low bits index
+        it, linear probing, load <= 1/4): a few vectorised gathers, where a binary search over 200,000
+        sorted entries cost ~0.25 ms per 1,000 tokens in cache misses."""
+        slots, freqs, probes = _hash_table(self)
+        out = np.zeros(ids.shape[0], dtype=np.float32)
+        if slots.shape[0] == 0 or ids.shape[0] == 0:
+            return out
+        mask = np.uint64(slots.shape[0] - 1)
+        pending = np.arange(ids.shape[0])
+        for probe in range(probes):
+            at = (ids[pending] + np.uint64(probe)) & mask
+            found = slots[at]
+            hit = found == ids[pending]
+            out[pending[hit]] = freqs[at[hit]]
+            pending = pending[~hit & (found != 0)]  # an empty slot ends the search
+            if pending.shape[0] == 0:
+                break
+        return out
 
-    def excluded(self, watermark, token_ids) -> np.ndarray:
+    def excluded(self, watermark, token_ids, identities: np.ndarray | None = None) -> np.ndarray:
         """Indices of the scored positions of ``token_ids`` whose unit this table leaves out under
-        ``watermark`` (kgw specs only: hf specs count every position, as transformers does)."""
+        ``watermark`` (kgw specs only: hf specs count every position, as transformers does).
+        ``identities``: the positions' unit identities when the caller has them already."""
         spec = watermark.spec
         if spec.kind != "kgw":
             return np.zeros(0, dtype=np.int64)
+        if identities is None:
+            identities = watermark.unit_identities(token_ids)
         threshold = threshold_for_length(THRESHOLDS[spec.scheme], len(token_ids), self.window_tokens)
-        return np.flatnonzero(self.position_frequencies(watermark, token_ids) >= threshold)
+        return np.flatnonzero(self.frequency_of(identities) >= threshold)
 
     # ------------------------------------------------------------------------------ storage
     def save(self, path: Path) -> None:
@@ -119,6 +126,35 @@ def threshold_for_length(threshold: float, num_tokens: int, window_tokens: int =
     """The window frequency f at which a unit is in ``threshold`` of the human texts of ``num_tokens``
     tokens: 1 - (1 - threshold)^(window / L) (``threshold`` itself at L = window)."""
     return -math.expm1(math.log1p(-threshold) * window_tokens / max(1, num_tokens))
+
+
+_hash_tables: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+
+
+def _hash_table(table: CommonUnits) -> tuple[np.ndarray, np.ndarray, int]:
+    """(slots, frequencies, longest probe) of ``table``, built once per table (vectorised inserts)."""
+    found = _hash_tables.get(table.digest)
+    if found is not None:
+        return found
+    ids, freq = table.identities, table.frequencies
+    size = 1 << max(4, int(4 * max(1, ids.shape[0]) - 1).bit_length())
+    slots = np.zeros(size, dtype=np.uint64)
+    freqs = np.zeros(size, dtype=np.float32)
+    mask = np.uint64(size - 1)
+    pending = np.arange(ids.shape[0])
+    probe = 0
+    while pending.shape[0]:  # every pending identity has found slots h .. h + probe - 1 taken
+        at = (ids[pending] + np.uint64(probe)) & mask
+        free = slots[at] == 0
+        at_free, first = np.unique(at[free], return_index=True)  # one winner per free slot
+        winners = pending[free][first]
+        slots[at_free], freqs[at_free] = ids[winners], freq[winners]
+        placed = np.zeros(ids.shape[0], dtype=bool)
+        placed[winners] = True
+        pending = pending[~placed[pending]]
+        probe += 1
+    found = _hash_tables[table.digest] = (slots, freqs, probe)
+    return found
 
 
 def file_name(tokenizer_fingerprint: str) -> str:

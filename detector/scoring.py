@@ -79,10 +79,10 @@ def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
     in the text or in a window (``detector.common_units``)."""
-    flags, units = wm.scored_positions(token_ids)
+    flags, units, *named = wm.scored_positions(token_ids, with_identities=common is not None)
     prev = _previous(units.numpy()) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
     if common is not None:
-        excluded = common.excluded(wm, token_ids)
+        excluded = common.excluded(wm, token_ids, named[0])
         prev[excluded] = excluded
     return flags.numpy(), prev
 

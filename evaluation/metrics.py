@@ -118,7 +118,7 @@ def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, com
     else:  # prefix of L tokens (positions < L - h): a unit counts where its frequency is below L's threshold
         from detector.common_units import THRESHOLDS, threshold_for_length
 
-        freq = common.position_frequencies(watermark, ids)
+        freq = common.frequency_of(watermark.unit_identities(ids))
         lengths = np.arange(h + 1, total_tokens + 1)
         limits = np.array([threshold_for_length(THRESHOLDS[watermark.spec.scheme], int(n), common.window_tokens)
                            for n in lengths])

@@ -13,7 +13,8 @@ from watermark.config import WatermarkSpec
 from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
 from watermark.seeding import SeedTables, secret_digest
-from watermark.units import anchor_index, identities
+from watermark.prf import green_threshold, mix64, vocab_mix_table
+from watermark.units import anchor_values, identities
 
 _TABLES_CACHE_SIZE = 32  # keys x schemes kept warm per process (tables are ~400 KB each)
 _tables_cache: OrderedDict[tuple, SeedTables] = OrderedDict()
@@ -108,8 +109,9 @@ class Watermark:
         """Bool [T - h]: is token i (i >= h) green given the h tokens before it."""
         return self.scored_positions(token_ids)[0]
 
-    def scored_positions(self, token_ids: torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Green flags [T - h] and each position's dedup unit [T - h, k] from one pass.
+    def scored_positions(self, token_ids: torch.Tensor | list[int], with_identities: bool = False):
+        """Green flags [T - h] and each position's dedup unit [T - h, k] from one pass (and, with
+        ``with_identities``, each unit's key-free identity, see ``unit_identities``).
 
         Two positions with equal units have equal flags by construction, so a unit is one coin and
         is counted once under dedup. The unit is the (h + 1)-gram, except for minhash and selfhash,
@@ -118,34 +120,38 @@ class Watermark:
         ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
         h = self.context_width
         ngrams = self.ngrams(ids)
+        named = np.zeros(ngrams.shape[0], dtype=np.uint64)
         if ngrams.shape[0] == 0:
-            return torch.zeros(0, dtype=torch.bool), ngrams
+            return (torch.zeros(0, dtype=torch.bool), ngrams) + ((named,) if with_identities else ())
         if self._hf is not None:
             selfhash = self.spec.scheme == "selfhash"
             seq = ids.tolist()
             flags = [self._hf.is_green(seq[i - h: i + 1] if selfhash else seq[i - h: i], seq[i])
                      for i in range(h, len(seq))]
-            return torch.tensor(flags, dtype=torch.bool), ngrams
+            return (torch.tensor(flags, dtype=torch.bool), ngrams) + ((named,) if with_identities else ())
+        scheme = self.spec.scheme
         candidates = ngrams[:, h:]
-        flags, seeds = green(self._tables, self.spec.gamma, ngrams[:, :h], candidates, return_seeds=True)
-        if self.spec.scheme in ("minhash", "selfhash"):
-            units = torch.cat([seeds.expand(candidates.shape[0], 1), candidates], dim=1)
+        if scheme in ("minhash", "selfhash"):
+            # the seed is the min of the anchor values; its argmin names the anchor (one pass for both)
+            t = self._tables.tensors(ids.device)
+            seeds, anchors = anchor_values(scheme, t["token"], t.get("salt"), t.get("self"), ngrams).min(dim=1)
+            seeds = seeds.unsqueeze(1)
+            token_mix = vocab_mix_table(self.vocab_size, ids.device)[candidates]
+            flags = mix64(seeds, token_mix) < green_threshold(self.spec.gamma)
+            units = torch.cat([seeds, candidates], dim=1)
+            if with_identities:
+                named = identities(scheme, ngrams.numpy(), anchors.numpy())
         else:
+            flags, seeds = green(self._tables, self.spec.gamma, ngrams[:, :h], candidates, return_seeds=True)
             units = ngrams
-        return flags[:, 0], units
+            if with_identities:
+                named = identities(scheme, ngrams.numpy(), None)
+        return (flags[:, 0], units) + ((named,) if with_identities else ())
 
     def unit_identities(self, token_ids: torch.Tensor | list[int]) -> np.ndarray:
         """uint64 [T - h]: each scored position's unit named without the key (``watermark.units``), so
         units that human texts share can be looked up in a key-free table. hf specs: not named (zeros)."""
-        ngrams = self.ngrams(token_ids)
-        if self._tables is None or ngrams.shape[0] == 0:
-            return np.zeros(ngrams.shape[0], dtype=np.uint64)
-        scheme = self.spec.scheme
-        anchors = None
-        if scheme in ("minhash", "selfhash"):
-            t = self._tables.tensors(torch.device("cpu"))
-            anchors = anchor_index(scheme, t["token"], t.get("salt"), t.get("self"), ngrams)
-        return identities(scheme, ngrams.numpy(), anchors)
+        return self.scored_positions(token_ids, with_identities=True)[2]
 
     def ngrams(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """[T - h, h + 1]: each scored position's context followed by its token (the dedup unit)."""

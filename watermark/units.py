@@ -49,12 +49,22 @@ def hash_identity(tag: int, columns: list[np.ndarray]) -> np.ndarray:
     return acc
 
 
+def _packed(tag: int, high: np.ndarray | int, low: np.ndarray) -> np.ndarray:
+    """One SplitMix64 round over tag (2 bits), high and low token ids (31 bits each) packed in 64 bits:
+    distinct inputs give distinct identities (the round is a bijection); never 0."""
+    packed = (np.uint64(tag) << np.uint64(62)) | (np.asarray(high, dtype=np.uint64) << np.uint64(31)) \
+        | low.astype(np.uint64)
+    out = _splitmix(packed)
+    out[out == UNNAMED] = np.uint64(1)
+    return out
+
+
 def token_identities(tokens: np.ndarray) -> np.ndarray:
-    return hash_identity(TOKEN_TAG, [tokens])
+    return _packed(TOKEN_TAG, 0, tokens)
 
 
 def pair_identities(anchors: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    return hash_identity(PAIR_TAG, [anchors, tokens])
+    return _packed(PAIR_TAG, anchors, tokens)
 
 
 def gram_identities(grams: np.ndarray) -> np.ndarray:
@@ -94,14 +104,16 @@ def window_identities(ids: np.ndarray) -> dict[int, np.ndarray]:
             GRAM_TAG: np.unique(np.concatenate(grams)) if grams else empty}
 
 
-def anchor_index(scheme: str, token_values: torch.Tensor, salt: torch.Tensor | None, own: torch.Tensor | None,
-                 ngrams: torch.Tensor) -> np.ndarray:
-    """Column of the token whose keyed value won the min (minhash, selfhash): h = the token itself.
+def anchor_values(scheme: str, token_values: torch.Tensor, salt: torch.Tensor | None, own: torch.Tensor | None,
+                  ngrams: torch.Tensor) -> torch.Tensor:
+    """[T, h] (minhash) or [T, h + 1] (selfhash) keyed values whose min is each position's seed and whose
+    argmin is the column of its anchor (h = the token itself).
 
-    ``token_values`` [V] are the key's single-token PRF values; for selfhash ``salt``/``own`` [V]."""
+    ``token_values`` [V] are the key's single-token PRF values; for selfhash ``salt``/``own`` [V]
+    (the same values ``watermark.seeding.selfhash_seeds`` takes the min of)."""
     h = ngrams.shape[1] - 1
     values = token_values[ngrams[:, :h]]
     if scheme == "selfhash":
         tokens = ngrams[:, h]
         values = torch.cat([values ^ salt[tokens].unsqueeze(1), own[tokens].unsqueeze(1)], dim=1)
-    return values.argmin(dim=1).numpy()
+    return values

@@ -297,8 +297,8 @@ def _option_message(text: str) -> str:
     return text.replace("SamplingParams.", "")
 
 
-def _watermark(args, vocab_size: int):
-    from watermark.config import SpecError
+def _watermark(args, vocab):
+    from watermark.config import SpecError, WatermarkSpec
     from watermark.keys import KeyringError
     from watermark.scheme import generation_watermark
 
@@ -307,9 +307,25 @@ def _watermark(args, vocab_size: int):
             raise CLIError("--key: nothing to key with --no-watermark")
         return None
     try:
-        return generation_watermark(args.watermark, vocab_size, key_id=args.key, create_if_missing=True)
+        if args.key is None and (args.watermark is None or WatermarkSpec.parse(args.watermark).needs_key):
+            _ensure_key(vocab)
+        return generation_watermark(args.watermark, vocab.vocab_size, key_id=args.key, create_if_missing=True)
     except (SpecError, KeyringError, ValueError) as exc:
         raise CLIError(str(exc)) from None
+
+
+def _ensure_key(vocab) -> None:
+    """A first key, screened and calibrated like `provmark keys create` makes it, on an empty keyring."""
+    from detector.calibration import ensure_screened_active_key
+    from watermark.keys import Keyring
+
+    keyring = Keyring()
+    info, calibration = ensure_screened_active_key(keyring, vocab)
+    if calibration is not None:
+        from api.cli_keys import _audit
+
+        print(f"provmark: created watermark key {info.key_id} (active, calibration {calibration['id']})", file=sys.stderr)
+        _audit([("create", info), ("calibrate", info, calibration)])
 
 
 def run(args) -> int:
@@ -327,7 +343,7 @@ def run(args) -> int:
         params = _sampling_params(args, vocab.tokenizer)
         params.validate_for_vocab(vocab.vocab_size)
         _check_decoding(params, decoding)
-        watermark = _watermark(args, vocab.vocab_size)
+        watermark = _watermark(args, vocab)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_option_message(str(exc))) from None

@@ -145,9 +145,9 @@ def create_app(config: dict | None = None) -> Flask:
     store.upgrade()
     _bootstrap_admin(settings.home, store)
     keyring = Keyring(settings.home)
-    _ensure_watermark_key(keyring, store)
     signer = ReceiptSigner(settings.home)
     engine = (config or {}).get("engine") or _load_engine(settings)
+    _ensure_watermark_key(keyring, store, engine.loaded.vocab)
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
@@ -262,13 +262,16 @@ def _bootstrap_admin(home: Path, store) -> None:
               file=sys.stderr, flush=True)
 
 
-def _ensure_watermark_key(keyring, store) -> None:
-    """A keyring without an active key gets one, recorded in the store's audit log."""
-    known = {key.key_id for key in keyring.list()}
-    info = keyring.ensure_active()
-    if info.key_id not in known:
+def _ensure_watermark_key(keyring, store, vocab) -> None:
+    """A keyring without an active key gets one that passed key screening (detector.calibration),
+    recorded with its calibration in the store's audit log."""
+    from detector.calibration import ensure_screened_active_key
+
+    info, calibration = ensure_screened_active_key(keyring, vocab)
+    if calibration is not None:
         store.record_key_event(info, "create", SERVICE_ACTOR)
-        log.info("created watermark key %s (active)", info.key_id)
+        store.record_key_event(info, "calibrate", SERVICE_ACTOR, details=calibration)
+        log.info("created watermark key %s (active, calibration %s)", info.key_id, calibration["id"])
 
 
 def _version() -> str:

@@ -128,10 +128,12 @@ class Calibration:
 
     def passes_screen(self) -> bool:
         """No bucket's GUARDED null (what the data shows beyond noise) implies more than SCREEN_FACTOR
-        times the stated false-positive rate, and no bucket's mean z is off 0 by more than SCREEN_SHIFT
-        beyond noise in either direction (down costs detection power, up false positives)."""
-        for b in self.buckets:
-            if b.n >= MIN_BUCKET_TEXTS and abs(b.mean) - GUARD_SIGMAS * b.sd / math.sqrt(b.n) > SCREEN_SHIFT:
+        times the stated false-positive rate, and no bucket's or domain's mean z is off 0 by more than
+        SCREEN_SHIFT beyond noise in either direction (down costs detection power, up false positives)."""
+        measured = [(b.n, b.mean, b.sd) for b in self.buckets]
+        measured += [(d["n"], d["mean_z"], d["sd_z"]) for d in self.domains.values()]  # code is not prose
+        for n, mean, sd in measured:
+            if n >= MIN_BUCKET_TEXTS and abs(mean) - GUARD_SIGMAS * sd / math.sqrt(n) > SCREEN_SHIFT:
                 return False
         return self.worst_guarded_fpr() <= SCREEN_FACTOR * self.stated_fpr
 
@@ -247,6 +249,26 @@ def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, trie
         if best is None or result.worst_guarded_fpr() < best[1].worst_guarded_fpr():
             best = (secret, result)
     return best[0], best[1], tries
+
+
+def ensure_screened_active_key(keyring, vocab, progress: bool = False):
+    """The keyring's active key; when there is none, a first one that passed key screening, with its
+    calibration under the default spec stored. Returns (KeyInfo, calibration summary or None)."""
+    from watermark.keys import KeyNotFoundError, key_fingerprint
+
+    try:
+        return keyring.active(), None
+    except KeyNotFoundError:
+        pass
+    from detector import common_units
+
+    secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
+                                            progress=progress)
+    info = keyring.ensure_active(secret)
+    if info.fingerprint != key_fingerprint(secret):  # another process made the first key meanwhile
+        return info, None
+    CalibrationStore(keyring).put(for_key(result, info.key_id))
+    return info, {**result.summary(), "screening_draws": draws}
 
 
 def for_key(calibration: Calibration, key_id: str) -> Calibration:

@@ -415,13 +415,13 @@ class Keyring:
         entries = self._read()
         return _open(self._master_keys(create=False), entries[_find(entries, key_id)])
 
-    def ensure_active(self) -> KeyInfo:
-        """The active key, creating a first one when the keyring is empty."""
+    def ensure_active(self, secret: bytes | None = None) -> KeyInfo:
+        """The active key, creating a first one (from ``secret`` when given) when there is none."""
         with self._transaction() as entries:
             for entry in entries:
                 if entry.info.status == ACTIVE:
                     return entry.info
-            return self._add(entries, None, ACTIVE)
+            return self._add(entries, None, ACTIVE, secret)
 
     # --- storage -------------------------------------------------------------------------------
 

@@ -108,7 +108,10 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
 
     vocab, common = _material()
     spec = calibration.spec_for(None)
-    secret, result, draws = calibration.screened_secret(spec, vocab, common, progress=_progress(args))
+    try:
+        secret, result, draws = calibration.screened_secret(spec, vocab, common, progress=_progress(args))
+    except RuntimeError as exc:
+        raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
     info = make(secret)
     result = calibration.for_key(result, info.key_id)
     calibration.CalibrationStore(keyring).put(result)
@@ -171,6 +174,10 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     vocab, common = _material()
     store = calibration.CalibrationStore(keyring)
     results, changed = [], []
+    try:
+        calibration.HumanWindows.for_vocabulary(vocab)
+    except RuntimeError as exc:
+        raise CLIError(str(exc)) from None
     for key_id in key_ids:
         info = infos[key_id]
         secret = keyring.secret(key_id)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import math
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +38,8 @@ from watermark.config import WatermarkSpec
 from watermark.keys import KeyringIntegrityError
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 FILE_NAME = "calibrations.json"
@@ -262,8 +266,12 @@ def ensure_screened_active_key(keyring, vocab, progress: bool = False):
         pass
     from detector import common_units
 
-    secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
-                                            progress=progress)
+    try:
+        secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
+                                                progress=progress)
+    except RuntimeError as exc:  # no human corpus installed: a key all the same, said loudly
+        log.warning("watermark key created without screening or calibration (%s)", exc)
+        return keyring.ensure_active(), None
     info = keyring.ensure_active(secret)
     if info.fingerprint != key_fingerprint(secret):  # another process made the first key meanwhile
         return info, None
@@ -359,14 +367,30 @@ class CalibrationStore:
             return [Calibration.from_dict(raw) for raw in self._read().get(key_id, {}).values()]
 
     def put(self, calibration: Calibration) -> None:
+        """Add or replace one calibration; concurrent writers (two `keys calibrate`) are serialised by an
+        exclusive lock on ``calibrations.lock``, from read to atomic rename, so none is lost."""
         from watermark.keys import write_private_atomic
 
-        with self._lock:
+        with self._lock, _exclusive(self.path.with_suffix(".lock")):
+            self._stamp = None  # re-read under the lock: another process may have written since
             keys = {k: dict(v) for k, v in self._read().items()}
             keys.setdefault(calibration.key_id, {})[calibration.spec_fingerprint] = calibration.to_dict()
             body = {"format": FORMAT, "keys": keys}
             write_private_atomic(self.path, json.dumps({"body": body, "mac": self._mac(body)}, indent=1).encode())
             self._stamp = None
+
+
+@contextmanager
+def _exclusive(path: Path):
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def spec_for(text: str | WatermarkSpec | None) -> WatermarkSpec:

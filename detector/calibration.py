@@ -52,7 +52,7 @@ MIN_BUCKET_TEXTS = 30  # fewer texts than this in a bucket: no estimate there (t
 GUARD_SIGMAS = 2.0  # the guard acts only on a shift or spread this many standard errors past N(0, 1)
 SCREEN_FACTOR = 2.0  # key screening: a key whose estimated realised FPR exceeds this multiple fails
 SCREEN_SHIFT = 0.1  # key screening: a bucket's mean z this far off 0 (beyond noise) fails the key
-SCREEN_TRIES = 4  # fresh secrets drawn at most, per key created
+SCREEN_TRIES = 8  # fresh secrets drawn at most, per key created (about 1 in 4 random keys fails)
 
 
 def bucket_of(total: int) -> int:

@@ -32,8 +32,9 @@ def vocab():
 
 
 def shifted(calibration: Calibration, mean: float, sd: float = 1.0, n: int = 2000) -> Calibration:
-    """The same calibration with every bucket measured at N(mean, sd) over n texts."""
-    return replace(calibration, buckets=tuple(Bucket(b.index, n, mean, sd) for b in calibration.buckets))
+    """The same calibration with every bucket and domain measured at N(mean, sd) over n texts."""
+    return replace(calibration, buckets=tuple(Bucket(b.index, n, mean, sd) for b in calibration.buckets),
+                   domains={d: {"n": n, "mean_z": mean, "sd_z": sd} for d in calibration.domains})
 
 
 @pytest.fixture
@@ -99,10 +100,11 @@ def test_a_key_whose_null_is_shifted_up_is_held_to_that_null(calibrated, vocab):
     shift = 1.0 - 2.0 / math.sqrt(2000)
     if verdict.z_score is not None and verdict.z_score > shift:
         assert verdict.p_value >= p_value_normal(verdict.z_score - shift) * (1 - 1e-9)
-    # a sound calibration changes nothing
-    CalibrationStore(keyring).put(result)
+    # a calibration that measured N(0, 1) changes nothing
+    sound = shifted(result, mean=0.0)
+    CalibrationStore(keyring).put(sound)
     plain = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
-    assert plain.calibration["id"] == result.calibration_id and plain.calibration["guarded"] is False
+    assert plain.calibration["id"] == sound.calibration_id and plain.calibration["guarded"] is False
 
 
 def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted(calibrated, vocab):
@@ -112,6 +114,7 @@ def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted
     import test_detector_stats as stats_tests
 
     keyring, result = calibrated
+    CalibrationStore(keyring).put(shifted(result, mean=0.0))  # start from a key measured at N(0, 1)
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
     pool = stats_tests.pool.__wrapped__(vocab)
     detector = Detector(vocab=vocab, keyring=keyring)
@@ -137,7 +140,7 @@ def test_screening_draws_again_until_a_key_passes(monkeypatch, vocab):
     def calibrate(mark, *args, **kwargs):
         result = real(mark, *args, **kwargs)
         draws.append(result)
-        return shifted(result, mean=0.8) if len(draws) < 3 else result
+        return shifted(result, mean=0.8 if len(draws) < 3 else 0.0)  # the third draw measures N(0, 1)
 
     monkeypatch.setattr(cal, "calibrate", calibrate)
     secret, result, count = cal.screened_secret(SPEC, vocab, common_units.for_vocabulary(vocab))

@@ -66,10 +66,6 @@ class CommonUnits:
     def __len__(self) -> int:
         return int(self.identities.shape[0])
 
-    def contains(self, ids: np.ndarray, threshold: float) -> np.ndarray:
-        """Bool per identity: in the table with document frequency >= ``threshold``."""
-        return self.frequency_of(ids) >= max(threshold, np.finfo(np.float32).tiny)
-
     def frequency_of(self, ids: np.ndarray) -> np.ndarray:
         """The window frequency of each identity (0 for identities not in the table).
 

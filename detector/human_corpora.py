@@ -49,7 +49,7 @@ class HumanDoc:
 def documents(domains: tuple[str, ...] = DOMAINS, split: str | None = None) -> list[HumanDoc]:
     """Every document of the given domains (one split, or both with ``split=None``), in a fixed order.
 
-    Sources that are not installed are skipped; ``available_domains()`` says which are there."""
+    Sources that are not installed are skipped."""
     unknown = set(domains) - set(DOMAINS)
     if unknown:
         raise ValueError(f"domains: unknown {sorted(unknown)}; known: {', '.join(DOMAINS)}")
@@ -59,8 +59,24 @@ def documents(domains: tuple[str, ...] = DOMAINS, split: str | None = None) -> l
     return [d for d in out if split is None or d.split == split]
 
 
-def available_domains() -> tuple[str, ...]:
-    return tuple(d for d in DOMAINS if _domain(d))
+def held_out_texts(vocab) -> dict[str, list]:
+    """The held-out half as independent token-id texts in three shapes users have (numpy int64 arrays):
+    encyclopedia paragraphs (first 200 tokens, at least 50), documents (news, encyclopedia,
+    documentation; first 800 tokens, at least 150) and source files (first 1,500 tokens, at least 300)."""
+    import numpy as np
+
+    held = documents(split=HELD_OUT)
+    backend = vocab.tokenizer.backend_tokenizer
+
+    def encode(texts: list[str], keep: int, least: int) -> list:
+        encoded = backend.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids[:keep], dtype=np.int64) for e in encoded if len(e.ids) >= least]
+
+    return {
+        "paragraphs": encode([p for d in held if d.domain == "encyclopedia" for p in d.text.split("\n\n")], 200, 50),
+        "documents": encode([d.text for d in held if d.domain in ("news", "encyclopedia", "docs")], 800, 150),
+        "code": encode([d.text for d in held if d.domain == "code"], 1500, 300),
+    }
 
 
 @lru_cache(maxsize=None)

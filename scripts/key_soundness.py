@@ -29,22 +29,6 @@ from watermark.vocab import load_vocabulary  # noqa: E402
 SPECS = "kgw:scheme=selfhash;kgw:scheme=lefthash,h=1;kgw:scheme=unigram;kgw:scheme=minhash"
 
 
-def held_out_corpora(vocab) -> dict[str, list[np.ndarray]]:
-    held = human_corpora.documents(split=human_corpora.HELD_OUT)
-    backend = vocab.tokenizer.backend_tokenizer
-
-    def encode(texts):
-        return [np.asarray(e.ids, dtype=np.int64) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
-
-    paragraphs = [p for d in held if d.domain == "encyclopedia" for p in d.text.split("\n\n")]
-    return {
-        "paragraphs": [x[:200] for x in encode(paragraphs) if x.shape[0] >= 50],
-        "documents": [x[:800] for x in encode([d.text for d in held if d.domain in ("news", "encyclopedia", "docs")])
-                      if x.shape[0] >= 150],
-        "code": [x[:1500] for x in encode([d.text for d in held if d.domain == "code"]) if x.shape[0] >= 300],
-    }
-
-
 def mean_z(mark: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, int]:
     zs = []
     for ids in texts:
@@ -64,7 +48,7 @@ def main() -> int:
     args = parser.parse_args()
     vocab = load_vocabulary()
     table = common_units.for_vocabulary(vocab)
-    corpora = held_out_corpora(vocab)
+    corpora = human_corpora.held_out_texts(vocab)
     secrets = [hashlib.sha256(f"provmark-key-soundness/{i}".encode()).digest() for i in range(args.keys)]
     rows = []
     jobs = [(s, c, mode) for s in args.specs.split(";") for c in corpora for mode in ("before", "after")]
@@ -79,9 +63,8 @@ def main() -> int:
                      "max_abs_mean_z": float(np.max(np.abs(means)))})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "key_soundness.json").write_text(json.dumps({"keys": args.keys, "common_units": table.describe()
-                                                        if hasattr(table, "describe") else table.digest,
-                                                        "rows": rows}, indent=1))
+    summary = {"keys": args.keys, "common_units": {"digest": table.digest, "entries": len(table)}, "rows": rows}
+    (out / "key_soundness.json").write_text(json.dumps(summary, indent=1))
     plot(rows, out / "key_soundness.png")
     for r in rows:
         print(f"{r['spec']:28s} {r['corpus']:10s} {r['mode']:6s} n={r['n']:5d} spread {r['spread']:.3f} "

@@ -41,20 +41,9 @@ def vocab():
 
 @pytest.fixture(scope="module")
 def corpora(vocab) -> dict[str, list[np.ndarray]]:
-    held = human_corpora.documents(split=human_corpora.HELD_OUT)
-    backend = vocab.tokenizer.backend_tokenizer
-
-    def encode(texts):
-        return [np.asarray(e.ids, dtype=np.int64) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
-
-    paragraphs = [p for d in held if d.domain == "encyclopedia" for p in d.text.split("\n\n")]
-    documents = [d.text for d in held if d.domain in ("news", "encyclopedia", "docs")]
-    code = [d.text for d in held if d.domain == "code"]
-    return {
-        "paragraphs": [ids[:200] for ids in encode(paragraphs) if ids.shape[0] >= 50][:800],
-        "documents": [ids[:800] for ids in encode(documents) if ids.shape[0] >= 150],
-        "code": [ids[:1500] for ids in encode(code) if ids.shape[0] >= 300],
-    }
+    texts = human_corpora.held_out_texts(vocab)
+    texts["paragraphs"] = texts["paragraphs"][:800]
+    return texts
 
 
 def null_of_one_key(wm: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, float]:

@@ -76,11 +76,15 @@ def call(method: str, url: str, body=None, *, token: str | None = None, headers:
 
 # ---- texts ---------------------------------------------------------------------------------------
 # Common whole words (one token each, with their leading space) to swap in for red word tokens.
+# Mid-frequency words: a text made green through " the" and " of" would be green only through units the
+# detector leaves out as common in human text (detector.common_units), i.e. no evidence at all.
 FILLER_WORDS = (
-    " the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " with", " was", " on",
-    " be", " by", " at", " this", " from", " or", " an", " are", " which", " but", " not", " have", " has",
-    " had", " were", " they", " their", " its", " also", " new", " one", " all", " more", " said", " after",
-    " been", " would", " about", " there", " when", " who", " will", " some", " other", " into", " over",
+    " harbour", " lantern", " meadow", " copper", " velvet", " orchard", " glacier", " compass", " saddle",
+    " thunder", " marble", " pepper", " falcon", " ribbon", " canyon", " walnut", " anchor", " cotton",
+    " lemon", " quarry", " timber", " violet", " beacon", " cellar", " bramble", " harvest", " pebble",
+    " summit", " tavern", " willow", " garnet", " magnet", " parcel", " rocket", " silver", " tunnel",
+    " acorn", " barrel", " candle", " desert", " engine", " forest", " island", " jungle", " kettle",
+    " ladder", " mirror", " needle", " oyster", " puzzle",
 )
 KEEP_EVERY_NTH_RED = 3  # keeping some red words keeps the text half readable; z stays far above 4
 HUMAN_CORPUS = "gensim/test/test_data/lee_background.cor"  # news text written by people (Lee et al. 2005)

@@ -27,7 +27,8 @@ def sources():
 def records(keyring, sources):
     """Watermarked (alpha / beta), human, empty and forced-position texts, some with ids."""
     vocab = shared_vocabulary()
-    marked = [watermarked_text(vocab, keyring.secret(k), s, max_tokens=120) for k, s in zip(("alpha", "beta"), sources)]
+    # 200 tokens: with 40 of them forced, the rest still carries z >= 5.7 for every one of 40 random keys tried
+    marked = [watermarked_text(vocab, keyring.secret(k), s, max_tokens=200) for k, s in zip(("alpha", "beta"), sources)]
     out = [{"id": "m-alpha", "text": marked[0]}, {"id": 7, "text": sources[2]}, {"text": marked[1]},
            {"id": "empty", "text": ""}, {"id": "forced", "text": marked[0], "forced_positions": list(range(40))}]
     return out + [{"id": f"h{i}", "text": sources[i % 5][i:]} for i in range(11)]

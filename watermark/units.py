@@ -12,10 +12,11 @@ the pair carries no distance: "the" anywhere in the window before "of" is one co
 
 For minhash and selfhash WHICH context token anchors the seed is chosen by the key, but once it is
 known the identity is key-free: it is what the same human text shares with other human texts,
-whatever the key. ``identities`` hashes each identity to 64 bits (a SplitMix64 chain over a type
-tag and the token ids), so a table of identities frequent in human text can be looked up with one
-vectorised ``isin``. ``window_identities`` lists every identity a stretch of text contains, for
-building such a table.
+whatever the key. ``identities`` maps each identity to 64 bits (tokens and pairs: one SplitMix64
+round over tag and ids packed into 64 bits, a bijection; n-grams: a SplitMix64 chain), so a table of
+identities frequent in human text (``detector.common_units``) can be looked up with a few vectorised
+gathers. ``window_identities`` lists every identity a stretch of text contains, for building such a
+table.
 """
 
 from __future__ import annotations

@@ -2,11 +2,17 @@
 are all detected by `provmark detect` at z >= 4; 20 unwatermarked ones are not.
 
 Unwatermarked text reaches z >= 4 with probability ~3.2e-5 per text under H0 (dedup makes the
-scored units independent coins), so 20 of them all stay under with probability > 0.999; the seeds
-are fixed, so the test is deterministic either way."""
+scored units independent coins), so 20 of them all stay under with probability > 0.999.
+
+The key is fixed as well as the sampling seeds, so the test is deterministic: with a fresh random key
+per run it was not. A watermarked text at temperature 1.0 sometimes falls into a repetitive loop
+that leaves ~50 distinct scored units of 200 tokens (z ~4.5 measured over 23 random keys x 20 texts),
+so one run in a few dozen had one text under z 4: that is the detector's power on degenerate text,
+measured in `provmark eval robustness`, not something this bar should flip on."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -19,12 +25,14 @@ import torch
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sampling import SamplingParams
+from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
 
 pytestmark = pytest.mark.slow
 
 N = 20
 NEW_TOKENS = 200
+SECRET = hashlib.sha256(b"provmark end-to-end test key").digest()  # one fixed key, like a deployment
 
 
 def _first_sentences(n: int) -> list[str]:
@@ -39,7 +47,8 @@ def test_watermarked_generations_are_detected_and_plain_ones_are_not(tmp_path):
     try:
         loaded = load_model()
         engine = Engine(loaded, max_num_seqs=2 * N, max_model_len=512)
-        wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)
+        Keyring().create("k-e2e", secret=SECRET)
+        wm = generation_watermark(None, engine.vocab_size)
         prompts = [engine.apply_chat_template([{"role": "user", "content": f"Continue this news story: {s}"}])
                    for s in _first_sentences(N)]
         params = [SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, temperature=1.0, seed=i)
@@ -60,7 +69,7 @@ def test_watermarked_generations_are_detected_and_plain_ones_are_not(tmp_path):
     assert len(verdicts) == 2 * N
     marked, plain = verdicts[:N], verdicts[N:]
     assert all(v["verdict"] == "watermarked" and v["z_score"] >= 4.0 for v in marked), \
-        [round(v["z_score"], 2) for v in marked]
+        [(v["verdict"], round(v["z_score"], 2)) for v in marked]
     assert all(v["key_id"] == wm.key_id for v in marked)
     assert all(v["verdict"] != "watermarked" and v["z_score"] < 4.0 for v in plain), \
-        [round(v["z_score"], 2) for v in plain]
+        [(v["verdict"], round(v["z_score"], 2)) for v in plain]

@@ -175,12 +175,12 @@ def test_seeded_mbr_is_reproducible_and_returns_one_of_its_samples(engine):
 
 
 @pytest.mark.slow
-def test_watermarked_mbr_output_is_detected(engine, loaded):
+def test_watermarked_mbr_output_is_detected(engine, fixed_key, loaded):
     """Two candidates (the fewest MBR takes): 200 decoding steps dominate this file's runtime."""
     from detector.service import Detector
     from watermark.scheme import generation_watermark
 
-    wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)
+    wm = generation_watermark(None, engine.vocab_size)  # fixed_key: this test's own keyring
     params = SamplingParams(max_new_tokens=WATERMARK_TOKENS, min_new_tokens=WATERMARK_TOKENS, temperature=1.0, seed=5)
     (out,) = run_mbr(engine, _news_prompt(engine), params, MBRConfig(num_candidates=2), watermark=wm)
     assert len(out.token_ids) == WATERMARK_TOKENS

@@ -380,12 +380,12 @@ def test_greedy_speculative_equals_engine_greedy(engine, rewrite_prompt, method)
 
 
 @pytest.mark.slow
-def test_watermarked_speculative_output_is_detected(engine):
+def test_watermarked_speculative_output_is_detected(engine, fixed_key):
     from detector.service import Detector
     from generation.decoding.speculative_drafters import PromptLookupDrafter
     from watermark.scheme import generation_watermark
 
-    wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)  # this test's own keyring
+    wm = generation_watermark(None, engine.vocab_size)  # fixed_key: this test's own keyring
     ids = engine.apply_chat_template([{"role": "user", "content": f"Continue this story: {PASSAGE}"}])
     params = SamplingParams(max_new_tokens=200, min_new_tokens=200, temperature=1.0, seed=7)
     out = speculative_decode(engine, ids, params, PromptLookupDrafter(3, 2), 3, wm)

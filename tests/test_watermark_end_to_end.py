@@ -12,7 +12,6 @@ measured in `provmark eval robustness`, not something this bar should flip on.""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -25,14 +24,12 @@ import torch
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sampling import SamplingParams
-from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
 
 pytestmark = pytest.mark.slow
 
 N = 20
 NEW_TOKENS = 200
-SECRET = hashlib.sha256(b"provmark end-to-end test key").digest()  # one fixed key, like a deployment
 
 
 def _first_sentences(n: int) -> list[str]:
@@ -41,14 +38,13 @@ def _first_sentences(n: int) -> list[str]:
     return [a.split(". ")[0].strip() + "." for a in articles[:n]]
 
 
-def test_watermarked_generations_are_detected_and_plain_ones_are_not(tmp_path):
+def test_watermarked_generations_are_detected_and_plain_ones_are_not(tmp_path, fixed_key):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # shared runner: see tests/test_engine.py
     try:
         loaded = load_model()
         engine = Engine(loaded, max_num_seqs=2 * N, max_model_len=512)
-        Keyring().create("k-e2e", secret=SECRET)
-        wm = generation_watermark(None, engine.vocab_size)
+        wm = generation_watermark(None, engine.vocab_size)  # fixed_key: one key, like a deployment
         prompts = [engine.apply_chat_template([{"role": "user", "content": f"Continue this news story: {s}"}])
                    for s in _first_sentences(N)]
         params = [SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, temperature=1.0, seed=i)

@@ -44,7 +44,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
-from api.http import Auth, OpenAPI, RateLimiter, install_error_handlers
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from detector.store import Store, StoreUnavailable
 from detector.tokens import ADMIN_TOKEN_FILE, ensure_admin_token
 
@@ -55,8 +55,6 @@ API_VERSION = "1.0.0"
 DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 # A JSON string spends at most 6 bytes per character (\uXXXX), plus room for the other fields.
-BODY_BYTES_PER_CHAR = 6
-BODY_OVERHEAD_BYTES = 64 * 1024
 ENV_PREFIX = "PROVMARK_"
 SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text")
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
@@ -144,7 +142,7 @@ def create_app(config: dict | None = None) -> Flask:
     services = DetectorServices(settings, store, detector, Auth(store, limiter))
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_text_chars * BODY_BYTES_PER_CHAR + BODY_OVERHEAD_BYTES
+    install_body_limit(app, settings.max_text_chars)
     app.json.sort_keys = False
     app.extensions[EXTENSION] = services
     install_error_handlers(app)

@@ -17,11 +17,12 @@ from pydantic import (
 
 from api.http import StrictModel
 from detector.store import MAX_PAGE_SIZE, VERDICTS
+from watermark.config import MAX_SPEC_CHARS
 from watermark.keys import KEY_ID_RULE
 
 MAX_FORCED_POSITIONS = 100_000  # more than any text under the character limit tokenizes to
+MAX_TOKEN_INDEX = 2**31 - 1  # a token position; larger ones cannot index any text this service accepts
 MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistake, not a detection
-MAX_SPEC_CHARS = 500  # the longest canonical spec is under 150 characters
 MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
 MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
 MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
@@ -48,7 +49,7 @@ class DetectRequest(StrictModel):
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")
-    forced_positions: list[Annotated[int, Field(ge=0, strict=True)]] | None = Field(
+    forced_positions: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_INDEX, strict=True)]] | None = Field(
         None, max_length=MAX_FORCED_POSITIONS,
         description="token indices where a constrained generator had fewer than two allowed tokens "
                     "(its forced_positions): left out of scoring")

@@ -42,7 +42,7 @@ from api import generation_routes_native, openai_compat
 from api.engine_worker import DEFAULT_MAX_PENDING, EngineWorker
 from api.generation_routes_common import GenerationService
 from api.generation_routes_models import TOKEN_ID_MARK
-from api.http import Auth, OpenAPI, RateLimiter, install_error_handlers
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,7 @@ def create_app(config: dict | None = None) -> Flask:
                                 max_prompt_chars=settings.max_text_chars)
 
     app = Flask("provmark.generation")
+    install_body_limit(app, settings.max_text_chars)
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store

@@ -2,6 +2,14 @@
 scopes, per-token rate limits, and an OpenAPI document built from the same pydantic models that
 validate the requests.
 
+Request-size policy (both services; checked before a body is parsed):
+
+    body bytes      max_text_chars * 6 + 64 KiB   from Content-Length before anything is read (413);
+                                                  a chunked body is cut at the same count (413)
+    JSON nesting    MAX_JSON_DEPTH (32) levels    400; these APIs need 3
+    strings, lists  each model's maxLength / maxItems (422 naming the field); text fields are also
+                    held to max_text_chars by the routes (413)
+
 Error bodies are always ``{"error": {"code": ..., "message": ..., "details": [...]}}`` with the
 right status: not JSON -> 400, bad fields -> 422 naming them, too large -> 413, no token -> 401,
 wrong scope -> 403, unknown thing -> 404, too many requests -> 429 (Retry-After), database down
@@ -78,7 +86,10 @@ def install_error_handlers(app: Flask) -> None:
         headers = {}
         if exc.code == 405 and exc.valid_methods:
             headers["Allow"] = ", ".join(exc.valid_methods)
-        return error_response(exc.code or 500, code, exc.description or exc.name, headers=headers)
+        message = exc.description or exc.name
+        if exc.code == 413 and app.config.get("MAX_CONTENT_LENGTH"):
+            message = f"the request body is too large: the limit is {app.config['MAX_CONTENT_LENGTH']} bytes"
+        return error_response(exc.code or 500, code, message, headers=headers)
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
@@ -93,15 +104,47 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_JSON_DEPTH = 32
+BODY_BYTES_PER_CHAR = 6  # a character may arrive as a \uXXXX escape
+BODY_OVERHEAD_BYTES = 64 * 1024  # the other fields of a request
+
+
+def body_limit(max_text_chars: int) -> int:
+    """The largest request body either service reads, in bytes."""
+    return max_text_chars * BODY_BYTES_PER_CHAR + BODY_OVERHEAD_BYTES
+
+
+def install_body_limit(app: Flask, max_text_chars: int) -> None:
+    """Bodies past ``body_limit`` get a JSON 413 (werkzeug checks Content-Length before reading a byte,
+    and stops a chunked body at the limit)."""
+    app.config["MAX_CONTENT_LENGTH"] = body_limit(max_text_chars)
+
+
+def json_depth(data: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0), walked without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
 def parse_body(model: type[BaseModel]) -> BaseModel:
-    """The request's JSON body validated into ``model``; 400 if not a JSON object, 422 on bad fields."""
+    """The request's JSON body validated into ``model``; 413 past the body limit, 400 if not a JSON
+    object or nested deeper than MAX_JSON_DEPTH, 422 on bad fields."""
     raw = request.get_data(cache=True)  # also when the client sent a form content type (curl -d)
     try:
         data = json.loads(raw) if raw else None
+    except RecursionError:  # deeper than the parser's stack: far past MAX_JSON_DEPTH
+        raise ApiError(400, "invalid_json", f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
         data = None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise ApiError(400, "invalid_json", f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     return validate(model, data)
 
 
@@ -264,4 +307,4 @@ def _response_object(spec) -> dict:
 
 
 __all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel",
-           "error_response", "install_error_handlers", "parse_body", "parse_query", "validate"]
+           "error_response", "install_body_limit", "install_error_handlers", "parse_body", "parse_query", "validate"]

@@ -11,6 +11,11 @@ import torch
 
 from generation.constraints import ConstraintSpec
 
+# Temperatures below this decode greedily (argmax), as vLLM does (its _SAMPLING_EPS). Dividing logits by
+# a temperature near the smallest float overflows fp32 (30 / 1e-38 > 3.4e38), and every overflowed token
+# then shares the row's mass: seed-dependent garbage where the request asked for the most likely token.
+# At 1e-5 a draw differs from argmax only when the top two logits are within ~1e-4 of each other.
+GREEDY_TEMPERATURE = 1e-5
 MIROSTAT_MODES = (0, 1, 2)  # off, v1, v2 (Basu et al. 2021, "Mirostat", algorithms 1 and 2)
 
 
@@ -30,7 +35,7 @@ class SamplingParams:
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
-    temperature: float = 1.0  # 0 => greedy, as in the OpenAI / vLLM APIs
+    temperature: float = 1.0  # 0 (or anything below GREEDY_TEMPERATURE) => greedy, as in the OpenAI / vLLM APIs
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0
@@ -138,8 +143,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when the request decodes by argmax (temperature 0); such rows draw no randomness."""
-        return self.temperature == 0.0
+        """True when the request decodes by argmax (temperature 0, or below GREEDY_TEMPERATURE, where a
+        draw is argmax up to float rounding); such rows draw no randomness, in every decoding path."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Raise ValueError naming the field if any token id lies outside [0, vocab_size)."""

@@ -22,6 +22,18 @@ HF_SCHEMES = ("lefthash", "selfhash")
 PRFS = ("hmac-sha256", "sha3-256")
 MAX_CONTEXT_WIDTH = 64  # far beyond any published setting; bounds per-position work
 HF_DEFAULT_HASHING_KEY = 15485863  # transformers' default: the millionth prime
+# Numeric bounds, one table for every place a spec is accepted (engine, CLI, both services, vLLM plugin):
+# they are checked here, when a spec is built, so nothing downstream sees a value outside them.
+#   h / context_width  1..64 (unigram: 0)   far beyond any published setting; bounds per-position work
+#   gamma              (0, 1) exclusive     a green fraction
+#   delta              [0, 100]             on fp32 logits a bias past ~88 (e^-88 is the smallest normal
+#                                           float) already zeroes every red token whose logit is not far
+#                                           above the best green one: a hard list in all but name (use
+#                                           ``hard`` for that); above it exp(delta) overflows float math
+#   hashing_key (hf)   0..2**63-1           transformers multiplies it with int64 token ids, as we do
+MAX_DELTA = 100.0
+MAX_SPEC_CHARS = 256  # the longest spec written out in full is under 120 characters
+MAX_HASHING_KEY = 2**63 - 1
 
 
 class SpecError(ValueError):
@@ -54,14 +66,16 @@ class WatermarkSpec:
             raise SpecError(f"h: expected 1..{MAX_CONTEXT_WIDTH}, got {self.context_width}")
         if not (isinstance(self.gamma, (int, float)) and 0.0 < self.gamma < 1.0):
             raise SpecError(f"gamma: expected a fraction strictly between 0 and 1, got {self.gamma!r}")
-        if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta >= 0):
-            raise SpecError(f"delta: expected a finite number >= 0, got {self.delta!r}")
+        if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and 0 <= self.delta <= MAX_DELTA):
+            raise SpecError(f"delta: expected a number in [0, {MAX_DELTA:g}] (use 'hard' for a hard green list), "
+                            f"got {self.delta!r}")
         if self.kind == "kgw" and self.prf not in PRFS:
             raise SpecError(f"prf: expected one of {', '.join(PRFS)}, got {self.prf!r}")
         if self.kind == "hf" and self.hard:
             raise SpecError("hard: transformers' watermark has no hard mode")
-        if self.kind == "hf" and not isinstance(self.hashing_key, int):
-            raise SpecError(f"hashing_key: expected an integer, got {self.hashing_key!r}")
+        if self.kind == "hf" and (isinstance(self.hashing_key, bool) or not isinstance(self.hashing_key, int)
+                                  or not 0 <= self.hashing_key <= MAX_HASHING_KEY):
+            raise SpecError(f"hashing_key: expected an integer in 0..2**63-1, got {self.hashing_key!r}")
         object.__setattr__(self, "gamma", float(self.gamma))
         object.__setattr__(self, "delta", float(self.delta))
 
@@ -77,6 +91,8 @@ class WatermarkSpec:
             return text
         if not isinstance(text, str) or not text.strip():
             raise SpecError("spec: expected a string like 'kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0'")
+        if len(text) > MAX_SPEC_CHARS:
+            raise SpecError(f"spec: longer than {MAX_SPEC_CHARS} characters")
         kind, sep, body = text.strip().partition(":")
         kind = kind.strip().lower()
         if not sep:

@@ -67,7 +67,7 @@ def check_beam_params(params: SamplingParams) -> None:
     if params.mirostat_mode != 0:
         raise ValueError(f"SamplingParams.mirostat_mode={params.mirostat_mode} with beam search: "
                          "mirostat shapes random draws; beam search makes none")
-    if params.temperature not in (0.0, 1.0):
+    if not params.greedy and params.temperature != 1.0:
         raise ValueError(f"SamplingParams.temperature={params.temperature} with beam search: beam search is "
                          "deterministic and scores temperature-1 log-probabilities; use 0 or 1")
     for field, off in SAMPLING_ONLY.items():

@@ -42,7 +42,7 @@ import torch
 
 from generation.models import LoadedModel, load_model
 from generation.sampling import NEG_INF, apply_bans_, apply_penalties_, draw_, truncate_
-from generation.sampling_params import SamplerState, SamplingParams
+from generation.sampling_params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
 from generation.sequence import RequestOutput, TextTracker, Usage, WatermarkInfo
 from watermark.vocab import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_ID
 
@@ -95,8 +95,9 @@ class ContrastiveConfig:
             _fail("alpha", self.alpha, "must be in (0, 1]")
         if not _number(self.beta) or self.beta < 0.0:
             _fail("beta", self.beta, "must be a finite number >= 0")
-        if not _number(self.amateur_temperature) or self.amateur_temperature <= 0.0:
-            _fail("amateur_temperature", self.amateur_temperature, "must be a finite number > 0")
+        if not _number(self.amateur_temperature) or self.amateur_temperature < GREEDY_TEMPERATURE:
+            # below it the amateur's logits / T overflow fp32 and its log-softmax is NaN
+            _fail("amateur_temperature", self.amateur_temperature, f"must be a finite number >= {GREEDY_TEMPERATURE}")
         if not isinstance(self.watermark_before_cut, bool):
             _fail("watermark_before_cut", self.watermark_before_cut, "must be True or False")
 

@@ -97,7 +97,7 @@ def run_mbr(engine: Engine, prompt_ids: list[int], params: SamplingParams, confi
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
     if params.greedy:
-        raise ValueError("MBR with SamplingParams.temperature=0: greedy decoding gives N identical candidates; "
+        raise ValueError(f"MBR with SamplingParams.temperature={params.temperature} (greedy): it gives N identical candidates; "
                          "use temperature > 0")
     if params.seed is None:
         candidate_params = [params] * config.num_candidates  # each candidate gets fresh OS randomness

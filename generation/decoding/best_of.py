@@ -46,7 +46,7 @@ def sibling_seed(base: int, index: int) -> int:
 
 def check_best_of_params(params: SamplingParams, best_of: int) -> None:
     if best_of > 1 and params.greedy:
-        raise ValueError(f"n/best_of={best_of} samples with SamplingParams.temperature={params.temperature} (greedy): siblings would all be "
+        raise ValueError(f"n/best_of={best_of} samples with SamplingParams.temperature={params.temperature}: greedy siblings would all be "
                          "identical; sample (temperature > 0) or use beam search")
     if params.constraint is not None:  # the engine's path (n = best_of = 1) is the one that follows constraints
         raise ValueError("SamplingParams.constraint with n/best_of sampling: not supported")

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade)
 
     audit = _group(subparsers, "audit", "inspect the audit log")
-    _action(audit, "verify", "check the audit hash chain for edited, deleted or reordered events",
+    _action(audit, "verify", "check the audit hash chain, and the verdict and receipt rows against it",
             _audit_verify).add_argument("--json", action="store_true", help="machine-readable output")
 
     tokens = _group(subparsers, "tokens", "manage API tokens")
@@ -86,7 +86,10 @@ def _audit_verify(store: Store, args) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.ok:
-        print(f"audit chain OK: {report.events} events, head {report.head_hash}")
+        print(f"audit chain OK: {report.events} events, head {report.head_hash}; {report.rows_checked} verdict and "
+              f"receipt rows match their events" + (f" ({report.rows_partly_covered} written before row digests: "
+                                                   "only the fields their events carried were compared)"
+                                                   if report.rows_partly_covered else ""))
     else:
         print(f"audit chain BROKEN: {len(report.problems)} problem(s) in {report.events} events")
         for problem in report.problems:

@@ -1,11 +1,13 @@
 """``provmark serve generation|detector [--host H] [--port P] [--workers N]``: run one service.
 
-generation (default 127.0.0.1:8000): gunicorn with threaded workers; each worker process loads the
-model once and runs one engine, so ``--workers`` above 1 multiplies memory (default 1) and
-``--threads`` bounds the requests a worker serves at once (streams hold a thread each).
+generation (default 127.0.0.1:8000): gunicorn workers (api/serving.py: an event loop reads requests,
+a thread pool runs the app); each worker process loads the model once and runs one engine, so
+``--workers`` above 1 multiplies memory (default 1) and ``--threads`` bounds the requests a worker
+runs at once (streams hold a thread each).
 detector (default 127.0.0.1:8001): gunicorn with ``--workers`` processes (no model weights).
 Both read their configuration from the PROVMARK_* environment variables (see api/generation_app.py
-and api/detector_app.py); on first start each prints a bootstrap admin token once.
+and api/detector_app.py); on first start the first of them writes a bootstrap admin token to $PROVMARK_HOME/admin.token
+(shown once on a terminal, never in a log).
 """
 
 from __future__ import annotations
@@ -67,20 +69,23 @@ def run_generation_server(host: str, port: int, workers: int = 1, threads: int =
     in each worker after the fork: threads do not survive a fork."""
     from gunicorn.app.base import BaseApplication
 
+    from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer pool across the fork
-    options = {"bind": f"{host}:{port}", "workers": workers, "worker_class": "gthread", "threads": threads,
-               "timeout": GENERATION_WORKER_TIMEOUT_S, "graceful_timeout": GENERATION_GRACEFUL_TIMEOUT_S,
-               "accesslog": None, "errorlog": "-", "loglevel": "warning", "proc_name": "provmark-generation"}
+    prepare_metrics_dir()  # /metrics sums over the workers
+    options = gunicorn_options(host, port, workers, timeout=GENERATION_WORKER_TIMEOUT_S,
+                               graceful_timeout=GENERATION_GRACEFUL_TIMEOUT_S, proc_name="provmark-generation")
 
     class GenerationServer(BaseApplication):
         def load_config(self):
             for key, value in options.items():
-                self.cfg.set(key, value)
+                if key in self.cfg.settings:
+                    self.cfg.set(key, value)
 
         def load(self):
             from api.generation_app import create_app
 
-            return create_app()
+            return asgi_app(create_app(), threads=threads)
 
     print(f"provmark generation: serving on http://{host}:{port}/ (OpenAI base_url http://{host}:{port}/v1) "
           f"with {workers} worker(s) x {threads} threads; the model loads in each worker", flush=True)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from sqlalchemy import text as sql_text
 
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from detector.store import Store, StoreUnavailable
-from detector.tokens import ADMIN_TOKEN_FILE, ensure_admin_token
+from detector.tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +121,7 @@ class DetectorServices:
             token = ensure_admin_token(self.settings.home, self.store)
             if token is not None:
                 path = self.settings.home / ADMIN_TOKEN_FILE
-                # The issue asks for the bootstrap token to be shown once; it is also in the 0600 file.
-                print(f"provmark detector: bootstrap admin token {token} (shown once) was written to {path}",
-                      file=sys.stderr, flush=True)
+                announce_admin_token("detector", token, path)
             self.bootstrapped = True
 
 

@@ -195,17 +195,21 @@ class AuditQuery(StrictModel):
 class AuditProblemItem(BaseModel):
     seq: int | None
     event_id: str | None
-    problem: Literal["edited", "deleted", "reordered", "head_mismatch"]
+    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged"]
     message: str
 
 
 class AuditReportBody(BaseModel):
-    """The audit chain check: ok, or every edited, deleted or reordered event."""
+    """The audit chain check: ok, or every edited, deleted or reordered event, and every verdict or
+    receipt row that was edited, deleted or added outside the service."""
 
     ok: bool
     events: int
     head_seq: int
     head_hash: str
+    rows_checked: int = Field(description="verdict and receipt rows compared with their audit events")
+    rows_partly_covered: int = Field(description="of those, rows whose event predates row digests: "
+                                                 "only the fields it carried were compared")
     problems: list[AuditProblemItem]
 
 

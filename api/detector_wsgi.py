@@ -1,4 +1,6 @@
-"""WSGI entry for the detector: ``gunicorn api.detector_wsgi:application`` or
+"""Entry points of the detector: ``application`` (WSGI), ``asgi_application`` (the same app behind
+a2wsgi, for ``gunicorn -k api.serving.JSONErrorASGIWorker api.detector_wsgi:asgi_application``, the
+layout ``provmark serve detector`` runs: see api/serving.py), or
 ``python -m api.detector_wsgi [--host H] [--port P] [--workers N]`` (gunicorn, N worker processes).
 
 ``run_detector_server`` builds the app once in the gunicorn master (migrations, the bootstrap admin
@@ -16,6 +18,7 @@ DEFAULT_PORT = 8001
 DEFAULT_WORKERS = 2
 WORKER_TIMEOUT_S = 120  # a 100,000-character text scores in about a second; this only catches hangs
 GRACEFUL_TIMEOUT_S = 10
+REQUEST_THREADS = 32  # per worker: scoring is GIL-bound, so threads mostly wait (on a client's body, the database)
 
 _application = None
 
@@ -29,6 +32,10 @@ def __getattr__(name: str):
 
             _application = create_app()
         return _application
+    if name == "asgi_application":
+        from api.serving import asgi_app
+
+        return asgi_app(__getattr__("application"), threads=REQUEST_THREADS)
     raise AttributeError(name)
 
 
@@ -40,12 +47,16 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
         raise ValueError(f"port: expected 0..65535, got {port!r}")
     # Tokenizer threads must not be running when gunicorn forks the workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
+
+    prepare_metrics_dir()  # before the app makes its metrics: /metrics sums over the workers
     from gunicorn.app.base import BaseApplication
 
     from api.detector_app import create_app, services_of
 
     app = create_app()
     services_of(app).store.engine.dispose()  # no connection of the master's is shared with a worker
+    served = asgi_app(app, threads=REQUEST_THREADS)
 
     def post_fork(_server, _worker):
         import torch
@@ -53,11 +64,8 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
         torch.set_num_threads(1)  # one scoring at a time per worker: a thread pool only adds contention
         services_of(app).store.engine.dispose(close=False)
 
-    options = {"bind": f"{host}:{port}", "workers": workers, "worker_class": "sync", "timeout": WORKER_TIMEOUT_S,
-               "graceful_timeout": GRACEFUL_TIMEOUT_S, "post_fork": post_fork, "accesslog": None,
-               "errorlog": "-", "loglevel": "warning", "proc_name": "provmark-detector",
-               # gunicorn's control socket is one fixed path per user: several servers would collide on it.
-               "control_socket_disable": True}
+    options = {**gunicorn_options(host, port, workers, timeout=WORKER_TIMEOUT_S, graceful_timeout=GRACEFUL_TIMEOUT_S,
+                                  proc_name="provmark-detector"), "post_fork": post_fork}
 
     class DetectorServer(BaseApplication):
         def load_config(self):
@@ -66,7 +74,7 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
                     self.cfg.set(key, value)
 
         def load(self):
-            return app
+            return served
 
     print(f"provmark detector: serving on http://{host}:{port}/ with {workers} workers", flush=True)
     DetectorServer().run()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,12 +254,11 @@ def _load_engine(settings: Settings):
 
 
 def _bootstrap_admin(home: Path, store) -> None:
-    from detector.tokens import ADMIN_TOKEN_FILE, ensure_admin_token
+    from detector.tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 
     token = ensure_admin_token(home, store)
     if token is not None:
-        print(f"provmark: bootstrap admin token {token} (shown once; written to {home / ADMIN_TOKEN_FILE}, mode 0600)",
-              file=sys.stderr, flush=True)
+        announce_admin_token("generation", token, home / ADMIN_TOKEN_FILE)
 
 
 def _ensure_watermark_key(keyring, store, vocab) -> None:

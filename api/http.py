@@ -5,7 +5,8 @@ validate the requests.
 Request-size policy (both services; checked before a body is parsed):
 
     body bytes      max_text_chars * 6 + 64 KiB   from Content-Length before anything is read (413);
-                                                  a chunked body is cut at the same count (413)
+                                                  a chunked body: 411 under gunicorn (send a length),
+                                                  cut at the limit (413) under werkzeug's server
     JSON nesting    MAX_JSON_DEPTH (32) levels    400; these APIs need 3
     strings, lists  each model's maxLength / maxItems (422 naming the field); text fields are also
                     held to max_text_chars by the routes (413)
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Response, current_app, g, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 from werkzeug.exceptions import HTTPException
@@ -135,6 +136,12 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
     """The request's JSON body validated into ``model``; 413 past the body limit, 400 if not a JSON
     object or nested deeper than MAX_JSON_DEPTH, 422 on bad fields."""
     raw = request.get_data(cache=True)  # also when the client sent a form content type (curl -d)
+    limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    if request.content_length is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+        if not raw:  # the WSGI bridge under gunicorn does not pass a body of unknown length on
+            raise ApiError(411, "length_required", "send the body with a Content-Length header, not chunked")
+        if limit and len(raw) >= limit:  # werkzeug's own server does, and werkzeug cut it at the limit
+            raise ApiError(413, "request_entity_too_large", f"the request body is too large: the limit is {limit} bytes")
     try:
         data = json.loads(raw) if raw else None
     except RecursionError:  # deeper than the parser's stack: far past MAX_JSON_DEPTH

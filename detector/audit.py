@@ -77,6 +77,8 @@ class AuditReport:
     head_seq: int
     head_hash: str
     problems: list[AuditProblem] = field(default_factory=list)
+    rows_checked: int = 0  # verdict and receipt rows compared with their events (detector.audit_rows)
+    rows_partly_covered: int = 0  # of those, rows whose event predates row digests: only some fields compared
 
     @property
     def ok(self) -> bool:
@@ -84,6 +86,7 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "events": self.events, "head_seq": self.head_seq, "head_hash": self.head_hash,
+                "rows_checked": self.rows_checked, "rows_partly_covered": self.rows_partly_covered,
                 "problems": [asdict(p) for p in self.problems]}
 
 
@@ -147,7 +150,8 @@ def list_events(store: Store, after_seq: int = 0, limit: int = 100, kind: str | 
 
 
 def verify(store: Store) -> AuditReport:
-    """Walk the whole chain; report every edited, deleted or reordered event by seq and id.
+    """Walk the whole chain; report every edited, deleted or reordered event by seq and id, then every
+    verdict or receipt row that disagrees with its event, lost its row or has no event (audit_rows).
 
     Reads one consistent snapshot (SQLite WAL read transaction, PostgreSQL REPEATABLE READ), so it
     can run while other workers append.
@@ -179,6 +183,9 @@ def verify(store: Store) -> AuditReport:
             report.problems.append(AuditProblem(
                 None, None, HEAD_MISMATCH,
                 f"the chain head says seq {head.seq} but the last event is seq {last_seq} with another hash"))
+        from detector.audit_rows import check_rows
+
+        check_rows(session, report)
     return report
 
 

@@ -453,6 +453,7 @@ def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], call
     """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing);
     returns the verdict ids in order. Texts are kept only when the store retains text."""
     from detector.audit import append_event
+    from detector.audit_rows import row_digest
     from detector.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
 
     if len(verdicts) != len(prepared.jobs):
@@ -463,13 +464,14 @@ def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], call
         for job, verdict in zip(prepared.jobs, verdicts):
             record = _verdict_record(job, verdict, prepared.options, VerdictRecord)
             verdict_id = new_id()
-            session.add(VerdictRow(id=verdict_id, created_at=utc_now(), text=job.text if store.retain_text else None,
-                                   caller_token_id=caller.token_id, caller_name=caller.name,
-                                   **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__}))
+            row = VerdictRow(id=verdict_id, created_at=utc_now(), text=job.text if store.retain_text else None,
+                             caller_token_id=caller.token_id, caller_name=caller.name,
+                             **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__})
+            session.add(row)
             session.flush()  # the verdict row first: a constraint error leaves no audit event behind
             append_event(session, "detection", caller.actor, verdict_id,
                          {"verdict": record.verdict, "z": record.z, "key_id": record.key_id,
-                          "spec_fingerprint": record.spec_fingerprint})
+                          "spec_fingerprint": record.spec_fingerprint, "row_sha256": row_digest(row)})
             ids.append(verdict_id)
     return ids
 

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy import select
 
 from detector.audit import append_event, canonical_json
+from detector.audit_rows import row_digest
 from detector.store import ReceiptRow, Store, iso_utc, new_id, utc_now
 from watermark.keys import (
     NONCE_BYTES,
@@ -149,6 +150,7 @@ def store_receipt(store: Store, receipt: dict, actor: str) -> None:
     row = ReceiptRow(**{name: receipt[name] for name in SIGNED_FIELDS}, signer_id=receipt["signer_id"],
                      signature=receipt["signature"], stored_at=utc_now())
     details = {name: receipt[name] for name in ("model_id", "key_id", "token_count", "spec_fingerprint")}
+    details["row_sha256"] = row_digest(row)
     with store.write() as session:
         session.add(row)
         session.flush()

@@ -415,8 +415,10 @@ class Store:
             caller_name=caller.name,
             **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__},
         )
+        from detector.audit_rows import row_digest
+
         details = {"verdict": record.verdict, "z": record.z, "key_id": record.key_id,
-                   "spec_fingerprint": record.spec_fingerprint}
+                   "spec_fingerprint": record.spec_fingerprint, "row_sha256": row_digest(row)}
         with self.write() as session:
             session.add(row)
             session.flush()  # the verdict row first: a constraint error leaves no audit event behind

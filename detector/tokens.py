@@ -154,6 +154,21 @@ def ensure_admin_token(home: Path | None = None, store: Store | None = None) -> 
             store.close()
 
 
+def announce_admin_token(service: str, token: str, path: Path, stream=None) -> None:
+    """Tell the operator a bootstrap admin token exists. The token itself is shown only on an
+    interactive terminal: a service's stderr is usually a log (systemd, docker, a file), and a token in a
+    log is a token for whoever reads logs. Elsewhere the line names the 0600 file that holds it."""
+    import sys
+
+    stream = stream if stream is not None else sys.stderr
+    if stream.isatty():
+        print(f"provmark {service}: bootstrap admin token {token} (shown once; also in {path}, mode 0600)",
+              file=stream, flush=True)
+    else:
+        print(f"provmark {service}: a bootstrap admin token was written to {path} (mode 0600; "
+              f"not printed, as this output is not a terminal)", file=stream, flush=True)
+
+
 def _create(session, scopes: frozenset[str], name: str, actor: str) -> tuple[str, str]:
     token_id, plaintext = new_id(), TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
     session.add(ApiTokenRow(token_id=token_id, name=name, token_hash=token_hash(plaintext),

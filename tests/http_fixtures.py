@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+from werkzeug.datastructures import Headers  # case-insensitive: gunicorn's asgi worker sends lower-case names
 from werkzeug.serving import make_server
 
 CALL_TIMEOUT_S = 60.0
@@ -53,7 +54,7 @@ def shared_vocabulary():
 
 
 def call(method: str, url: str, body=None, *, token: str | None = None, headers: dict | None = None,
-         raw: bytes | None = None, timeout: float = CALL_TIMEOUT_S) -> tuple[int, object, dict]:
+         raw: bytes | None = None, timeout: float = CALL_TIMEOUT_S) -> tuple[int, object, Headers]:
     """One HTTP request over the socket: (status, parsed JSON body or text, headers). Never raises on 4xx/5xx."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(url, data=data, method=method)
@@ -65,9 +66,9 @@ def call(method: str, url: str, body=None, *, token: str | None = None, headers:
         request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, payload, response_headers = response.status, response.read(), dict(response.headers)
+            status, payload, response_headers = response.status, response.read(), Headers(response.headers.items())
     except urllib.error.HTTPError as error:
-        status, payload, response_headers = error.code, error.read(), dict(error.headers)
+        status, payload, response_headers = error.code, error.read(), Headers(error.headers.items())
     content_type = response_headers.get("Content-Type", "")
     if content_type.startswith("application/json"):
         return status, json.loads(payload), response_headers

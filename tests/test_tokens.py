@@ -147,3 +147,20 @@ def test_cli_create_list_revoke(provmark_home, monkeypatch, capsys):
     with Store(home=provmark_home).read() as session:
         stored_hash = session.scalar(select(ApiTokenRow.token_hash))
     assert stored_hash == hashlib.sha256(created["token"].encode()).hexdigest()
+
+
+def test_the_bootstrap_token_is_shown_on_a_terminal_and_only_there(tmp_path):
+    """A terminal shows it once; anything else (a pipe, a log file) gets where it is, not what it is."""
+    import io
+    import os
+
+    from detector.tokens import announce_admin_token
+
+    path = tmp_path / "admin.token"
+    log = io.StringIO()
+    announce_admin_token("detector", "pmk_secretvalue", path, stream=log)
+    assert "pmk_secretvalue" not in log.getvalue() and str(path) in log.getvalue()
+    primary, secondary = os.openpty()
+    with os.fdopen(secondary, "w") as terminal, os.fdopen(primary, "rb", buffering=0) as reader:
+        announce_admin_token("detector", "pmk_secretvalue", path, stream=terminal)
+        assert b"pmk_secretvalue" in reader.read(4096)

@@ -1,0 +1,124 @@
+"""How both services are served: gunicorn as the process manager, its asyncio worker reading
+requests, and the Flask app running on a thread pool behind a2wsgi.
+
+Why this layer (issue #16, measured in docs/deploy.md): gunicorn's ``sync`` and ``gthread`` workers
+give a connection a thread as soon as its first bytes arrive and then block that thread in the header
+parser, so a few clients that send half a request and wait stop a service (2 such connections held the
+detector for 120 s; 64 held the generation service). gunicorn's ``asgi`` worker parses on an event
+loop instead: a half-sent request costs a buffer, not a thread, and the app only runs once a request is
+complete. a2wsgi (maintained, used by Starlette's ecosystem) adapts the WSGI app: a bounded thread
+pool runs it, the request body reaches it as a stream (so Flask's MAX_CONTENT_LENGTH answers a JSON
+413 from Content-Length before reading the body, and a chunked body stops at the limit), and response
+chunks are sent as they come (server-sent events stream).
+
+What gunicorn answers itself before the app sees a request (a request line past 8190 bytes, too
+many or too large headers, a malformed request) is a JSON error body here too, like every other error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+from http import HTTPStatus
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported (api.metrics)
+
+KEEPALIVE_S = 5  # an idle kept-alive connection is closed after this long
+LIMIT_REQUEST_LINE = 8190  # gunicorn's largest: a verdict id of thousands of characters still gets a JSON 404
+WORKER_CLASS = "api.serving.JSONErrorASGIWorker"
+
+
+def asgi_app(wsgi_app, threads: int):
+    """``wsgi_app`` as an ASGI app whose requests run on ``threads`` threads."""
+    from a2wsgi import WSGIMiddleware
+
+    return WSGIMiddleware(wsgi_app, workers=threads)
+
+
+def gunicorn_options(host: str, port: int, workers: int, *, timeout: int, graceful_timeout: int,
+                     proc_name: str) -> dict:
+    """The gunicorn settings both services share."""
+    return {"bind": f"{host}:{port}", "workers": workers, "worker_class": WORKER_CLASS,
+            "timeout": timeout, "graceful_timeout": graceful_timeout, "keepalive": KEEPALIVE_S,
+            "limit_request_line": LIMIT_REQUEST_LINE, "accesslog": None, "errorlog": "-",
+            "loglevel": "warning", "proc_name": proc_name, "asgi_lifespan": "off",
+            # gunicorn's control socket is one fixed path per user: several servers would collide on it.
+            "control_socket_disable": True,
+            "child_exit": _mark_worker_dead}
+
+
+def prepare_metrics_dir() -> str:
+    """PROMETHEUS_MULTIPROC_DIR for this server's workers, so /metrics sums over all of them: the
+    operator's folder when set (emptied: stale files would add old counts), else a private temporary
+    one removed at exit. Must run before the app (and prometheus-client) is imported by the master."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".db"):
+                os.remove(os.path.join(path, name))
+    else:
+        path = tempfile.mkdtemp(prefix="provmark-metrics-")
+        os.environ[MULTIPROC_ENV] = path
+        atexit.register(shutil.rmtree, path, True)
+    import sys
+
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:  # imported already: metrics made from now on must use the shared files too
+        values.ValueClass = values.get_value_class()
+    return path
+
+
+def _mark_worker_dead(_server, worker) -> None:
+    """A worker that exited stops counting towards live gauges (its counters stay in the sum)."""
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+
+def _json_error_protocol():
+    from gunicorn.asgi.protocol import ASGIProtocol
+
+    class JSONErrorProtocol(ASGIProtocol):
+        """gunicorn's own early answers (414, 431, 400, 501) with the services' JSON error body."""
+
+        def _send_error_response(self, status, message, extra_headers=()):
+            try:
+                phrase = HTTPStatus(status).phrase
+            except ValueError:
+                phrase = "Error"
+            code = phrase.lower().replace(" ", "_").replace("-", "_")
+            body = json.dumps({"error": {"code": code, "message": f"{phrase.lower()}: the request was refused "
+                                                                  "before it reached the service"}}).encode()
+            head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n"
+                    + "".join(f"{name}: {value}\r\n" for name, value in extra_headers)
+                    + "Connection: close\r\n\r\n")
+            self._safe_write(head.encode("latin-1"))
+            self._safe_write(body)
+
+    return JSONErrorProtocol
+
+
+def _worker_class():
+    import gunicorn.workers.gasgi as gasgi
+
+    class JSONErrorASGIWorker(gasgi.ASGIWorker):
+        def init_process(self):
+            # The worker module builds its connections through this name; in this worker process only.
+            gasgi.ASGIProtocol = _json_error_protocol()
+            super().init_process()
+
+    return JSONErrorASGIWorker
+
+
+def __getattr__(name: str):
+    if name == "JSONErrorASGIWorker":  # imported by gunicorn from WORKER_CLASS, in the master, lazily
+        cls = _worker_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)

@@ -145,7 +145,8 @@ class VerdictQuery(StrictModel):
     key_id: str | None = Field(None, max_length=32)
     min_z: float | None = Field(None, allow_inf_nan=False)
     text_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
-    cursor: str | None = Field(None, max_length=200)
+    cursor: str | None = Field(None, min_length=1, max_length=200, pattern="^[A-Za-z0-9_-]+$",
+                               description="opaque: the next_cursor of the previous page, as given (422 otherwise)")
     limit: int = Field(100, ge=1, le=MAX_PAGE_SIZE)
     format: Literal["json", "csv"] | None = Field(None, description="csv: the whole filtered list as CSV")
 

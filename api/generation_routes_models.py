@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.generation_routes_common import MAX_LOGPROBS
+from watermark.config import MAX_SPEC_CHARS
 from watermark.keys import KEY_ID_RULE
 
 MAX_NEW_TOKENS = 2048  # the engine's default max_model_len: no request can generate more
@@ -79,7 +80,7 @@ class SamplerFields(BaseModel):
                                                  description="token-id sequences never to generate")
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_LIST, description="stop at any of these ids")
     ignore_eos: bool = Field(False, description="keep going past end-of-text")
-    watermark: str | bool | None = Field(
+    watermark: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SPEC_CHARS)] | bool | None = Field(
         None, description="watermark spec string; false or null = no watermark; absent or true = the default spec")
     key_id: KeyId | None = Field(None, description="keyring key id (default: the active key)")
 

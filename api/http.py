@@ -152,16 +152,29 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
     if json_depth(data) > MAX_JSON_DEPTH:
         raise ApiError(400, "invalid_json", f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
-    return validate(model, data)
+    # JSON types, as the OpenAPI document states them: no "1" for 1 or 1 for true (strict), while 3.0 is
+    # the integer 3 (JSON Schema's reading, which clients and fuzzers rely on)
+    return validate(model, _integral_floats_as_ints(data), strict=True)
 
 
 def parse_query(model: type[BaseModel]) -> BaseModel:
     return validate(model, {k: v for k, v in request.args.items()})
 
 
-def validate(model: type[BaseModel], data: dict) -> BaseModel:
+def _integral_floats_as_ints(data: Any) -> Any:
+    if isinstance(data, float):
+        return int(data) if data.is_integer() else data
+    if isinstance(data, dict):
+        return {key: _integral_floats_as_ints(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_integral_floats_as_ints(value) for value in data]
+    return data
+
+
+def validate(model: type[BaseModel], data: dict, strict: bool | None = None) -> BaseModel:
+    """``data`` validated into ``model`` (``strict``: JSON bodies, no type coercion); 422 naming the fields."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as exc:
         details = [{"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"]}
                    for err in exc.errors(include_url=False, include_input=False)]

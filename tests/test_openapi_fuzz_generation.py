@@ -8,23 +8,16 @@ prompts are 422s, longer generations stop with finish_reason "length") and the f
 
 import pytest
 import schemathesis
+from fuzz_checks import CHECKS  # every check schemathesis has (tests/fuzz_checks.py)
 from http_fixtures import serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import (
-    content_type_conformance,
-    not_a_server_error,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from api.generation_app import create_app
 
 pytestmark = pytest.mark.slow  # loads the embedded model
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]
+
 EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 50}  # per operation; valid ones generate (~1 s each)
 FUZZ_MODEL_LEN = 64  # tokens of prompt + output per request (the chat template alone takes ~30)
 GENERATING = {"/v1/generate", "/v1/completions", "/v1/chat/completions"}

@@ -82,7 +82,17 @@ def _db_upgrade(store: Store, args) -> int:
 
 def _audit_verify(store: Store, args) -> int:
     store.upgrade()  # a fresh database verifies as an empty chain
-    report = verify(store)
+    from tqdm import tqdm
+
+    from detector.audit import HEAD_ROW_ID
+    from detector.store import AuditHeadRow
+
+    with store.read() as session:
+        head = session.get(AuditHeadRow, HEAD_ROW_ID)
+        steps = 3 * (head.seq if head is not None else 0)
+    # on a terminal only (tqdm's disable=None); --json output stays clean either way (the bar is on stderr)
+    with tqdm(total=steps, desc="verifying audit log", unit="ev", disable=None, leave=False) as bar:
+        report = verify(store, progress=bar.update)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.ok:

@@ -53,7 +53,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     role: Role
     content: str | list[TextPart] | None = None
-    name: str | None = None
+    name: str | None = Field(None, max_length=64, description="the participant's name (OpenAI: up to 64 characters)")
 
     def as_template_message(self) -> dict:
         """``{"role", "content"}`` for the chat template (developer -> system, parts joined)."""
@@ -81,8 +81,10 @@ class SamplerFields(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_LIST, description="stop at any of these ids")
     ignore_eos: bool = Field(False, description="keep going past end-of-text")
     watermark: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SPEC_CHARS)] | bool | None = Field(
-        None, description="watermark spec string; false or null = no watermark; absent or true = the default spec")
-    key_id: KeyId | None = Field(None, description="keyring key id (default: the active key)")
+        None, description="watermark spec string (grammar and bounds: docs/deploy.md, watermark/config.py; "
+                          "422 otherwise); false or null = no watermark; absent or true = the default spec")
+    key_id: KeyId | None = Field(None, description="keyring key id (default: the active key); needs a keyed "
+                                                   "watermark spec: with the watermark off or an hf: spec, 422")
 
 
 def logit_bias_values(bias: dict[str, float] | None, field: str = "logit_bias") -> dict[int, float] | None:

@@ -61,7 +61,8 @@ class GenerateRequest(SamplerFields):
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_LIST,
                                                description="a chat, rendered by the model's chat template")
     max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS)
-    min_new_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS, description="no end-of-text before this many tokens")
+    min_new_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS,
+        description="no end-of-text before this many tokens; at most the maximum tokens (422 otherwise)")
     temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1 = off)")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)

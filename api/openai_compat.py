@@ -82,8 +82,9 @@ class OpenAIRequest(SamplerFields):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = None
-    user: str | None = None
-    min_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS, description="no end-of-text before this many tokens")
+    user: str | None = Field(None, max_length=256, description="an end-user id (not used; bounded)")
+    min_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS,
+        description="no end-of-text before this many tokens; at most the maximum tokens (422 otherwise)")
 
 
 class CompletionRequest(OpenAIRequest):

@@ -149,12 +149,13 @@ def list_events(store: Store, after_seq: int = 0, limit: int = 100, kind: str | 
         return [_to_event(row) for row in session.scalars(query.order_by(AuditEventRow.seq).limit(limit))]
 
 
-def verify(store: Store) -> AuditReport:
+def verify(store: Store, progress=None) -> AuditReport:
     """Walk the whole chain; report every edited, deleted or reordered event by seq and id, then every
     verdict or receipt row that disagrees with its event, lost its row or has no event (audit_rows).
 
     Reads one consistent snapshot (SQLite WAL read transaction, PostgreSQL REPEATABLE READ), so it
-    can run while other workers append.
+    can run while other workers append. ``progress(steps)`` (e.g. a tqdm bar's ``update``) is called as
+    batches are done: 3 x head seq steps in all (the chain, then the verdict and the receipt rows).
     """
     with store.read() as session:
         if store.dialect == "postgresql":  # one snapshot for head and events while others append
@@ -172,6 +173,8 @@ def verify(store: Store) -> AuditReport:
                 problems = _check_row(session, row, expected_seq, last_hash, last_flagged)
                 report.problems.extend(problems)
                 expected_seq, last_hash, last_flagged = row.seq + 1, row.hash, bool(problems)
+            if progress is not None:
+                progress(len(batch))
             if len(batch) < VERIFY_BATCH:
                 break
         last_seq = expected_seq - 1
@@ -185,7 +188,7 @@ def verify(store: Store) -> AuditReport:
                 f"the chain head says seq {head.seq} but the last event is seq {last_seq} with another hash"))
         from detector.audit_rows import check_rows
 
-        check_rows(session, report)
+        check_rows(session, report, progress)
     return report
 
 

@@ -69,7 +69,7 @@ def row_digest(row) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def check_rows(session: Session, report) -> None:
+def check_rows(session: Session, report, progress=None) -> None:
     """Compare every verdict and receipt row with its event; append problems to ``report``."""
     from detector.audit import AuditProblem
 
@@ -92,6 +92,8 @@ def check_rows(session: Session, report) -> None:
                     report.rows_checked += 1
                     if "row_sha256" not in details:
                         report.rows_partly_covered += 1
+            if progress is not None:
+                progress(min(BATCH, last_seq - start))
         last = ""
         while True:
             # subject ids are random UUIDs: matching on subject_id alone lets every database use its index

@@ -72,7 +72,7 @@ def run_generation_server(host: str, port: int, workers: int = 1, threads: int =
     from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer pool across the fork
-    prepare_metrics_dir()  # /metrics sums over the workers
+    prepare_metrics_dir(workers)  # /metrics sums over the workers
     options = gunicorn_options(host, port, workers, timeout=GENERATION_WORKER_TIMEOUT_S,
                                graceful_timeout=GENERATION_GRACEFUL_TIMEOUT_S, proc_name="provmark-generation")
 

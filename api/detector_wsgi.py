@@ -18,7 +18,6 @@ DEFAULT_PORT = 8001
 DEFAULT_WORKERS = 2
 WORKER_TIMEOUT_S = 120  # a 100,000-character text scores in about a second; this only catches hangs
 GRACEFUL_TIMEOUT_S = 10
-REQUEST_THREADS = 32  # per worker: scoring is GIL-bound, so threads mostly wait (on a client's body, the database)
 
 _application = None
 
@@ -35,7 +34,10 @@ def __getattr__(name: str):
     if name == "asgi_application":
         from api.serving import asgi_app
 
-        return asgi_app(__getattr__("application"), threads=REQUEST_THREADS)
+        from api.serving import InlineWSGI
+
+        app = __getattr__("application")
+        return InlineWSGI(app, app.config["MAX_CONTENT_LENGTH"])
     raise AttributeError(name)
 
 
@@ -47,16 +49,16 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
         raise ValueError(f"port: expected 0..65535, got {port!r}")
     # Tokenizer threads must not be running when gunicorn forks the workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
+    from api.serving import InlineWSGI, gunicorn_options, prepare_metrics_dir
 
-    prepare_metrics_dir()  # before the app makes its metrics: /metrics sums over the workers
+    prepare_metrics_dir(workers)  # before the app makes its metrics: /metrics sums over the workers
     from gunicorn.app.base import BaseApplication
 
     from api.detector_app import create_app, services_of
 
     app = create_app()
     services_of(app).store.engine.dispose()  # no connection of the master's is shared with a worker
-    served = asgi_app(app, threads=REQUEST_THREADS)
+    served = InlineWSGI(app, app.config["MAX_CONTENT_LENGTH"])
 
     def post_fork(_server, _worker):
         import torch

@@ -1,13 +1,14 @@
-"""How both services are served: gunicorn as the process manager, its asyncio worker reading
-requests, and the Flask app running on a thread pool behind a2wsgi.
+"""How both services are served: gunicorn as the process manager and its asyncio worker reading
+requests; the generation app runs on a thread pool behind a2wsgi, the detector app on the worker's
+own thread once its request has fully arrived (``InlineWSGI``).
 
 Why this layer (issue #16, measured in docs/deploy.md): gunicorn's ``sync`` and ``gthread`` workers
 give a connection a thread as soon as its first bytes arrive and then block that thread in the header
 parser, so a few clients that send half a request and wait stop a service (2 such connections held the
 detector for 120 s; 64 held the generation service). gunicorn's ``asgi`` worker parses on an event
 loop instead: a half-sent request costs a buffer, not a thread, and the app only runs once a request is
-complete. a2wsgi (maintained, used by Starlette's ecosystem) adapts the WSGI app: a bounded thread
-pool runs it, the request body reaches it as a stream (so Flask's MAX_CONTENT_LENGTH answers a JSON
+complete. For the generation service a2wsgi (maintained, used by Starlette's ecosystem) adapts the
+WSGI app: a bounded thread pool runs it, the request body reaches it as a stream (so Flask's MAX_CONTENT_LENGTH answers a JSON
 413 from Content-Length before reading the body, and a chunked body stops at the limit), and response
 chunks are sent as they come (server-sent events stream).
 
@@ -38,6 +39,54 @@ def asgi_app(wsgi_app, threads: int):
     return WSGIMiddleware(wsgi_app, workers=threads)
 
 
+class InlineWSGI:
+    """The detector's ASGI app: the request body is received on the event loop (a slow client costs a
+    buffer, never a thread), then the WSGI app runs on the loop's own thread and its answer is sent.
+
+    Measured with benchmarks/service_load.py (16 clients, 300-token texts, 2 workers, metrics per worker):
+    gunicorn's sync worker 366-377 requests/s; a2wsgi's thread pool 210-260 with 32 threads (scoring
+    holds the GIL: threads only contend) and ~320 with one; this 359 (p99 68 ms). Scoring blocks the loop for its few
+    milliseconds, exactly as a sync worker is blocked, but only once a request is complete. Bodies larger
+    than ``body_limit`` are not received: the app answers 413 from the Content-Length header. Responses
+    are built whole (the detector streams nothing); environ building is a2wsgi's."""
+
+    def __init__(self, app, body_limit: int) -> None:
+        self.app, self.body_limit = app, body_limit
+        self.fallback = asgi_app(app, threads=1)  # lifespan and anything but plain HTTP
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.fallback(scope, receive, send)
+        from io import BytesIO
+
+        from a2wsgi.wsgi import build_environ
+
+        length = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
+        received, more = [], (int(length) <= self.body_limit) if length.isdigit() else True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            received.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        state, written = {}, []
+
+        def start_response(status, headers, exc_info=None):
+            state["status"], state["headers"] = status, headers
+            return written.append
+
+        result = self.app(build_environ(scope, BytesIO(b"".join(received))), start_response)
+        try:
+            body = b"".join(written) + b"".join(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        await send({"type": "http.response.start", "status": int(state["status"][:3]),
+                    "headers": [(name.lower().encode("latin-1"), value.encode("latin-1"))
+                                for name, value in state["headers"]]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def gunicorn_options(host: str, port: int, workers: int, *, timeout: int, graceful_timeout: int,
                      proc_name: str) -> dict:
     """The gunicorn settings both services share."""
@@ -50,11 +99,17 @@ def gunicorn_options(host: str, port: int, workers: int, *, timeout: int, gracef
             "child_exit": _mark_worker_dead}
 
 
-def prepare_metrics_dir() -> str:
+def prepare_metrics_dir(workers: int) -> str | None:
     """PROMETHEUS_MULTIPROC_DIR for this server's workers, so /metrics sums over all of them: the
-    operator's folder when set (emptied: stale files would add old counts), else a private temporary
-    one removed at exit. Must run before the app (and prometheus-client) is imported by the master."""
+    operator's folder when set (emptied: stale files would add old counts), else, with more than one
+    worker, a private temporary one removed at exit. Must run before the app makes its metrics.
+
+    The sum has a price: prometheus-client's multiprocess mode writes every count to a shared file,
+    measured at 359 -> ~310 detections/s with 16 clients of 300-token texts on 2 workers (2 cores). One
+    worker (the generation service's default) needs no sum and does not pay it."""
     path = os.environ.get(MULTIPROC_ENV)
+    if not path and workers <= 1:
+        return None
     if path:
         os.makedirs(path, exist_ok=True)
         for name in os.listdir(path):

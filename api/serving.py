@@ -62,13 +62,15 @@ class InlineWSGI:
         from a2wsgi.wsgi import build_environ
 
         length = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
-        received, more = [], (int(length) <= self.body_limit) if length.isdigit() else True
-        while more:
+        received, size = [], 0
+        more = (int(length) <= self.body_limit) if length.isdigit() else True
+        while more:  # a body without Content-Length (chunked) is cut past the limit: the app refuses it
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             received.append(message.get("body", b""))
-            more = message.get("more_body", False)
+            size += len(received[-1])
+            more = message.get("more_body", False) and size <= self.body_limit
         state, written = {}, []
 
         def start_response(status, headers, exc_info=None):

@@ -197,6 +197,32 @@ def test_a_chunked_body_is_refused_with_a_json_411(detector):
     assert status == 411, body
 
 
+def test_a_huge_chunked_body_is_not_buffered(detector):
+    """No Content-Length: the server stops reading past the body limit and answers a JSON 4xx; no
+    worker grows by more than 50 MB (a worker that buffered the 64 MB offered would)."""
+    before = _worker_rss_mb(detector)
+    host, port = detector.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall((f"POST /v1/detect HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {detector.token}\r\n"
+                      "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
+        chunk = b"a" * (1 << 20)
+        try:
+            for _ in range(64):  # 64 MB offered; the limit is under 1 MB
+                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        except OSError:
+            pass  # the server answered and closed: what we want
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 4"), answer[:200]
+    after = _worker_rss_mb(detector)
+    assert all(after[pid] - before.get(pid, after[pid]) < 50 for pid in after), (before, after)
+
+
+def _worker_rss_mb(service: Service) -> dict[int, float]:
+    """Resident memory of each process in the service's process group (master and workers), in MB."""
+    out = subprocess.run(["ps", "-o", "pid=,rss=", "-g", str(service.process.pid)], capture_output=True, text=True)
+    return {int(pid): int(rss) / 1024 for pid, rss in (line.split() for line in out.stdout.splitlines())}
+
+
 @pytest.mark.parametrize("length,status", [(5000, 404), (9000, 414)])
 def test_long_urls_get_json_errors(detector, length, status):
     got, body, _ = _raw(detector.url, f"GET /v1/verdicts/{'a' * length} HTTP/1.1\r\nHost: x\r\n"

@@ -11,7 +11,17 @@ a hash of its name, so the split is the same on every machine:
 * ``reviews``     gensim's ``pang_lee_polarity.cor`` (lower-cased film reviews, tokenised by spaces);
 * ``docs``        the Python documentation's prose (``pydoc_data/topics.py`` of the standard library);
 * ``code``        the standard library's own Python source, and CPython's C headers;
-* ``boilerplate`` licence texts of the installed distributions (MIT, BSD, Apache ... over and over).
+* ``boilerplate`` licence texts of the installed distributions (MIT, BSD, Apache ... over and over);
+* ``packages``    the Python source of every installed third-party distribution (up to
+                  ``PACKAGE_CHARS`` of it each): code bases with identifiers and docstring styles of their own;
+* ``readmes``     the long descriptions (READMEs: markdown or reStructuredText prose, badges, install lines)
+                  of the installed distributions.
+
+Documents also name their *collection*, the body of text they were written in (one package's code, the
+READMEs, the Lee corpus): units a collection shares are what moves a fixed key's null on text from it
+(docs/detection.md), so the common-unit table counts frequencies per collection as well as per domain.
+A third-party package goes to one half whole (the split hashes its name), so the held-out half holds
+code bases nothing was fitted on.
 """
 
 from __future__ import annotations
@@ -29,9 +39,10 @@ from functools import lru_cache
 from pathlib import Path
 
 FIT, HELD_OUT = "fit", "held_out"
-DOMAINS = ("news", "encyclopedia", "reviews", "docs", "code", "boilerplate")
+DOMAINS = ("news", "encyclopedia", "reviews", "docs", "code", "boilerplate", "packages", "readmes")
 GENSIM_DATA = "gensim/test/test_data"
 MAX_DOC_CHARS = 60_000  # a longer source file is cut: long enough for 5,000-token texts
+PACKAGE_CHARS = 250_000  # of one distribution's source at most (~70k tokens): no code base outweighs the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +50,15 @@ class HumanDoc:
     domain: str
     source: str  # where it came from: "<distribution>:<path>[#part]"
     text: str
+    collection: str = ""  # the body of text it belongs to ("pkg:numpy", "stdlib", "lee"); "" = its domain
+    whole: bool = False  # the collection goes to one split whole (a code base), not document by document
 
     @property
     def split(self) -> str:
-        """FIT or HELD_OUT, by a hash of the source name (stable across machines)."""
-        return FIT if hashlib.sha256(self.source.encode()).digest()[0] % 2 == 0 else HELD_OUT
+        """FIT or HELD_OUT, by a hash of the source name, or of the collection for a whole one (stable
+        across machines)."""
+        name = self.collection if self.whole else self.source
+        return FIT if hashlib.sha256(name.encode()).digest()[0] % 2 == 0 else HELD_OUT
 
 
 def documents(domains: tuple[str, ...] = DOMAINS, split: str | None = None) -> list[HumanDoc]:
@@ -76,14 +91,22 @@ def held_out_texts(vocab) -> dict[str, list]:
         "paragraphs": encode([p for d in held if d.domain == "encyclopedia" for p in d.text.split("\n\n")], 200, 50),
         "documents": encode([d.text for d in held if d.domain in ("news", "encyclopedia", "docs")], 800, 150),
         "code": encode([d.text for d in held if d.domain == "code"], 1500, 300),
+        "package_code": encode([d.text for d in held if d.domain == "packages"], 1500, 300),
+        "readmes": encode([d.text for d in held if d.domain == "readmes"], 1500, 150),
     }
 
 
 @lru_cache(maxsize=None)
 def _domain(domain: str) -> tuple[HumanDoc, ...]:
     loader = {"news": _news, "encyclopedia": _encyclopedia, "reviews": _reviews, "docs": _python_docs,
-              "code": _code, "boilerplate": _licences}[domain]
-    return tuple(HumanDoc(domain, source, text[:MAX_DOC_CHARS]) for source, text in loader() if text.strip())
+              "code": _code, "boilerplate": _licences, "packages": _package_code, "readmes": _readmes}[domain]
+    return tuple(HumanDoc(domain, source, text[:MAX_DOC_CHARS], collection or domain, whole)
+                 for source, text, collection, whole in map(_with_collection, loader()) if text.strip())
+
+
+def _with_collection(item: tuple) -> tuple[str, str, str, bool]:
+    """(source, text) -> (source, text, collection, whole); a loader may name the collection itself."""
+    return item if len(item) == 4 else (*item, "", False)
 
 
 # ------------------------------------------------------------------------------------- sources
@@ -179,11 +202,51 @@ def _code() -> Iterator[tuple[str, str]]:
         rel = path.relative_to(stdlib)
         if rel.parts[0] in skip or path.stat().st_size < 1_000:
             continue
-        yield f"stdlib:{rel.as_posix()}", path.read_text(encoding="utf-8", errors="replace")
+        yield f"stdlib:{rel.as_posix()}", path.read_text(encoding="utf-8", errors="replace"), "stdlib", False
     include = Path(sysconfig.get_paths()["include"])
     for path in sorted(include.rglob("*.h")):
         if path.stat().st_size >= 1_000:
-            yield f"include:{path.relative_to(include).as_posix()}", path.read_text(encoding="utf-8", errors="replace")
+            text = path.read_text(encoding="utf-8", errors="replace")
+            yield f"include:{path.relative_to(include).as_posix()}", text, "include", False
+
+
+_GENERATED = re.compile(r"_pb2(_grpc)?\.py$|/_?vendor(ed)?/|/tests?/|/testing/|/test_[^/]*$|_test\.py$")
+
+
+def _package_code() -> Iterator[tuple[str, str, str, bool]]:
+    """Each installed third-party distribution's Python source (tests, vendored copies and generated
+    protobuf modules left out), files in a fixed hash order up to PACKAGE_CHARS; a file shipped by two
+    distributions counts once."""
+    seen: set[bytes] = set()
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        name = (dist.metadata["Name"] or "").lower()
+        if name == "provmark":  # our own code is not the human text we measure against
+            continue
+        files = [f for f in dist.files or () if f.suffix == ".py" and not _GENERATED.search("/" + f.as_posix())]
+        files.sort(key=lambda f: hashlib.sha256(f.as_posix().encode()).digest())
+        budget = PACKAGE_CHARS
+        for file in files:
+            if budget <= 0:
+                break
+            try:
+                text = Path(str(dist.locate_file(file))).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            digest = hashlib.sha256(text.encode()).digest()
+            if len(text) < 1_000 or digest in seen:
+                continue
+            seen.add(digest)
+            text = text[:min(budget, MAX_DOC_CHARS)]
+            budget -= len(text)
+            yield f"{name}:{file.as_posix()}", text, f"pkg:{name}", True
+
+
+def _readmes() -> Iterator[tuple[str, str, str, bool]]:
+    """The long description (README) in each installed distribution's metadata, when it says something."""
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        if len(body) >= 1_000:
+            yield f"{(dist.metadata['Name'] or '').lower()}:METADATA", body, "readmes", False
 
 
 def _licences() -> Iterator[tuple[str, str]]:

@@ -4,8 +4,10 @@
 
 Corpora: the held-out half of ``detector.human_corpora`` only (never used for the table or a key's
 calibration), as independent texts: encyclopedia paragraphs (first 200 tokens), documents (news,
-encyclopedia, documentation; first 800 tokens) and source files (first 1,500 tokens). Writes
-DIR/key_soundness.json and DIR/key_soundness.png (every key's mean z, before and after).
+encyclopedia, documentation; first 800 tokens), standard-library source files and the source of
+held-out third-party packages (first 1,500 tokens), and package READMEs. Writes
+DIR/key_soundness.json and DIR/key_soundness.png (every key's mean z, before and after), and the
+number of texts each key flags at z = 4 (exact binomial test).
 """
 
 from __future__ import annotations
@@ -24,20 +26,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from detector import common_units, human_corpora  # noqa: E402
 from detector.scoring import score_positions  # noqa: E402
 from watermark.scheme import Watermark  # noqa: E402
+from watermark.stats import p_value_binomial, p_value_normal  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
+
+ALPHA = p_value_normal(4.0)
 
 SPECS = "kgw:scheme=selfhash;kgw:scheme=lefthash,h=1;kgw:scheme=unigram;kgw:scheme=minhash"
 
 
-def mean_z(mark: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, int]:
-    zs = []
+def mean_z(mark: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, int, int]:
+    """(mean z, sd of z, texts scored, texts flagged at alpha = P(Z >= 4)) of ``texts`` under ``mark``."""
+    zs, flagged = [], 0
     for ids in texts:
         flags, prev = score_positions(mark, torch.from_numpy(ids), common)
         counted = prev < 0
         total = int(counted.sum())
         if total:
-            zs.append((int((flags & counted).sum()) - mark.gamma * total) / np.sqrt(total * mark.gamma * (1 - mark.gamma)))
-    return float(np.mean(zs)), float(np.std(zs)), len(zs)
+            green = int((flags & counted).sum())
+            zs.append((green - mark.gamma * total) / np.sqrt(total * mark.gamma * (1 - mark.gamma)))
+            flagged += p_value_binomial(green, total, mark.gamma) <= ALPHA
+    return float(np.mean(zs)), float(np.std(zs)), len(zs), flagged
 
 
 def main() -> int:
@@ -53,14 +61,16 @@ def main() -> int:
     rows = []
     jobs = [(s, c, mode) for s in args.specs.split(";") for c in corpora for mode in ("before", "after")]
     for spec, corpus, mode in tqdm(jobs, desc="specs x corpora", unit="cell"):
-        means, sds, n = [], [], 0
+        means, sds, n, flagged = [], [], 0, 0
         for secret in secrets:
-            m, sd, n = mean_z(Watermark(spec, secret, vocab.vocab_size), corpora[corpus], table if mode == "after" else None)
+            m, sd, n, f = mean_z(Watermark(spec, secret, vocab.vocab_size), corpora[corpus], table if mode == "after" else None)
             means.append(m)
             sds.append(sd)
+            flagged += f
         rows.append({"spec": spec, "corpus": corpus, "mode": mode, "n": n, "mean_z_per_key": means,
                      "spread": float(np.std(means)), "noise": float(np.mean(sds) / np.sqrt(n)),
-                     "max_abs_mean_z": float(np.max(np.abs(means)))})
+                     "max_abs_mean_z": float(np.max(np.abs(means))), "flagged": flagged,
+                     "flagged_expected": ALPHA * n * len(secrets)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"keys": args.keys, "common_units": {"digest": table.digest, "entries": len(table)}, "rows": rows}
@@ -68,7 +78,7 @@ def main() -> int:
     plot(rows, out / "key_soundness.png")
     for r in rows:
         print(f"{r['spec']:28s} {r['corpus']:10s} {r['mode']:6s} n={r['n']:5d} spread {r['spread']:.3f} "
-              f"noise {r['noise']:.3f} max |mean z| {r['max_abs_mean_z']:.3f}")
+              f"noise {r['noise']:.3f} max |mean z| {r['max_abs_mean_z']:.3f} flagged {r['flagged']}")
     return 0
 
 

@@ -11,8 +11,11 @@ rate at z = 4 (before this check existed, the spread was 0.14 to 0.48 and keys s
 screening at creation (detector.calibration) turns away the keys measured furthest out.
 
 Both checks use the held-out half of the human corpora (never used to build the common-unit table
-or to calibrate keys), in three shapes users have: encyclopedia paragraphs, multi-paragraph
-documents (news, encyclopedia, documentation) and source files. Keys are fixed (sha256 of a label).
+or to calibrate keys), in four shapes users have: encyclopedia paragraphs, multi-paragraph
+documents (news, encyclopedia, documentation), standard-library source files and the source of
+third-party code bases that nothing was fitted on (whole packages are held out). Keys are fixed
+(sha256 of a label). A last check counts the held-out human texts each key flags: at most what the
+stated rate allows by the binomial tail.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from scipy.stats import binom
 
 from detector import common_units, human_corpora
 from detector.scoring import score_positions
 from watermark.scheme import Watermark
+from watermark.stats import p_value_binomial, p_value_normal
 from watermark.vocab import load_vocabulary
 
 SPECS = ("kgw:scheme=selfhash", "kgw:scheme=lefthash,h=1", "kgw:scheme=unigram", "kgw:scheme=minhash")
@@ -43,13 +48,29 @@ def vocab():
 def corpora(vocab) -> dict[str, list[np.ndarray]]:
     texts = human_corpora.held_out_texts(vocab)
     texts["paragraphs"] = texts["paragraphs"][:800]
+    texts.pop("readmes")  # a few dozen texts: too few to say anything about a key (scripts/key_soundness.py)
     return texts
 
 
-def null_of_one_key(wm: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, float]:
-    """(mean z, S, S_shared) of ``texts`` under ``wm``, scored as the detector scores them."""
+ALPHA = p_value_normal(4.0)  # the stated false-positive rate at z = 4
+_nulls: dict[tuple[str, int, str], tuple[float, float, float, int, int]] = {}
+
+
+def null_of(vocab, corpora, spec: str, key: int, corpus: str) -> tuple[float, float, float, int, int]:
+    """``null_of_one_key`` of one fixed key on one held-out corpus, computed once per module."""
+    found = _nulls.get((spec, key, corpus))
+    if found is None:
+        wm = Watermark(spec, KEYS[key], vocab.vocab_size, key_id=f"fixed-{key}")
+        found = _nulls[(spec, key, corpus)] = null_of_one_key(wm, corpora[corpus], common_units.for_vocabulary(vocab))
+    return found
+
+
+def null_of_one_key(wm: Watermark, texts: list[np.ndarray], common) -> tuple[float, float, float, int, int]:
+    """(mean z, S, S_shared, texts scored, texts flagged at ALPHA by the exact binomial test) of
+    ``texts`` under ``wm``, scored as the detector scores them."""
     weights: dict[tuple, list[float]] = {}
     zs = []
+    flagged = 0
     for ids in texts:
         tensor = torch.from_numpy(ids)
         flags, prev = score_positions(wm, tensor, common)
@@ -57,26 +78,26 @@ def null_of_one_key(wm: Watermark, texts: list[np.ndarray], common) -> tuple[flo
         total = int(counted.sum())
         if total == 0:
             continue
-        zs.append((int((flags & counted).sum()) - wm.gamma * total) / np.sqrt(total * wm.gamma * (1 - wm.gamma)))
+        green = int((flags & counted).sum())
+        zs.append((green - wm.gamma * total) / np.sqrt(total * wm.gamma * (1 - wm.gamma)))
+        flagged += p_value_binomial(green, total, wm.gamma) <= ALPHA
         units = wm.scored_positions(tensor)[1].numpy()[counted]
         for unit in map(tuple, units):
             weights.setdefault(unit, []).append(1.0 / np.sqrt(total))
     n = len(zs)
     shares = [(sum(w) / n) ** 2 for w in weights.values()]
     shared = [(sum(w) / n) ** 2 for w in weights.values() if len(w) > 1]
-    return float(np.mean(zs)), float(sum(shares)), float(sum(shared))
+    return float(np.mean(zs)), float(sum(shares)), float(sum(shared)), n, flagged
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("corpus", ["paragraphs", "documents", "code"])
+@pytest.mark.parametrize("corpus", ["paragraphs", "documents", "code", "package_code"])
 def test_every_fixed_key_keeps_the_null_of_held_out_human_text(vocab, corpora, spec, corpus):
-    common = common_units.for_vocabulary(vocab)
     texts = corpora[corpus]
     assert len(texts) >= 150, "the held-out corpus is too small to say anything"
-    for i, secret in enumerate(KEYS):
-        wm = Watermark(spec, secret, vocab.vocab_size, key_id=f"fixed-{i}")
-        mean_z, total, shared = null_of_one_key(wm, texts, common)
+    for i in range(len(KEYS)):
+        mean_z, total, shared, _, _ = null_of(vocab, corpora, spec, i, corpus)
         # the units many human texts share must not decide a key's null ...
         assert np.sqrt(shared) <= MAX_SHIFT, (
             f"{spec}, {corpus}, key {i}: units shared by human texts shift this key's null by "
@@ -84,6 +105,18 @@ def test_every_fixed_key_keeps_the_null_of_held_out_human_text(vocab, corpora, s
         # ... and the key's mean z sits where n texts and that sharing put it
         bound = SIGMAS * np.sqrt(total)
         assert abs(mean_z) <= bound, f"{spec}, {corpus}, key {i}: mean z {mean_z:+.3f} of {len(texts)} texts, bound {bound:.3f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS)
+def test_each_fixed_key_flags_no_more_human_texts_than_the_stated_rate_allows(vocab, corpora, spec):
+    """The decision as users meet it: one key, every held-out human text, the exact binomial test at
+    alpha = P(Z >= 4). The count of flagged texts must stay within the binomial tail of the stated rate."""
+    for i in range(len(KEYS)):
+        results = [null_of(vocab, corpora, spec, i, corpus) for corpus in corpora]
+        scored, flagged = sum(r[3] for r in results), sum(r[4] for r in results)
+        allowed = int(binom.isf(1e-4, scored, ALPHA))  # more than this: probability below 1e-4 at the stated rate
+        assert flagged <= allowed, f"{spec}, key {i}: {flagged} of {scored} human texts flagged, at most {allowed} allowed"
 
 
 @pytest.mark.slow

@@ -148,7 +148,8 @@ class Calibration:
         return {"id": self.calibration_id, "spec": self.spec, "created_at": self.created_at,
                 "max_abs_mean_z": round(max(measured), 4) if measured else None,
                 "stated_fpr": self.stated_fpr, "worst_realised_fpr": worst if math.isfinite(worst) else None,
-                "worst_guarded_fpr": self.worst_guarded_fpr(), "passes_screen": self.passes_screen()}
+                "worst_guarded_fpr": self.worst_guarded_fpr(), "passes_screen": self.passes_screen(),
+                "common_units": self.common_units}
 
     def to_dict(self, with_id: bool = True) -> dict:
         out = {"key_id": self.key_id, "key_fingerprint": self.key_fingerprint, "spec": self.spec,

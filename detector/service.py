@@ -325,6 +325,10 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
     common = common_units.for_vocabulary(vocab) if spec.kind == "kgw" else None
+    # a null measured under another common-unit table is not this scoring's null: such a key counts as
+    # uncalibrated until `provmark keys calibrate` measures it again
+    calibrations = [c if c is not None and common is not None and c.common_units == common.digest else None
+                    for c in calibrations]
     flags, prevs = zip(*(score_positions(wm, ids, common, options.dedup) for wm in marks))
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = _forced_scored_positions(options.forced_positions, h, flags[0].shape[0])

@@ -107,6 +107,19 @@ def test_a_key_whose_null_is_shifted_up_is_held_to_that_null(calibrated, vocab):
     assert plain.calibration["id"] == sound.calibration_id and plain.calibration["guarded"] is False
 
 
+def test_a_calibration_measured_under_another_common_unit_table_is_not_used(calibrated, vocab):
+    """A calibration is the null of the scoring it measured: after the common-unit table changes, the key
+    counts as uncalibrated (verdicts say so) until `keys calibrate` measures it again."""
+    keyring, result = calibrated
+    stale = replace(shifted(result, mean=1.0), common_units="0123456789abcdef")
+    CalibrationStore(keyring).put(stale)
+    text = "The committee met on Tuesday to review the budget. " * 3
+    verdict = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
+    assert verdict.calibration is None
+    CalibrationStore(keyring).put(shifted(result, mean=1.0))  # the same null under the current table is used
+    assert Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"]).calibration["mean_z"] == pytest.approx(1.0)
+
+
 def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted(calibrated, vocab):
     """A text the plain test calls watermarked at z just above 4 is not, under a key whose calibration
     measured its human null at N(+1, 1): that key's realised false-positive rate at z = 4 is ~40x the

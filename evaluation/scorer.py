@@ -36,7 +36,8 @@ class Scorer:
         self.ray_address = ray_address
         self._ray_started = False
         self.vocab = vocab
-        self.detector = Detector(vocab=vocab, keyring=keyring)
+        # trusted and holding the secrets: it scores one key under every scheme it measures
+        self.detector = Detector(vocab=vocab, keyring=keyring, bind_keys=False)
         self.num_null_keys = null_keys
         self.seed = seed
         self._null_home: Path | None = None

@@ -22,6 +22,7 @@ from flask import Blueprint, g, jsonify
 
 from api.detector_schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, parse_body
+from detector import budget
 from detector.calibration import null_record
 from detector.normalize import normalize as normalize_text
 from detector.receipts import find_receipt_by_text_sha256
@@ -51,7 +52,13 @@ def blueprint(api, services) -> Blueprint:
             raise ApiError(413, "text_too_large",
                            f"text has {len(request_body.text)} characters; the limit is {limit}")
         spec = _parse_spec(request_body.watermark)
+        budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
+        daily = services.settings.detect_budget
+        if budgeted:
+            _refuse_when_over_budget(services.store, g.token.token_id, daily)
         verdict = _run_detection(services, request_body, spec)
+        if budgeted:
+            budget.charge(services.store, g.token.caller, budget.charge_for(verdict.num_tokens), daily)
         provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
         shown = verdict.disclose(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
         record = _verdict_record(verdict, request_body, provenance, shown)
@@ -59,6 +66,14 @@ def blueprint(api, services) -> Blueprint:
         return jsonify({"id": verdict_id, **shown, "provenance": provenance})
 
     return bp
+
+
+def _refuse_when_over_budget(store, token_id: str, daily_tokens: int) -> None:
+    wait = budget.retry_after(store, token_id, daily_tokens)
+    if wait > 0:
+        raise ApiError(429, "detection_budget_exhausted",
+                       f"this token has had its {daily_tokens} text tokens scored today (UTC); the budget resets "
+                       f"at midnight UTC", headers={"Retry-After": str(wait)})
 
 
 def _parse_spec(raw: str | None) -> WatermarkSpec:

@@ -94,7 +94,8 @@ class Scorer:
         from detector import batch
 
         prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),
-                                      keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring)
+                                      keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring,
+                                      bind_keys=False)
         if self.detect_backend == "ray":
             self._ray_started = batch.connect_ray(self.ray_address) or self._ray_started
             found = batch.run_ray(prepared, workers=self.workers)

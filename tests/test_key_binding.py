@@ -91,3 +91,22 @@ def test_cli_keys_create_binds_the_spec_and_refuses_a_bad_one(home, capsys):
     assert main(["keys", "create", "b1", "--no-calibrate", "--spec", "kgw:gamma=3"]) != 0
     assert "gamma" in capsys.readouterr().err
     assert [i.key_id for i in Keyring().list()] == ["a1"]
+
+
+def test_detect_batch_scores_a_key_only_under_its_own_spec(home, tmp_path, capsys):
+    from detector.batch import BatchError, DetectOptions, prepare_jobs
+
+    ring = Keyring(home)
+    ring.create("a1")
+    ring.create("b1", spec=LEFT)
+    records = [{"text": "some words here"}, {"text": "more words", "watermark": LEFT}]
+    prepared = prepare_jobs(records, DetectOptions(), keyring=ring, vocab=object())
+    assert [job.keys for job in prepared.jobs] == [("a1",), ("b1",)]  # each spec tests the keys bound to it
+    with pytest.raises(BatchError, match="record 1: key a1 is bound to"):
+        prepare_jobs([{"text": "x", "keys": ["a1"], "watermark": LEFT}], DetectOptions(), keyring=ring, vocab=object())
+    with pytest.raises(BatchError, match="no detection key is bound"):
+        prepare_jobs([{"text": "x", "watermark": "kgw:h=2"}], DetectOptions(), keyring=ring, vocab=object())
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "x", "keys": ["a1"], "watermark": "kgw:gamma=0.5"}) + "\n")
+    assert main(["detect-batch", str(source), "--out", str(tmp_path / "out.jsonl")]) != 0
+    assert "bound to" in capsys.readouterr().err

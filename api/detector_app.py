@@ -46,7 +46,7 @@ from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
-from detector.budget import DEFAULT_DAILY_TOKENS
+from detector.budget import DEFAULT_DAILY_TOKENS, UsageLedger
 from detector.store import Store, StoreUnavailable
 from detector.tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 
@@ -113,6 +113,7 @@ class DetectorServices:
     # threads at once, and scoring is CPU-bound anyway (gunicorn workers give the parallelism).
     detect_lock: threading.Lock = field(default_factory=threading.Lock)
     bootstrapped: bool = False
+    usage: Any = None  # detector.budget.UsageLedger of this process
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:
@@ -141,7 +142,7 @@ def create_app(config: dict | None = None) -> Flask:
                                           retain_text=settings.retain_text)
     detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"))
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
-    services = DetectorServices(settings, store, detector, Auth(store, limiter))
+    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store))
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)

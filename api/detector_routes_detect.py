@@ -54,22 +54,23 @@ def blueprint(api, services) -> Blueprint:
         spec = _parse_spec(request_body.watermark)
         budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
         daily = services.settings.detect_budget
-        if budgeted:
-            _refuse_when_over_budget(services.store, g.token.token_id, daily)
+        if budgeted and daily > 0:
+            _refuse_when_over_budget(services.usage, g.token.token_id, daily)
         verdict = _run_detection(services, request_body, spec)
-        if budgeted:
-            budget.charge(services.store, g.token.caller, budget.charge_for(verdict.num_tokens), daily)
+        cost = budget.charge_for(verdict.num_tokens)
         provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
         shown = verdict.disclose(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
         record = _verdict_record(verdict, request_body, provenance, shown)
         verdict_id = services.store.record_verdict(record, g.token.caller, text=request_body.text)
+        if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (detector.budget)
+            services.usage.charge(g.token.caller, cost, daily)
         return jsonify({"id": verdict_id, **shown, "provenance": provenance})
 
     return bp
 
 
-def _refuse_when_over_budget(store, token_id: str, daily_tokens: int) -> None:
-    wait = budget.retry_after(store, token_id, daily_tokens)
+def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
+    wait = usage.retry_after(token_id, daily_tokens)
     if wait > 0:
         raise ApiError(429, "detection_budget_exhausted",
                        f"this token has had its {daily_tokens} text tokens scored today (UTC); the budget resets "

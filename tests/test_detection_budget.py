@@ -84,3 +84,29 @@ def test_budget_setting_is_validated(provmark_home):
         DetectorSettings(home=provmark_home, detect_budget=-1)
     assert DetectorSettings(home=provmark_home, detect_budget="0").detect_budget == 0
     assert DetectorSettings(home=provmark_home).detect_budget == budget.DEFAULT_DAILY_TOKENS
+
+
+def test_far_from_the_budget_charges_are_batched_per_process_and_near_it_written_at_once(database_url, monkeypatch):
+    from detector.store import Store
+
+    monkeypatch.setattr(budget, "FLUSH_SECONDS", 3600.0)  # only the token rules apply in this test
+
+    store = Store(url=database_url)
+    store.upgrade()
+    ledger = budget.UsageLedger(store)
+    caller = Caller(name="t", token_id="tok-2")
+    daily = 10 * budget.FLUSH_TOKENS
+    per_charge = budget.FLUSH_TOKENS // 4
+    ledger.retry_after("tok-2", daily)
+    ledger.charge(caller, per_charge, daily)
+    assert budget.used_today(store, "tok-2") == 0 and ledger.used("tok-2") == per_charge  # batched, yet counted
+    for _ in range(3):
+        ledger.charge(caller, per_charge, daily)
+    assert budget.used_today(store, "tok-2") == budget.FLUSH_TOKENS  # a full batch is written
+    other_worker = budget.UsageLedger(store)
+    ledger.charge(caller, daily - budget.FLUSH_TOKENS - 1, daily)  # now within FLUSH_TOKENS of the budget
+    assert other_worker.used("tok-2") == daily - 1
+    ledger.charge(caller, 1, daily)
+    assert other_worker.retry_after("tok-2", daily) > 0
+    assert len(list_events(store, kind=budget.EXHAUSTED_EVENT)) == 1
+    store.close()

@@ -52,6 +52,7 @@ from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabu
 # the two), so asking for windows never raises the false-positive rate above alpha.
 WINDOW_ALPHA_SHARE = 0.5
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
+PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
 
 
 @dataclass(slots=True)
@@ -208,8 +209,10 @@ class Detector:
         vocab = self.vocab
         ids_list, offsets = tokenize(vocab, normalized.text, with_offsets=options.windows or options.explain)
         ids = torch.tensor(ids_list, dtype=torch.int64)
+        # hf colours are public (no secret): their dither needs no secret either, nor a master key to exist
+        dither_key = self.dither_key if spec.needs_key else PUBLIC_DITHER_KEY
         return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks),
-                      self.dither_key)
+                      dither_key)
 
     @property
     def dither_key(self) -> bytes:

@@ -83,3 +83,11 @@ def test_power_cost_of_the_dither_is_bounded_by_one_step():
         assert shown_z(p_value_normal(4.0 + STEP_200 + 1e-9), ALPHA, u, STEP_200) >= 4.0 - 1e-9
     assert math.isfinite(shown_z(0.0, ALPHA, 0.5, STEP_200))  # p = 0 (far past any threshold) is finite
     assert math.isfinite(shown_z(1.0, ALPHA, 0.5, STEP_200))  # p = 1 (z = -inf) too
+
+
+def test_hf_specs_are_dithered_without_a_master_key(provmark_home):
+    """hf colours are public: their detect view needs no secret, so detecting creates no master key."""
+    detector = Detector(vocab=shared_vocabulary(), keyring=Keyring(provmark_home))
+    view = detector.detect(human_text(600), spec="hf:context_width=1").disclose("detect")
+    assert view["verdict"] in ("not_watermarked", "insufficient_text") and "num_green_tokens" not in view
+    assert not (provmark_home / "master.key").exists()

@@ -53,7 +53,43 @@ def register(subparsers) -> None:
     p.add_argument("--generate-backend", choices=("engine", "vllm"), default="engine",
                    help="who generates: our engine (default) or vLLM with the provmark plugin (.venv-vllm)")
     p.set_defaults(func=run_robustness)
+    _register_security(commands)
     group.set_defaults(func=lambda args: _missing_command(group))
+
+
+def _register_security(commands) -> None:
+    from evaluation import security
+
+    p = commands.add_parser("security", help="attacks on the watermark's secrecy, before and after the defences",
+                            description=security.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attack", choices=("oracle",), default="oracle",
+                   help="oracle: a detect-token client learning colours from verdicts (the only one so far)")
+    p.add_argument("--units", type=int, default=40, help="target units per attack, half green (default 40)")
+    p.add_argument("--max-pairs", type=int, default=64, help="paired-difference pairs per unit, at most (default 64)")
+    p.add_argument("--prefix-tokens", type=int, default=200, help="tokens of each query text (default 200)")
+    p.add_argument("--power-texts", type=int, default=100, help="watermarked texts per strength for the power check")
+    p.add_argument("--budget", type=int, default=None, metavar="TOKENS",
+                   help="daily detection budget the figures are held to (default: the service default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="eval-security", metavar="DIR", help="output folder (default eval-security)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_security)
+
+
+def run_security(args) -> int:
+    from detector.budget import DEFAULT_DAILY_TOKENS
+    from evaluation.security import SecurityConfig, run_security as run
+
+    try:
+        config = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
+                                power_texts=args.power_texts, seed=args.seed,
+                                daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
+    except ValueError as exc:
+        raise CLIError("--" + str(exc).replace("_", "-")) from None
+    results = run(config, args.out, progress=not args.no_progress)
+    print(json.dumps(results["summary"], indent=1))
+    print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
+    return 0
 
 
 def _missing_command(parser) -> int:

@@ -94,6 +94,9 @@ def _audit(changed: list[tuple]) -> None:
 
 
 def _calibration_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", metavar="SPEC", default=None,
+                        help="the kgw spec the new key watermarks with; the detector scores the key only under "
+                             "it (default: the default spec)")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -107,7 +110,7 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     from detector import calibration
 
     vocab, common = _material()
-    spec = calibration.spec_for(None)
+    spec = _spec_to_bind(args)
     try:
         secret, result, draws = calibration.screened_secret(spec, vocab, common, progress=_progress(args))
     except RuntimeError as exc:
@@ -140,12 +143,24 @@ def _describe_calibration(summary: dict) -> str:
             f"false-positive rate at most {factor:.2f}x the stated {summary['stated_fpr']:.2g}; {state}")
 
 
+def _spec_to_bind(args):
+    """The spec a new key is bound to: ``--spec`` or the default spec; a clear error for a bad one."""
+    from watermark.config import SpecError, WatermarkSpec
+    from watermark.key_binding import spec_to_bind
+
+    try:
+        return WatermarkSpec.parse(spec_to_bind(args.spec))
+    except SpecError as exc:
+        raise CLIError(f"--spec: {exc}") from None
+
+
 def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
-    info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret))
+    spec = _spec_to_bind(args)
+    info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec))
     if args.json:
         _print_json({**info.to_dict(), "calibration": summary})
     else:
-        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint})")
+        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint}, spec {info.spec})")
         if summary is not None:
             print(_describe_calibration(summary))
         if info.status == STANDBY:
@@ -238,7 +253,8 @@ def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     if args.new_id is not None and args.new_id in before:  # an existing standby key: already screened or not
         info, summary = keyring.rotate(args.new_id), None
     else:
-        info, summary = _screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret))
+        spec = _spec_to_bind(args)
+        info, summary = _screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret, spec=spec))
     after = keyring.list()
     if args.json:
         _print_json({**info.to_dict(), "calibration": summary})

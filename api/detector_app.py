@@ -21,6 +21,8 @@ Configuration: environment variables, overridden by the ``config`` dict given to
     PROVMARK_RATE_LIMIT      requests per minute per token and process (default 600)
     PROVMARK_RATE_BURST      requests a token may make at once (default: the per-minute rate)
     PROVMARK_RETAIN_TEXT     1 to store detected texts with their verdicts (default off: hashes only)
+    PROVMARK_DETECT_BUDGET   text tokens a token without the explain scope may have scored per UTC day, shared
+                             by every worker (default 40000; 0: no budget; above it -> 429, see detector/budget.py)
 
 Config-only keys: ``store`` (a ``detector.store.Store``), ``detector`` (a ``Detector``), ``keyring``,
 ``vocab`` (shares an already loaded tokenizer), ``bootstrap`` (False skips migrations and the
@@ -44,6 +46,7 @@ from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from detector.budget import DEFAULT_DAILY_TOKENS, UsageLedger
 from detector.store import Store, StoreUnavailable
 from detector.tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 
@@ -55,7 +58,7 @@ DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 # A JSON string spends at most 6 bytes per character (\uXXXX), plus room for the other fields.
 ENV_PREFIX = "PROVMARK_"
-SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text")
+SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text", "detect_budget")
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics"})  # need no database
@@ -71,8 +74,10 @@ class DetectorSettings:
     rate_limit: float = DEFAULT_RATE_LIMIT
     rate_burst: int | None = None
     retain_text: bool | None = None
+    detect_budget: int = DEFAULT_DAILY_TOKENS
 
     def __post_init__(self) -> None:
+        self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
         self.home = Path(self.home).expanduser()
         self.max_text_chars = _as_int("max_text_chars", self.max_text_chars, minimum=1)
         self.rate_limit = _as_float("rate_limit", self.rate_limit, minimum=0.0)
@@ -108,6 +113,7 @@ class DetectorServices:
     # threads at once, and scoring is CPU-bound anyway (gunicorn workers give the parallelism).
     detect_lock: threading.Lock = field(default_factory=threading.Lock)
     bootstrapped: bool = False
+    usage: Any = None  # detector.budget.UsageLedger of this process
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:
@@ -136,7 +142,7 @@ def create_app(config: dict | None = None) -> Flask:
                                           retain_text=settings.retain_text)
     detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"))
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
-    services = DetectorServices(settings, store, detector, Auth(store, limiter))
+    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store))
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)

@@ -8,6 +8,10 @@ to its receipt. ``provenance.match`` says which (``exact`` or ``normalized``).
 
 Scores kept: the verdict row stores the whole-text numbers and the window report, never the
 per-token explanation (it reveals green lists to anyone with the audit scope).
+
+Scores shown: a token with the ``explain`` scope (or ``admin``) gets the whole verdict; a ``detect``
+token gets the verdict and a coarse, dithered p-value, no counts (``detector.disclosure``), and the
+row records what it was shown (``options.disclosed``).
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from flask import Blueprint, g, jsonify
 
 from api.detector_schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, parse_body
+from detector import budget
 from detector.calibration import null_record
 from detector.normalize import normalize as normalize_text
 from detector.receipts import find_receipt_by_text_sha256
 from detector.store import VerdictRecord, text_sha256
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyNotFoundError, KeyringError
+from watermark.keys import KeyNotFoundError, KeyringError, KeySpecError
 
 EXPLAIN_SCOPE = "explain"
 # detect()'s ValueErrors start with the option they blame ("fpr: ...").
@@ -47,13 +52,29 @@ def blueprint(api, services) -> Blueprint:
             raise ApiError(413, "text_too_large",
                            f"text has {len(request_body.text)} characters; the limit is {limit}")
         spec = _parse_spec(request_body.watermark)
+        budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
+        daily = services.settings.detect_budget
+        if budgeted and daily > 0:
+            _refuse_when_over_budget(services.usage, g.token.token_id, daily)
         verdict = _run_detection(services, request_body, spec)
+        cost = budget.charge_for(verdict.num_tokens)
         provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
-        record = _verdict_record(verdict, request_body, provenance)
+        shown = verdict.disclose(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
+        record = _verdict_record(verdict, request_body, provenance, shown)
         verdict_id = services.store.record_verdict(record, g.token.caller, text=request_body.text)
-        return jsonify({"id": verdict_id, **verdict.to_dict(), "provenance": provenance})
+        if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (detector.budget)
+            services.usage.charge(g.token.caller, cost, daily)
+        return jsonify({"id": verdict_id, **shown, "provenance": provenance})
 
     return bp
+
+
+def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
+    wait = usage.retry_after(token_id, daily_tokens)
+    if wait > 0:
+        raise ApiError(429, "detection_budget_exhausted",
+                       f"this token has had its {daily_tokens} text tokens scored today (UTC); the budget resets "
+                       f"at midnight UTC", headers={"Retry-After": str(wait)})
 
 
 def _parse_spec(raw: str | None) -> WatermarkSpec:
@@ -79,6 +100,9 @@ def _run_detection(services, body: DetectRequest, spec: WatermarkSpec):
                 forced_positions=body.forced_positions)
     except KeyNotFoundError as error:  # keyring messages name key ids, never secrets
         raise ApiError(404, "key_not_found", str(error)) from None
+    except KeySpecError as error:  # names key ids and their (public) specs
+        raise ApiError(422, "spec_not_bound_to_key", str(error),
+                       details=[{"field": "watermark", "message": str(error)}]) from None
     except KeyringError as error:
         raise ApiError(500, "keyring_error", f"the keyring cannot be used ({type(error).__name__})") from None
     except ValueError as error:
@@ -102,9 +126,12 @@ def _find_provenance(store, text: str, try_normalized: bool) -> dict | None:
     return None
 
 
-def _verdict_record(verdict, body: DetectRequest, provenance: dict | None) -> VerdictRecord:
-    """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction."""
+def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, shown: dict) -> VerdictRecord:
+    """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction; with what the
+    caller was shown when that was the coarse detect-scope view."""
     options = body.model_dump(exclude={"text"})
+    if "disclosure" in shown:
+        options["disclosed"] = {name: shown[name] for name in ("disclosure", "verdict", "z_score", "p_value")}
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
     options["null"] = null_record(verdict.to_dict())
     return VerdictRecord(

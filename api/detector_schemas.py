@@ -81,30 +81,36 @@ class Provenance(BaseModel):
 
 
 class DetectResponse(BaseModel):
-    """The verdict, the id it is stored under and the matching generation receipt, if any."""
+    """The verdict, the id it is stored under and the matching generation receipt, if any.
+
+    A token with the ``explain`` (or ``admin``) scope gets every field; a ``detect`` token gets the verdict,
+    a coarse, dithered z / p-value (none for insufficient_text) and ``disclosure`` naming that rule, and no
+    counts: the fields marked "explain scope" are absent (see docs/security.md, detector/disclosure.py)."""
 
     model_config = ConfigDict(extra="allow")  # further Verdict fields pass through
 
     id: str
     verdict: VerdictName
     z_score: float | None
-    p_value: float
-    num_tokens_scored: int
-    num_green_tokens: int
-    green_fraction: float | None
+    p_value: float | None = Field(description="exact for explain; for detect an upper bound on it, coarse and dithered")
     key_id: str | None
     watermark: str
     fingerprint: str
     text_sha256: str
-    num_forced_positions: int
-    num_common_positions: int = Field(description="scored positions left out: their unit is common in human text")
     common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
-    calibration: dict[str, Any] | None = Field(
-        description="the best key's calibration: id, length bucket, its measured null, and whether that null "
-                    "set the p-value (guarded); None when the key has no calibration")
     windows: dict[str, Any] | None
-    explanation: list[dict[str, Any]] | None
     provenance: Provenance | None
+    disclosure: str | None = Field(None, description="detect scope: the rule that coarsened the scores")
+    num_tokens_scored: int | None = Field(None, description="explain scope")
+    num_green_tokens: int | None = Field(None, description="explain scope")
+    green_fraction: float | None = Field(None, description="explain scope")
+    num_forced_positions: int | None = Field(None, description="explain scope")
+    num_common_positions: int | None = Field(
+        None, description="explain scope: scored positions left out: their unit is common in human text")
+    calibration: dict[str, Any] | None = Field(
+        None, description="explain scope: the best key's calibration: id, length bucket, its measured null, and "
+                          "whether that null set the p-value (guarded); None when the key has no calibration")
+    explanation: list[dict[str, Any]] | None = None
 
 
 class VerdictItem(BaseModel):

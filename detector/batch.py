@@ -182,10 +182,13 @@ class _SecretsKeyring:
 
 
 def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Sequence[str] | None = None,
-                 spec: str | WatermarkSpec | None = None, vocab=None, keyring=None) -> PreparedJobs:
+                 spec: str | WatermarkSpec | None = None, vocab=None, keyring=None,
+                 bind_keys: bool = True) -> PreparedJobs:
     """Validate ``records`` ({"text", optional "forced_positions", "key"/"keys", "watermark"}) and
     resolve the keys each one is scored with: its own, else ``keys``, else every detection key of
-    ``keyring`` (the order ``provmark detect`` uses). Raises BatchError naming the record (1-based)."""
+    ``keyring`` bound to the record's spec (the order ``provmark detect`` uses); like the detector, a
+    key is scored only under its own spec (``watermark.key_binding``; ``bind_keys=False`` only for the
+    evaluation harness). Raises BatchError naming the record (1-based)."""
     from detector.service import Detector
     from watermark.keys import Keyring
 
@@ -206,6 +209,9 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
             if detection_ids is None:
                 detection_ids = _detection_ids(keyring)
             chosen = detection_ids
+        if chosen is not None and bind_keys and isinstance(keyring, Keyring):
+            chosen = _bound_keys(keyring, chosen, record_spec, explicit=chosen is not detection_ids,
+                                 where=f"record {number}")
         jobs.append(DetectJob(text, record_spec.format(), chosen, forced))
     needed = sorted({k for job in jobs if job.keys for k in job.keys})
     try:
@@ -245,6 +251,22 @@ def _parse_spec(raw, where: str) -> WatermarkSpec:
     try:
         return WatermarkSpec.parse(raw)
     except SpecError as exc:
+        raise BatchError(f"{where}: {exc}") from None
+
+
+def _bound_keys(keyring, key_ids: tuple[str, ...], spec: WatermarkSpec, explicit: bool, where: str) -> tuple[str, ...]:
+    """Named keys must all be bound to ``spec``; of the detection keys, those bound to it (at least one)."""
+    from watermark.key_binding import keys_bound_to, require_bound
+
+    try:
+        infos = {info.key_id: info for info in keyring.list()}
+        if explicit:
+            for key_id in key_ids:
+                if key_id in infos:  # an unknown id fails later, with the keyring's own message
+                    require_bound(infos[key_id], spec)
+            return key_ids
+        return tuple(info.key_id for info in keys_bound_to([infos[k] for k in key_ids], spec))
+    except KeyringError as exc:  # names key ids and their public specs, never secrets
         raise BatchError(f"{where}: {exc}") from None
 
 

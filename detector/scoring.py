@@ -73,8 +73,9 @@ def green_flags(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
 
 
 def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits | None = None,
-                    dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass.
+                    dedup: bool = True, with_units: bool = False) -> tuple[np.ndarray, ...]:
+    """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass;
+    with ``with_units`` also each position's dedup unit [T - h, k] (``Watermark.scored_positions``).
 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
@@ -84,7 +85,7 @@ def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits 
     if common is not None:
         excluded = common.excluded(wm, token_ids, named[0])
         prev[excluded] = excluded
-    return flags.numpy(), prev
+    return (flags.numpy(), prev) + ((units.numpy(),) if with_units else ())
 
 
 def previous_occurrence(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import secrets
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ import torch
 from detector import common_units
 from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
 from detector import windows as winmax
+from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, dither, disclose
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
 from detector.scoring import (
@@ -40,6 +42,7 @@ from detector.scoring import (
     verdict_of,
 )
 from watermark.config import WatermarkSpec
+from watermark.key_binding import keys_bound_to, require_bound
 from watermark.keys import KeyNotFoundError, Keyring
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD
@@ -49,6 +52,7 @@ from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabu
 # the two), so asking for windows never raises the false-positive rate above alpha.
 WINDOW_ALPHA_SHARE = 0.5
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
+PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
 
 
 @dataclass(slots=True)
@@ -90,9 +94,12 @@ class Verdict:
     calibration: dict | None = None
     windows: dict | None = None
     explanation: list[dict] | None = None
+    # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
+    dither: float | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        del out["dither"]
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
             value = out[name]
             out[name] = float(value) if value is not None and math.isfinite(value) else None
@@ -101,6 +108,13 @@ class Verdict:
     @property
     def watermarked(self) -> bool:
         return self.verdict == WATERMARKED
+
+    def disclose(self, scope: str) -> dict:
+        """What a caller with ``scope`` may see (``detector.disclosure``): everything for ``explain``
+        or ``admin``; for ``detect`` the verdict and a coarse, dithered p-value, no counts."""
+        if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
+            raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
+        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, WatermarkSpec.parse(self.watermark).gamma)
 
 
 @dataclass(slots=True)
@@ -133,15 +147,21 @@ class Detector:
 
     ``vocab``: the tokenizer the scheme is defined over (default: the embedded model's, loaded on
     first use). ``keyring``: where kgw secrets come from (default: ``Keyring()`` of PROVMARK_HOME).
-    Secrets and green tables are cached per process and dropped when the keyring file changes."""
+    Secrets and green tables are cached per process and dropped when the keyring file changes.
+    ``bind_keys``: score each key only under its own spec (``watermark.key_binding``); only a caller that
+    holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off."""
 
-    def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None) -> None:
+    def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
+                 bind_keys: bool = True) -> None:
         self._vocab = vocab
+        self._bind_keys = bind_keys
+        self._dither_key: bytes | None = None
         self._keyring = keyring
         self._lock = threading.Lock()
         self._stamp: tuple | None = None
         self._watermarks: dict[tuple[str, str | None], Watermark] = {}
-        self._detection_ids: list[str] | None = None
+        self._detection_infos: list | None = None  # KeyInfo (or a stand-in's) of the detection keys
+        self._all_infos: dict | None = None  # key id -> KeyInfo, for keys named by the caller
         # key_id, spec fingerprint -> Calibration | None (default: the keyring home's CalibrationStore)
         self._calibrations = calibrations
 
@@ -189,7 +209,22 @@ class Detector:
         vocab = self.vocab
         ids_list, offsets = tokenize(vocab, normalized.text, with_offsets=options.windows or options.explain)
         ids = torch.tensor(ids_list, dtype=torch.int64)
-        return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks))
+        # hf colours are public (no secret): their dither needs no secret either, nor a master key to exist
+        dither_key = self.dither_key if spec.needs_key else PUBLIC_DITHER_KEY
+        return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks),
+                      dither_key)
+
+    @property
+    def dither_key(self) -> bytes:
+        """The key of the detect-scope dither: derived from the master key, so every worker and both
+        services draw the same u for the same text (a caller cannot re-draw it by hitting another worker);
+        a keyring stand-in without a master key gets a per-process random one."""
+        if self._dither_key is None:
+            if hasattr(self.keyring, "derive_key"):
+                self._dither_key = self.keyring.derive_key(b"provmark/detect-dither")
+            else:
+                self._dither_key = secrets.token_bytes(32)
+        return self._dither_key
 
     def calibrations_for(self, marks: list[Watermark]) -> list[Calibration | None]:
         """Each key's calibration under the spec being tested (``detector.calibration``), or None."""
@@ -211,20 +246,34 @@ class Detector:
         with self._lock:
             self._refresh_if_keyring_changed()
             if keys is None:
-                if self._detection_ids is None:
-                    self._detection_ids = [info.key_id for info in self.keyring.detection_keys()]
-                key_ids = list(self._detection_ids)
-                if not key_ids:
+                if self._detection_infos is None:
+                    self._detection_infos = list(self.keyring.detection_keys())
+                infos = list(self._detection_infos)
+                if not infos:
                     raise KeyNotFoundError("no watermark key to detect with: create one with `provmark keys create`")
+                if self._keys_are_bound():
+                    infos = keys_bound_to(infos, spec)
+                key_ids = [info.key_id for info in infos]
             else:
                 if isinstance(keys, str):
                     keys = [keys]
                 key_ids = list(dict.fromkeys(keys))  # a key listed twice is tested once
                 if not key_ids:
                     raise ValueError("keys: expected at least one key id (or None for all detection keys)")
+                if self._keys_are_bound():
+                    if self._all_infos is None:
+                        self._all_infos = {info.key_id: info for info in self.keyring.list()}
+                    for key_id in key_ids:
+                        known = self._all_infos
+                        if key_id in known:  # an unknown id fails below, with the keyring's own message
+                            require_bound(known[key_id], spec)
         return [self._cached(spec, key_id,
                              lambda k=key_id: Watermark(spec, self.keyring.secret(k), vocab.vocab_size, k))
                 for key_id in key_ids]
+
+    def _keys_are_bound(self) -> bool:
+        """A real keyring records each key's spec; a stand-in holding secrets only has no binding to check."""
+        return self._bind_keys and isinstance(self.keyring, Keyring)
 
     def _cached(self, spec: WatermarkSpec, key_id: str | None, build) -> Watermark:
         cache_key = (spec.format(), key_id)
@@ -243,7 +292,8 @@ class Detector:
             stamp = None
         if stamp != self._stamp:
             self._stamp = stamp
-            self._detection_ids = None
+            self._detection_infos = None
+            self._all_infos = None
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
 
 
@@ -320,7 +370,7 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
 
 def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
            spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
-           calibrations: list[Calibration | None]) -> Verdict:
+           calibrations: list[Calibration | None], dither_key: bytes | None = None) -> Verdict:
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
@@ -329,7 +379,7 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     # uncalibrated until `provmark keys calibrate` measures it again
     calibrations = [c if c is not None and common is not None and c.common_units == common.digest else None
                     for c in calibrations]
-    flags, prevs = zip(*(score_positions(wm, ids, common, options.dedup) for wm in marks))
+    flags, prevs, units = zip(*(score_positions(wm, ids, common, options.dedup, with_units=True) for wm in marks))
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = _forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
     for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
@@ -396,6 +446,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         common_units=common.digest if common is not None else None,
         windows=window_report,
         explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
+        dither=(None if dither_key is None
+                else dither(dither_key, first.fingerprint, best.key_id, units[best_index][counted[best_index]])),
     )
 
 

@@ -238,6 +238,18 @@ class KeyRecordRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class DetectionUsageRow(Base):
+    """Tokens an API token had scored on one UTC day (``detector.budget``): one row per token and day,
+    shared by every worker and both services."""
+
+    __tablename__ = "detection_usage"
+
+    token_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
+    tokens: Mapped[int] = mapped_column(Integer)
+    exhausted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
 @dataclass(slots=True, frozen=True)
 class Caller:
     """Who asked: an API token (id and name) or a local actor such as ``cli``."""

@@ -36,7 +36,8 @@ class Scorer:
         self.ray_address = ray_address
         self._ray_started = False
         self.vocab = vocab
-        self.detector = Detector(vocab=vocab, keyring=keyring)
+        # trusted and holding the secrets: it scores one key under every scheme it measures
+        self.detector = Detector(vocab=vocab, keyring=keyring, bind_keys=False)
         self.num_null_keys = null_keys
         self.seed = seed
         self._null_home: Path | None = None
@@ -93,7 +94,8 @@ class Scorer:
         from detector import batch
 
         prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),
-                                      keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring)
+                                      keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring,
+                                      bind_keys=False)
         if self.detect_backend == "ray":
             self._ray_started = batch.connect_ray(self.ray_address) or self._ray_started
             found = batch.run_ray(prepared, workers=self.workers)

@@ -92,8 +92,10 @@ def test_verdicts_in_the_browser(browser, site, tmp_path):
 
     check(page, texts["watermarked"])
     assert page.text_content("#verdict") == "watermarked"
-    expected_z = detector.detect(texts["watermarked"], windows=True).z_score
+    # a detect token is shown the coarse z of the detect scope (docs/security.md), no counts
+    expected_z = detector.detect(texts["watermarked"], windows=True).disclose("detect")["z_score"]
     assert expected_z > 4.0 and page.text_content("#z-score") == f"{expected_z:.2f}"
+    assert page.text_content("#tokens-scored") == "–"
     assert page.locator("#passage mark.window").count() > 0  # the watermarked passage is highlighted
     screenshot(page, "paste-page-watermarked", tmp_path)
 

@@ -35,7 +35,7 @@ pytest_plugins = ["pg"]
 
 REPO = Path(__file__).resolve().parent.parent
 
-TABLES = {"verdicts", "receipts", "audit_events", "audit_head", "api_tokens", "watermark_keys",
+TABLES = {"verdicts", "receipts", "audit_events", "audit_head", "api_tokens", "watermark_keys", "detection_usage",
           "alembic_version"}
 CALLER = Caller(name="ci-bot", token_id="tok-1")
 

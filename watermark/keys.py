@@ -20,6 +20,11 @@ Lifecycle (``status``):
   ``retired``  no longer used for detection. The secret is kept for audits of old verdicts unless
                ``purge=True`` erases it for good. The active key cannot be retired: rotate first.
 
+Spec binding (issue #17): a key watermarks with one spec, recorded in its public metadata (``spec``,
+canonical string; keys made before this field existed are bound to the default spec). The detector
+scores a key only under a spec with the same colours (``watermark.key_binding``), so a caller cannot
+query the key under another scheme, h or gamma to learn its green lists.
+
 Integrity: each secret is sealed with AES-256-GCM whose associated data binds every metadata field
 (id, status, times, fingerprint), and the whole entry list carries an HMAC-SHA256; both keys are
 derived from the master key with HKDF. A wrong master key, an edited field, a deleted, reordered or
@@ -103,6 +108,10 @@ class WrongMasterKeyError(KeyringIntegrityError):
     """The master key given is not the one that sealed this keyring."""
 
 
+class KeySpecError(KeyringError, ValueError):
+    """A key was asked for under a spec other than the one it is bound to (or an hf spec, which has no key)."""
+
+
 @dataclass(slots=True, frozen=True)
 class KeyInfo:
     """Public facts about one key; deliberately has no secret field."""
@@ -113,6 +122,7 @@ class KeyInfo:
     retired_at: str | None
     fingerprint: str  # first 16 hex of HMAC-SHA256(secret, "provmark/key-fingerprint")
     purged: bool = False  # retired and its secret erased
+    spec: str | None = None  # the canonical kgw spec it watermarks with; None: made before specs were recorded
 
     @property
     def used_for_detection(self) -> bool:
@@ -124,6 +134,14 @@ class KeyInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def sealed_fields(self) -> dict:
+        """The metadata sealed with the secret; ``spec`` only when recorded, so keys made before it
+        existed keep their original associated data and MAC."""
+        out = asdict(self)
+        if out["spec"] is None:
+            del out["spec"]
+        return out
 
 
 def new_secret() -> bytes:
@@ -197,7 +215,7 @@ def _canonical(obj) -> bytes:
 
 
 def _associated_data(info: KeyInfo) -> bytes:
-    return _canonical({"format": FORMAT, **info.to_dict()})
+    return _canonical({"format": FORMAT, **info.sealed_fields()})
 
 
 def _seal(keys: _MasterKeys, info: KeyInfo, secret: bytes) -> _Entry:
@@ -228,7 +246,7 @@ def _document_body(entries: list[_Entry], keys: _MasterKeys) -> dict:
     return {
         "format": FORMAT,
         "master_key_check": keys.check,
-        "entries": [{**e.info.to_dict(), "nonce": e.nonce, "ciphertext": e.ciphertext} for e in entries],
+        "entries": [{**e.info.sealed_fields(), "nonce": e.nonce, "ciphertext": e.ciphertext} for e in entries],
     }
 
 
@@ -238,9 +256,11 @@ def _document_mac(body: dict, mac_key: bytes) -> str:
 
 def _parse_entry(raw: dict) -> _Entry:
     fields = ("key_id", "status", "created_at", "retired_at", "fingerprint", "purged")
-    if not isinstance(raw, dict) or set(raw) != {*fields, "nonce", "ciphertext"}:
+    if not isinstance(raw, dict) or set(raw) - {"spec"} != {*fields, "nonce", "ciphertext"}:
         raise KeyringIntegrityError("keyring file has a malformed entry")
-    info = KeyInfo(**{name: raw[name] for name in fields})
+    if not (raw.get("spec") is None or isinstance(raw["spec"], str)):
+        raise KeyringIntegrityError("keyring file has an entry with an invalid spec")
+    info = KeyInfo(**{name: raw[name] for name in fields}, spec=raw.get("spec"))
     valid_id = isinstance(info.key_id, str) and _KEY_ID_RE.fullmatch(info.key_id)
     if not valid_id or info.status not in STATUSES:
         raise KeyringIntegrityError("keyring file has an entry with an invalid id or status")
@@ -343,16 +363,17 @@ class Keyring:
 
     # --- public operations -------------------------------------------------------------------
 
-    def create(self, key_id: str | None = None, secret: bytes | None = None) -> KeyInfo:
+    def create(self, key_id: str | None = None, secret: bytes | None = None, spec=None) -> KeyInfo:
         """A new key: ``active`` when no key is active (the first one), otherwise ``standby``.
 
         ``secret``: a fresh secret from ``new_secret()`` chosen by the caller (key screening draws a
-        few and keeps one whose measured null is sound); default: drawn here."""
+        few and keeps one whose measured null is sound); default: drawn here. ``spec``: the kgw spec
+        (string or WatermarkSpec) the key is bound to; default: the default spec."""
         with self._transaction() as entries:
             status = STANDBY if any(e.info.status == ACTIVE for e in entries) else ACTIVE
-            return self._add(entries, key_id, status, secret)
+            return self._add(entries, key_id, status, secret, spec)
 
-    def rotate(self, new_key_id: str | None = None, secret: bytes | None = None) -> KeyInfo:
+    def rotate(self, new_key_id: str | None = None, secret: bytes | None = None, spec=None) -> KeyInfo:
         """Make a new key (or the named standby key) active; the previous active key becomes ``rotated``."""
         with self._transaction() as entries:
             target = None
@@ -367,7 +388,7 @@ class Keyring:
                 if entry.info.status == ACTIVE:
                     entries[i] = self._restatus(entry, status=ROTATED)
             if target is None:
-                return self._add(entries, new_key_id, ACTIVE, secret)
+                return self._add(entries, new_key_id, ACTIVE, secret, spec)
             entries[target] = self._restatus(entries[target], status=ACTIVE)
             return entries[target].info
 
@@ -425,7 +446,11 @@ class Keyring:
 
     # --- storage -------------------------------------------------------------------------------
 
-    def _add(self, entries: list[_Entry], key_id: str | None, status: str, secret: bytes | None = None) -> KeyInfo:
+    def _add(self, entries: list[_Entry], key_id: str | None, status: str, secret: bytes | None = None,
+             spec=None) -> KeyInfo:
+        from watermark.key_binding import spec_to_bind
+
+        bound = spec_to_bind(spec)  # checked before anything is drawn or written
         taken = {e.info.key_id for e in entries}
         if key_id is None:
             key_id = next(k for k in iter(lambda: f"k-{secrets.token_hex(4)}", None) if k not in taken)
@@ -437,7 +462,7 @@ class Keyring:
             raise KeyringError(f"a key secret is {SECRET_BYTES} random bytes")
         elif any(e.info.fingerprint == key_fingerprint(secret) for e in entries):
             raise KeyExistsError("that secret is already in the keyring")
-        info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret))
+        info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret), spec=bound)
         entries.append(_seal(self._master_keys(create=True), info, secret))
         return info
 

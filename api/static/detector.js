@@ -67,8 +67,10 @@
         : "The text carries the watermark.";
     }
     if (d.verdict === "insufficient_text") {
-      return "Too little text to tell: " + d.num_tokens_scored + " tokens scored, at least " + d.min_tokens +
-        " needed for a negative answer.";
+      // a detect-scope answer carries no counts (docs/security.md): only the length needed
+      const scored = d.num_tokens_scored == null ? "" : ": " + d.num_tokens_scored + " tokens scored";
+      return "Too little text to tell" + scored + " (at least " + d.min_tokens + " scored tokens are needed for a " +
+        "negative answer).";
     }
     return "No watermark found at z ≥ " + d.z_threshold + ".";
   }
@@ -77,7 +79,8 @@
   function renderPassage(text, d) {
     const chars = Array.from(text);
     const cuts = new Set([0, chars.length]);
-    const windowBest = d.windows && d.windows.detected ? d.windows.best : null;
+    // explain scope: the full window report; detect scope: only the detected span
+    const windowBest = d.windows && d.windows.detected ? (d.windows.best || d.windows) : null;
     if (windowBest) {
       cuts.add(windowBest.char_start);
       cuts.add(windowBest.char_end);
@@ -115,8 +118,8 @@
     let note = "";
     if (windowBest) {
       note = "Highlighted: the most significant passage, characters " + windowBest.char_start + "–" +
-        windowBest.char_end + " (z = " + formatZ(windowBest.z_score) + ", p = " + formatP(windowBest.p_value_corrected) +
-        " after testing " + d.windows.num_windows_tested + " windows).";
+        windowBest.char_end + (windowBest.z_score == null ? "." : " (z = " + formatZ(windowBest.z_score) + ", p = " +
+        formatP(windowBest.p_value_corrected) + " after testing " + d.windows.num_windows_tested + " windows).");
     } else if (d.windows) {
       note = "No passage stands out on its own.";
     }
@@ -152,7 +155,7 @@
     $("verdict-summary").textContent = verdictSummary(d);
     $("z-score").textContent = formatZ(d.z_score);
     $("p-value").textContent = formatP(d.p_value);
-    $("tokens-scored").textContent = String(d.num_tokens_scored);
+    $("tokens-scored").textContent = d.num_tokens_scored == null ? "–" : String(d.num_tokens_scored);
     $("green-fraction").textContent = d.num_tokens_scored
       ? d.num_green_tokens + " (" + (100 * d.green_fraction).toFixed(1) + "%)"
       : "–";

@@ -1,0 +1,120 @@
+"""What a verdict tells each caller (issue #17): the ``detect`` scope gets what a user needs, no more.
+
+A caller who can read exact counts or an exact z learns colours: a text with one scored unit turns
+``num_green_tokens`` into that unit's colour, and two texts that differ in one unit differ in G by
+that unit's colour. So a ``detect``-scope verdict carries:
+
+* the verdict, and for ``watermarked`` the key and (with windows) where the watermarked passage is;
+* for ``insufficient_text``: no score at all;
+* otherwise a **dithered, coarse z** (and its normal p-value): with u in [0, 1) drawn by a keyed PRF
+  from the text's counted units (the same text always gets the same u; a caller cannot re-draw it by
+  resending, only by changing what is scored), ``z_shown = z_thr + w * floor((z - z_thr) / w - u)``
+  where the step ``w = STEP_UNITS * d`` is STEP_UNITS green-count units, ``d = 1 / sqrt(T gamma (1 - gamma))``
+  being what one unit's colour moves z by (0.16 at T = 200, gamma 0.25; w = 1.3 there).
+  ``z_shown <= z`` always, so the p-value shown is an upper bound (conservative) and the false-positive
+  rate is never above alpha; the verdict shown is ``z_shown >= z_thr``. A one-unit change moves
+  ``z_shown`` with probability ``1 / STEP_UNITS`` at any length: one query no longer reads it, and
+  averaging needs about STEP_UNITS^2 fresh texts per unit, each charged to the caller's daily budget
+  (``detector.budget``). The price: a watermarked text is shown as such for certain only from
+  ``z >= z_thr + w`` (5.3 at T = 200); between the two, with probability ``(z - z_thr) / w``.
+
+Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdict.to_dict()`` whole):
+
+    always      verdict, watermark, fingerprint, num_tokens, alpha, z_threshold, min_tokens, dedup,
+                correction, normalizations, tokenizer_fingerprint, model_id, text_sha256,
+                text_length, common_units, disclosure
+    scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
+    watermarked key_id, decided_by, windows {detected, char_start, char_end}
+    never       num_tokens_scored, num_green_tokens, green_fraction, p_value_normal, keys (per-key z/p),
+                num_common_positions, num_forced_positions, calibration details, explanation
+
+The stored verdict row keeps the full numbers (the audit trail loses nothing) and what was shown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+
+import numpy as np
+
+from watermark.stats import p_value_normal, z_for_p
+
+STEP_UNITS = 8  # the z grid shown to ``detect`` is 8 green-count units wide: a one-unit change shows 1 time in 8
+MAX_Z = 37.5  # z of the smallest positive double's tail; p = 0 is shown as this z
+DETECT_SCOPE, EXPLAIN_SCOPE = "detect", "explain"
+DISCLOSURE = "coarse-dithered/v1"  # names the rule above in every detect-scope answer
+DETECT_FIELDS = ("verdict", "watermark", "fingerprint", "num_tokens", "alpha", "z_threshold", "min_tokens",
+                 "dedup", "correction", "normalizations", "tokenizer_fingerprint", "model_id", "text_sha256",
+                 "text_length", "common_units")
+_DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
+
+
+def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray) -> float:
+    """u in [0, 1): a keyed PRF of the spec, the key and the SET of counted units (order and repeats
+    do not re-draw it), so the same scored content always gets the same u."""
+    rows = np.ascontiguousarray(units, dtype=np.int64)
+    if rows.size:
+        rows = rows.reshape(rows.shape[0], -1)
+        rows = rows[np.lexsort(rows.T[::-1])]  # sorted rows; lexsort is ~10x faster than np.unique(axis=0)
+        rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
+    mac = hmac.new(dither_key, _DITHER_DOMAIN + f"{fingerprint}|{key_id}|".encode(), hashlib.sha256)
+    mac.update(rows.tobytes())
+    return int.from_bytes(mac.digest()[:8], "little") / 2.0**64
+
+
+def z_step(num_scored: int, gamma: float) -> float:
+    """The grid width ``w`` in z for a text of ``num_scored`` counted units (module docstring)."""
+    return STEP_UNITS / math.sqrt(max(1, num_scored) * gamma * (1.0 - gamma))
+
+
+def shown_z(p_value: float, alpha: float, u: float, step: float) -> float:
+    """The coarse, dithered z of the module docstring for an exact (corrected) p-value, never above it."""
+    z_threshold = z_for_p(alpha)
+    z = MAX_Z if p_value <= 0.0 else max(-MAX_Z, min(MAX_Z, z_for_p(min(1.0, p_value))))  # p = 1: z = -inf
+    return z_threshold + step * math.floor((z - z_threshold) / step - u)
+
+
+def disclose(full: dict, scope_allows_explain: bool, u: float | None, gamma: float) -> dict:
+    """The verdict dict a caller may see: ``full`` itself for ``explain``, else the detect-scope view."""
+    if scope_allows_explain:
+        return full
+    out = {name: full[name] for name in DETECT_FIELDS}
+    out["disclosure"] = DISCLOSURE
+    out.update(z_score=None, p_value=None, key_id=None, decided_by=None, windows=None,
+               calibration_id=(full.get("calibration") or {}).get("id"))
+    exact = full["verdict"]
+    if exact == "insufficient_text" or u is None:
+        return out
+    z = shown_z(full["p_value"], full["alpha"], u, z_step(full["num_tokens_scored"], gamma))
+    window = _shown_window(full.get("windows"), u, gamma)
+    if z >= z_for_p(full["alpha"]) - 1e-9:
+        verdict, decided_by = "watermarked", "text"
+    elif window is not None:
+        verdict, decided_by = "watermarked", "window"
+    else:
+        verdict = "insufficient_text" if full["num_tokens_scored"] < full["min_tokens"] else "not_watermarked"
+        decided_by = None
+    out["verdict"] = verdict
+    if verdict == "insufficient_text":
+        return out
+    # at or below zero a user learns nothing useful (a caller would learn the sign): shown as 0 and p = 1
+    out.update(z_score=max(z, 0.0), p_value=p_value_normal(z) if z > 0 else 1.0)
+    if verdict == "watermarked":
+        out.update(key_id=full["key_id"], decided_by=decided_by,
+                   windows={"detected": window is not None, **(window or {})} if full.get("windows") else None)
+    elif full.get("windows") is not None:
+        out["windows"] = {"detected": False}
+    return out
+
+
+def _shown_window(windows: dict | None, u: float, gamma: float) -> dict | None:
+    """The best window's span when its dithered z also clears the window threshold, else None."""
+    if not windows or not windows.get("best"):
+        return None
+    best, alpha = windows["best"], windows["alpha"]
+    z = shown_z(best["p_value_corrected"], alpha, u, z_step(best["num_tokens_scored"], gamma))
+    if z < z_for_p(alpha) - 1e-9:
+        return None
+    return {"char_start": best["char_start"], "char_end": best["char_end"]}

@@ -1,0 +1,93 @@
+"""The detect-scope view of a verdict (detector.disclosure): conservative, deterministic per text, and
+near the threshold a one-unit change is read with probability 1 / STEP_UNITS at any length, not 1."""
+
+import math
+
+import numpy as np
+import pytest
+from http_fixtures import human_text, shared_vocabulary, watermarked_text
+
+from detector.disclosure import DETECT_FIELDS, STEP_UNITS, dither, shown_z, z_step
+from detector.service import Detector
+from watermark.keys import Keyring
+from watermark.stats import p_value_normal, z_for_p
+
+ALPHA = p_value_normal(4.0)
+U_GRID = (np.arange(10_000) + 0.5) / 10_000  # u spread evenly over [0, 1)
+GAMMA = 0.25
+STEP_200 = z_step(200, GAMMA)
+
+
+@pytest.fixture
+def keyring(provmark_home):
+    ring = Keyring(provmark_home)
+    ring.create("k-disc")
+    return ring
+
+
+@pytest.mark.parametrize("z", [-3.0, 0.0, 2.5, 3.99, 4.0, 4.3, 7.77, 30.0])
+def test_the_shown_z_is_never_above_the_exact_one_and_on_the_grid(z):
+    shown = np.array([shown_z(p_value_normal(z), ALPHA, u, STEP_200) for u in U_GRID])
+    assert (shown <= z + 1e-9).all()
+    steps = (shown - 4.0) / STEP_200
+    assert np.allclose(steps, np.round(steps))
+
+
+@pytest.mark.parametrize("scored", [20, 200, 2000])
+@pytest.mark.parametrize("units", [0.3, 1, 2.5])
+def test_a_change_of_one_unit_moves_the_shown_z_with_probability_one_over_step_units(scored, units):
+    """Uniform dither: P(shown >= threshold) = (z - threshold) / w, so ``units`` green-count units above the
+    threshold (z moved by units * d) are seen with probability units / STEP_UNITS at every length."""
+    d = 1 / np.sqrt(scored * GAMMA * (1 - GAMMA))
+    step = z_step(scored, GAMMA)
+    crossed = np.mean([shown_z(p_value_normal(4.0 + units * d), ALPHA, u, step) >= 4.0 - 1e-9 for u in U_GRID])
+    assert crossed == pytest.approx(units / STEP_UNITS, abs=2e-4)
+
+
+def test_dither_depends_on_the_set_of_units_not_their_order_or_repeats():
+    key = bytes(32)
+    units = np.array([[5, 1], [7, 2], [9, 3]])
+    same = dither(key, "fp", "k", units[[2, 0, 1, 0]])
+    assert dither(key, "fp", "k", units) == same
+    assert dither(key, "fp", "k", units[:2]) != same
+    assert dither(bytes([1] * 32), "fp", "k", units) != same
+    assert 0.0 <= same < 1.0
+    assert 0.0 <= dither(key, "fp", "k", np.zeros((0, 2), dtype=np.int64)) < 1.0
+
+
+def test_detect_view_of_a_watermarked_and_a_human_text(keyring):
+    detector = Detector(vocab=shared_vocabulary(), keyring=keyring)
+    human = human_text(1200)
+    marked = watermarked_text(shared_vocabulary(), keyring.secret("k-disc"), human)
+    for text, expected in ((marked, "watermarked"), (human, "not_watermarked")):
+        verdict = detector.detect(text, windows=True)
+        view = verdict.disclose("detect")
+        assert verdict.verdict == expected and view["verdict"] == expected
+        assert set(view) == {*DETECT_FIELDS, "disclosure", "z_score", "p_value", "key_id", "decided_by", "windows",
+                             "calibration_id"}
+        assert view["p_value"] >= verdict.p_value and view["z_score"] <= max(0.0, z_for_p(verdict.p_value))
+        assert view == detector.detect(text, windows=True).disclose("detect")  # deterministic per text
+        assert verdict.disclose("explain") == verdict.to_dict()
+        if expected == "watermarked":
+            assert view["key_id"] == "k-disc" and view["windows"]["detected"] in (True, False)
+            assert set(view["windows"]) <= {"detected", "char_start", "char_end"}
+        else:
+            assert view["key_id"] is None and view["windows"] == {"detected": False}
+    with pytest.raises(ValueError, match="scope"):
+        verdict.disclose("audit")
+
+
+def test_power_cost_of_the_dither_is_bounded_by_one_step():
+    """A text whose exact z clears the threshold by a full step is always shown as watermarked."""
+    for u in U_GRID[::97]:
+        assert shown_z(p_value_normal(4.0 + STEP_200 + 1e-9), ALPHA, u, STEP_200) >= 4.0 - 1e-9
+    assert math.isfinite(shown_z(0.0, ALPHA, 0.5, STEP_200))  # p = 0 (far past any threshold) is finite
+    assert math.isfinite(shown_z(1.0, ALPHA, 0.5, STEP_200))  # p = 1 (z = -inf) too
+
+
+def test_hf_specs_are_dithered_without_a_master_key(provmark_home):
+    """hf colours are public: their detect view needs no secret, so detecting creates no master key."""
+    detector = Detector(vocab=shared_vocabulary(), keyring=Keyring(provmark_home))
+    view = detector.detect(human_text(600), spec="hf:context_width=1").disclose("detect")
+    assert view["verdict"] in ("not_watermarked", "insufficient_text") and "num_green_tokens" not in view
+    assert not (provmark_home / "master.key").exists()

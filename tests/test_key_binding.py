@@ -1,0 +1,112 @@
+"""A key records the spec it watermarks with (issue #17): stored sealed with the secret, read back from
+keyrings written before the field existed, bound through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from watermark import key_binding
+from watermark.config import WatermarkSpec
+from watermark.key_binding import bound_spec, keys_bound_to, require_bound
+from watermark.keys import Keyring, KeyringIntegrityError, KeySpecError
+
+MASTER = bytes(range(32))
+LEFT = "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0,prf=hmac-sha256"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "home"
+    monkeypatch.setenv("PROVMARK_HOME", str(folder))
+    monkeypatch.delenv("PROVMARK_MASTER_KEY", raising=False)
+    return folder
+
+
+def test_a_new_key_records_the_default_spec_or_the_one_given(home):
+    ring = Keyring(home, master_key=MASTER)
+    first = ring.create("a1")
+    second = ring.create("b1", spec=LEFT)
+    assert first.spec == WatermarkSpec.default().format() and second.spec == LEFT
+    assert [i.spec for i in Keyring(home, master_key=MASTER).list()] == [first.spec, LEFT]  # persisted
+    rotated = ring.rotate("c1", spec="kgw:scheme=minhash,h=2")
+    assert WatermarkSpec.parse(rotated.spec).scheme == "minhash"
+
+
+def test_an_hf_spec_cannot_be_bound_and_nothing_is_written(home):
+    ring = Keyring(home, master_key=MASTER)
+    with pytest.raises(KeySpecError, match="hf"):
+        ring.create("a1", spec="hf:context_width=1")
+    assert ring.list() == []
+
+
+def test_a_keyring_written_before_specs_were_recorded_still_opens_bound_to_the_default(home, monkeypatch):
+    monkeypatch.setattr(key_binding, "spec_to_bind", lambda spec: None)  # what the old code stored
+    ring = Keyring(home, master_key=MASTER)
+    old = ring.create("old1")
+    monkeypatch.undo()
+    monkeypatch.setenv("PROVMARK_HOME", str(home))
+    raw = json.loads((home / "keyring.json").read_text())["entries"][0]
+    assert "spec" not in raw  # byte-for-byte the old entry format
+    reread = Keyring(home, master_key=MASTER)
+    info = reread.list()[0]
+    assert info.spec is None and bound_spec(info) == WatermarkSpec.default()
+    assert reread.secret("old1") and info.fingerprint == old.fingerprint
+    reread.create("new1")  # the file is rewritten with the old entry still unchanged
+    assert "spec" not in json.loads((home / "keyring.json").read_text())["entries"][0]
+    assert Keyring(home, master_key=MASTER).secret("old1") == reread.secret("old1")
+
+
+def test_editing_a_keys_spec_is_tampering(home):
+    ring = Keyring(home, master_key=MASTER)
+    ring.create("a1")
+    path = home / "keyring.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][0]["spec"] = LEFT
+    path.write_text(json.dumps(doc))
+    with pytest.raises(KeyringIntegrityError):
+        Keyring(home, master_key=MASTER).list()
+
+
+def test_delta_and_hard_are_not_colours_but_scheme_h_gamma_prf_are(home):
+    info = Keyring(home, master_key=MASTER).create("a1")
+    for same in ("kgw:delta=5", "kgw:hard", "kgw:scheme=selfhash,h=4,gamma=0.25"):
+        require_bound(info, WatermarkSpec.parse(same))
+    for other in ("kgw:h=3", "kgw:gamma=0.3", "kgw:scheme=minhash", "kgw:prf=sha3-256", "kgw:scheme=unigram"):
+        with pytest.raises(KeySpecError, match="a1"):
+            require_bound(info, WatermarkSpec.parse(other))
+    assert keys_bound_to([info], WatermarkSpec.default()) == [info]
+    with pytest.raises(KeySpecError, match="no detection key"):
+        keys_bound_to([info], WatermarkSpec.parse("kgw:h=1"))
+
+
+def test_cli_keys_create_binds_the_spec_and_refuses_a_bad_one(home, capsys):
+    assert main(["keys", "create", "a1", "--no-calibrate", "--json", "--spec", LEFT]) == 0
+    assert json.loads(capsys.readouterr().out)["spec"] == LEFT
+    assert main(["keys", "create", "b1", "--no-calibrate", "--spec", "hf:context_width=1"]) != 0
+    assert "hf" in capsys.readouterr().err
+    assert main(["keys", "create", "b1", "--no-calibrate", "--spec", "kgw:gamma=3"]) != 0
+    assert "gamma" in capsys.readouterr().err
+    assert [i.key_id for i in Keyring().list()] == ["a1"]
+
+
+def test_detect_batch_scores_a_key_only_under_its_own_spec(home, tmp_path, capsys):
+    from detector.batch import BatchError, DetectOptions, prepare_jobs
+
+    ring = Keyring(home)
+    ring.create("a1")
+    ring.create("b1", spec=LEFT)
+    records = [{"text": "some words here"}, {"text": "more words", "watermark": LEFT}]
+    prepared = prepare_jobs(records, DetectOptions(), keyring=ring, vocab=object())
+    assert [job.keys for job in prepared.jobs] == [("a1",), ("b1",)]  # each spec tests the keys bound to it
+    with pytest.raises(BatchError, match="record 1: key a1 is bound to"):
+        prepare_jobs([{"text": "x", "keys": ["a1"], "watermark": LEFT}], DetectOptions(), keyring=ring, vocab=object())
+    with pytest.raises(BatchError, match="no detection key is bound"):
+        prepare_jobs([{"text": "x", "watermark": "kgw:h=2"}], DetectOptions(), keyring=ring, vocab=object())
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "x", "keys": ["a1"], "watermark": "kgw:gamma=0.5"}) + "\n")
+    assert main(["detect-batch", str(source), "--out", str(tmp_path / "out.jsonl")]) != 0
+    assert "bound to" in capsys.readouterr().err

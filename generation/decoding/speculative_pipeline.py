@@ -13,6 +13,7 @@ import torch
 
 from generation.sampling import (
     SamplerState,
+    _no_overflow_,
     SamplingParams,
     apply_bans_,
     apply_penalties_,
@@ -84,7 +85,7 @@ class DistributionPipeline:
         if self.params.greedy:
             return scores
         if self.params.temperature != 1.0:
-            scores.div_(self.params.temperature)
+            _no_overflow_(scores.div_(self.params.temperature))
         truncate_(scores, [self.params] * scores.shape[0])
         return scores
 

@@ -234,3 +234,50 @@ def test_the_vllm_rows_bias_overflowed_logits_as_the_engines_watermark_stage(fix
     want = WatermarkProcessor().apply(logits.clone(), [PROMPTS[i] + output_ids[i] for i in range(2)], [wm, wm])
     assert torch.equal(got, want)
     assert not torch.isnan(got).any()
+
+
+# ---- decoding sees the engine through its public interface only (issue #18, item 2) ----
+
+class _PublicOnly:
+    """The engine behind generation.decoding.engine_interface.DecodingEngine's members, and nothing else."""
+
+    MEMBERS = {"vocab_size", "tokenizer", "eos_token_ids", "pipeline", "loaded", "max_model_len", "model",
+               "prompt_ids", "forward", "generate"}
+
+    def __init__(self, engine):
+        object.__setattr__(self, "_engine", engine)
+
+    def __getattr__(self, name):
+        if name not in self.MEMBERS:
+            raise AttributeError(f"decoding reached past the engine's public interface: engine.{name}")
+        return getattr(object.__getattribute__(self, "_engine"), name)
+
+
+def test_every_method_runs_over_the_public_engine_interface_alone(engine, amateur, mark):
+    from generation.decoding import DecodingParams, run_decoding
+    from generation.decoding.contrastive import ContrastiveConfig as Contrastive
+    from generation.decoding.speculative import SpeculativeConfig
+
+    public = _PublicOnly(engine)
+    sampled = _params("overflow", seed=5)
+    greedy = _params("tiny_temperature", logprobs=None)
+    for params, decoding in [
+        (greedy, DecodingParams(beam=BeamConfig(2))),
+        (sampled, DecodingParams(n=2, best_of=3)),
+        (sampled, DecodingParams(speculative=SpeculativeConfig("prompt_lookup"))),
+        (sampled, DecodingParams(contrastive=Contrastive(amateur=amateur))),
+        (sampled, DecodingParams(mbr=MBRConfig(num_candidates=2))),
+        (sampled, None),
+    ]:
+        outs = run_decoding(public, PROMPTS[0], params, decoding, mark)
+        assert outs and all(len(o.token_ids) == params.max_new_tokens for o in outs)
+        assert engine.decode(PROMPTS[0], params, decoding, mark)[0].token_ids  # the engine's own entry point
+
+
+def test_the_engine_does_not_import_decoding():
+    import subprocess
+    import sys
+
+    code = "import sys, generation.engine; print(sorted(m for m in sys.modules if m.startswith('generation.decoding')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,10 +5,14 @@ running sequence for one decode token), the runner runs the model over the slot 
 post-processing samples, appends, checks stops and reports outputs. ``submit`` may be called from any
 thread; ``step`` is serialised by a lock (one thread drives the engine).
 
-Constrained requests (``SamplingParams.constraint``) get their logits masked to the constraint's allowed
-set before the sampler, so penalties, logit bias and the watermark only choose among allowed tokens; the
-step's masks are computed on a background thread while the model runs. Rows without a constraint are
-never touched.
+Post-processing is the LogitsPipeline (generation/sample/pipeline.py): constraint mask, penalties,
+logit bias, bans, the watermark stage, temperature, truncation, the draw. Constrained requests
+(``SamplingParams.constraint``) get their masks computed on a background thread while the model runs.
+
+Advanced decoding (generation/decoding) runs over this engine's public surface: ``prompt_ids``,
+``forward`` (the engine's own decoder and LM head over a caller's cache), ``model`` (the plain weights),
+``tokenizer``, ``eos_token_ids``, ``max_model_len``, ``pipeline`` and ``generate``. The engine never
+imports decoding: ``decode`` calls the method object it is handed.
 """
 
 from __future__ import annotations
@@ -30,14 +34,14 @@ from generation.constraints import (
 )
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
-from generation.sampling import Sampler, SamplerState, SamplingParams
+from generation.sample import LogitsPipeline, StepRows
+from generation.sampling import SamplerState, SamplingParams
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
     RequestOutput,
     Sequence,
     TextTracker,
-    Usage,
-    WatermarkInfo,
+    request_output,
 )
 
 if TYPE_CHECKING:
@@ -82,9 +86,8 @@ class Engine:
 
             set_bias_backend(native.watermark_bias)
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
-        self.sampler = Sampler(self.vocab_size, self.runner.device)
+        self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)
-        self._processor = None  # watermark.processor.WatermarkProcessor, made on first watermarked request
         self._compiler: ConstraintCompiler | None = None  # made on first constrained request (~0.5 s)
         self._compiler_lock = threading.Lock()
         self._inbox: list[Sequence] = []
@@ -118,7 +121,7 @@ class Engine:
 
         A ``params.constraint`` is compiled here: a grammar this vocabulary cannot follow raises
         ValueError (generation.constraints.ConstraintError) before anything is queued."""
-        prompt_ids = self._prompt_ids(prompt)
+        prompt_ids = self.prompt_ids(prompt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate_for_vocab(self.vocab_size)
@@ -144,7 +147,19 @@ class Engine:
                 self._compiler = ConstraintCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
             return self._compiler
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    @property
+    def max_model_len(self) -> int:
+        """Tokens a sequence may hold, prompt and output together."""
+        return self.config.max_model_len
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The loaded causal LM itself (plain weights), for callers running it over their own cache."""
+        return self.loaded.model
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A prompt (text, tokenized with special tokens, or token ids) as checked token ids: non-empty,
+        in the vocabulary, leaving room to generate. ValueError / TypeError naming the problem."""
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -217,47 +232,18 @@ class Engine:
             seq.num_cached = seq.num_tokens
         return rows, logits
 
-    def _watermark_hook(self, rows: list[Sequence], masked_logits: torch.Tensor, constrained: list[int]):
-        """The sampler's hook after penalties and bans: keeps constrained rows sampleable, then the watermark.
-
-        A constrained row left without a finite logit gets its masked logits back: by penalties or bans
-        (the constraint wins), or by a hard watermark whose red list covers every allowed token (that row
-        goes unwatermarked this step). Returns None when no row needs either."""
-        marks = [seq.watermark for seq in rows]
-        watermarked = any(m is not None for m in marks)
-        if not watermarked and not constrained:
-            return None
-        processor = None
-        if watermarked:
-            if self._processor is None:
-                from watermark.processor import WatermarkProcessor
-
-                self._processor = WatermarkProcessor()
-            processor = self._processor
-        # the bias only reads each row's last context_width tokens
-        histories = [seq.all_ids[len(seq.all_ids) - max(m.context_width, 1):] if m is not None else ()
-                     for seq, m in zip(rows, marks)]
-        hard_rows = [i for i in constrained if marks[i] is not None and getattr(marks[i].spec, "hard", False)]
-
-        def hook(scores: torch.Tensor) -> torch.Tensor:
-            if constrained:
-                _restore_dead_rows_(scores, constrained, masked_logits)
-            if processor is None:
-                return scores
-            before = scores[hard_rows] if hard_rows else None  # advanced indexing: a copy
-            processor.apply(scores, histories, marks)
-            if before is not None:
-                _restore_dead_rows_(scores, hard_rows, before, source_rows_are_local=True)
-            return scores
-
-        return hook
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:
+        """Float32 logits [B, V] of the last of ``input_ids`` [B, q] (at ``position_ids``) over a caller's
+        transformers Cache, through the decoder and LM head the engine itself runs (the same numerics)."""
+        hidden = self.runner.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     past_key_values=cache, use_cache=True).last_hidden_state
+        return self.runner.lm_head(hidden[:, -1]).float()
 
     def _postprocess(self, rows: list[Sequence], logits: torch.Tensor,
                      masks: ConstraintMasks | None = None) -> list[RequestOutput]:
-        counts = masks.apply_(logits) if masks is not None else None
-        constrained = masks.rows if masks is not None else []
-        hook = self._watermark_hook(rows, logits, constrained)
-        sampled = self.sampler.sample(logits, [seq.sampler_state for seq in rows], hook)
+        step = StepRows.of([seq.sampler_state for seq in rows], [seq.watermark for seq in rows], masks)
+        sampled = self.pipeline.sample(logits, step)
+        counts = step.allowed_counts
         tokens = sampled.token_ids.tolist()
         chosen_logprobs = sampled.logprobs.tolist() if sampled.logprobs is not None else None
         outputs = []
@@ -306,22 +292,10 @@ class Engine:
         return self._output(seq, seq.text.take_delta(final=True))
 
     def _output(self, seq: Sequence, delta: str) -> RequestOutput:
-        wm = seq.watermark
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_ids,
-            token_ids=list(seq.output_ids),
-            text=seq.text.text,
-            text_delta=delta,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            usage=Usage(len(seq.prompt_ids), len(seq.output_ids)),
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            top_logprobs=list(seq.top_logprobs) if seq.top_logprobs is not None else None,
-            watermark=WatermarkInfo(wm.spec.format(), wm.key_id, wm.fingerprint) if wm is not None else None,
-            forced_positions=list(seq.forced_positions),
-            error=seq.error,
-        )
+        return request_output(
+            seq.request_id, seq.prompt_ids, seq.output_ids, seq.text.text, seq.finish_reason, seq.watermark,
+            text_delta=delta, finished=seq.is_finished, logprobs=seq.logprobs, top_logprobs=seq.top_logprobs,
+            forced_positions=seq.forced_positions, error=seq.error)
 
     # ------------------------------------------------------------------ conveniences
     def generate(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams],
@@ -380,24 +354,13 @@ class Engine:
 
     def decode(self, prompt: str | list[int], params: SamplingParams, decoding=None,
                watermark: Watermark | None = None) -> list[RequestOutput]:
-        """Decode one prompt (str or token ids, as submit) with an advanced method: beam search, n/best_of,
-        speculative, contrastive or MBR (``decoding``: generation.decoding.DecodingParams; None = plain).
-
-        Runs synchronously on the caller's thread with its own cache (plain n = 1 goes through
-        ``generate``); see generation.decoding.run_decoding for what is returned and raised."""
-        from generation.decoding import run_decoding
-
-        return run_decoding(self, prompt, params, decoding, watermark)
-
-
-def _restore_dead_rows_(scores: torch.Tensor, rows: list[int], source: torch.Tensor,
-                        source_rows_are_local: bool = False) -> None:
-    """Rows of ``scores`` (batch indices ``rows``) with no finite logit left take their values from
-    ``source`` (indexed by batch index, or by position in ``rows`` when ``source_rows_are_local``)."""
-    index = torch.tensor(rows, dtype=torch.long, device=scores.device)
-    dead = scores.index_select(0, index).amax(-1) == float("-inf")
-    if not bool(dead.any()):
-        return
-    local = dead.nonzero()[:, 0]
-    take = local if source_rows_are_local else index[local]
-    scores[index[local]] = source.index_select(0, take.to(source.device)).to(scores.dtype)
+        """Decode one prompt (str or token ids, as submit) with an advanced method: ``decoding`` is a
+        generation.decoding.DecodingParams (beam search, n/best_of, speculative, contrastive or MBR), which
+        runs itself over this engine (``decoding.run(engine, prompt, params, watermark)``); None = plain
+        generation. See generation.decoding.run_decoding for what is returned and raised."""
+        if decoding is None:
+            return self.generate([prompt], params, watermarks=[watermark], use_tqdm=False)
+        run = getattr(decoding, "run", None)
+        if not callable(run):
+            raise TypeError(f"decoding must be DecodingParams or None, got {type(decoding).__name__}")
+        return run(self, prompt, params, watermark)

@@ -91,6 +91,8 @@ class NativeAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
                 past_key_values=None, **kwargs):
+        # transformers >= 5.24 names the argument `cache` (and passes it by keyword); older releases past_key_values
+        past_key_values = kwargs.pop("cache", past_key_values)
         rows = kwargs.get(GROUP_KWARG)
         plan = getattr(past_key_values, "plan", None)
         if (isinstance(rows, RowLengths) and isinstance(past_key_values, SlotKVCache) and plan is not None

@@ -1,9 +1,8 @@
-"""The sampler suite as batched tensor transforms with per-row parameters and per-row state.
+"""The sampler's stage functions as batched tensor transforms with per-row parameters and per-row state.
 
-Sampler.sample() runs, over logits[B, V]: (1) penalties, logit bias and bans, (2) logprob capture,
-(3) the watermark hook, (4) temperature then truncation (or mirostat), (5) greedy argmax or a draw
-from each row's own generator. A transform no row uses is skipped; rows with a transform off are
-left bit-for-bit untouched.
+generation.sample.pipeline.LogitsPipeline runs them in order (its docstring names the stages):
+penalties, logit bias and bans; temperature; truncation (or mirostat); the draw from each row's own
+generator. A transform no row uses is skipped; rows with a transform off are left bit-for-bit untouched.
 
 Rows with top-k skip the full vocabulary after one topk: temperature, the later truncations and the
 draw run on the row's head of top_k (+ a few) tokens, where every other token is already -inf.
@@ -12,14 +11,13 @@ draw run on the row's head of top_k (+ a few) tokens, where every other token is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from generation.sampling_params import SamplerState, SamplingParams
 
-__all__ = ["SamplingParams", "SamplerState", "Sampler", "SampleOutput"]
+__all__ = ["SamplingParams", "SamplerState"]
 
 NEG_INF = float("-inf")
 LN2 = math.log(2.0)
@@ -32,20 +30,13 @@ HEAD_SPARE = 16  # head tokens past the largest top_k: room for ties at the k-th
 TOP_K_HEAD = True  # False forces top-k rows through the full-vocabulary path (tests compare the two)
 
 
-@dataclass
-class SampleOutput:
-    token_ids: torch.Tensor  # LongTensor[B]
-    logprobs: torch.Tensor | None  # FloatTensor[B], chosen token, pre-watermark; NaN for rows that did not ask
-    top_logprobs: list[list[tuple[int, float]]] | None  # per row, [] for rows that did not ask
-
-
-def _rows(flags: list[bool], device) -> torch.Tensor | None:
+def rows_where(flags: list[bool], device) -> torch.Tensor | None:
     """Indices of the rows whose flag is set, or None when no row needs the transform."""
     idx = [i for i, f in enumerate(flags) if f]
     return torch.tensor(idx, dtype=torch.long, device=device) if idx else None
 
 
-def _on_rows(scores: torch.Tensor, rows: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
+def on_rows_(scores: torch.Tensor, rows: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
     """Apply an in-place fn to scores[rows] only; whole-batch rows avoid the gather/scatter copy."""
     if rows.numel() == scores.shape[0]:
         fn(scores)
@@ -55,7 +46,7 @@ def _on_rows(scores: torch.Tensor, rows: torch.Tensor, fn: Callable[[torch.Tenso
         scores.index_copy_(0, rows, sub)
 
 
-def _column(values, rows: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+def column(values, rows: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return torch.tensor([values[i] for i in rows.tolist()], dtype=dtype, device=rows.device)[:, None]
 
 
@@ -108,6 +99,14 @@ def apply_bans_(scores: torch.Tensor, states: list[SamplerState]) -> None:
         rows.extend([r] * len(banned)), ids.extend(banned)
     if rows:
         scores[torch.tensor(rows, device=scores.device), torch.tensor(ids, device=scores.device)] = NEG_INF
+
+
+# ---- temperature: the one place logits are divided by it ----
+
+def apply_temperature_(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Divide rows by their temperature column [R, 1] in place, clamped to the float range (a small
+    temperature after a tiny repetition penalty overflows, and one +inf makes a row's softmax NaN)."""
+    return _no_overflow_(scores.div_(temperature))
 
 
 # ---- stage 4: truncation, each on [R, V] with per-row parameter columns ----
@@ -228,10 +227,10 @@ def truncate_(scores: torch.Tensor, params: list[SamplingParams], presorted: boo
     presorted: every row's columns already descend (a top-k head), so no transform sorts or topks.
     """
     dev, width = scores.device, scores.shape[1]
-    rows = _rows([0 < p.top_k < width for p in params], dev)
+    rows = rows_where([0 < p.top_k < width for p in params], dev)
     if rows is not None:
-        _on_rows(scores, rows, lambda s: top_k_(s, _column([p.top_k for p in params], rows, torch.long), presorted))
-    sort_rows = _rows([p.top_p < 1.0 or p.typical_p < 1.0 for p in params], dev)
+        on_rows_(scores, rows, lambda s: top_k_(s, column([p.top_k for p in params], rows, torch.long), presorted))
+    sort_rows = rows_where([p.top_p < 1.0 or p.typical_p < 1.0 for p in params], dev)
     if sort_rows is not None:
         sorted_params = [params[i] for i in sort_rows.tolist()]
         whole = sort_rows.numel() == scores.shape[0]  # every row sorts: work in place, no row copies
@@ -241,28 +240,28 @@ def truncate_(scores: torch.Tensor, params: list[SamplingParams], presorted: boo
         elif any(p.typical_p < 1.0 for p in sorted_params):
             order = DescendingOrder(sub, sub.shape[1])
         else:
-            top_p = _column([p.top_p for p in sorted_params], torch.arange(len(sorted_params), device=dev))
+            top_p = column([p.top_p for p in sorted_params], torch.arange(len(sorted_params), device=dev))
             order = DescendingOrder(sub, top_p_head_size(sub, top_p))
-        p_local = _rows([p.top_p < 1.0 for p in sorted_params], dev)
+        p_local = rows_where([p.top_p < 1.0 for p in sorted_params], dev)
         if p_local is not None:
             p_order = order if p_local.numel() == sub.shape[0] else order.select(p_local)
-            _on_rows(sub, p_local, lambda s: top_p_(s, _column([p.top_p for p in sorted_params], p_local), p_order))
+            on_rows_(sub, p_local, lambda s: top_p_(s, column([p.top_p for p in sorted_params], p_local), p_order))
         if not whole:
             scores.index_copy_(0, sort_rows, sub)
-    rows = _rows([p.min_p > 0.0 for p in params], dev)
+    rows = rows_where([p.min_p > 0.0 for p in params], dev)
     if rows is not None:
-        _on_rows(scores, rows, lambda s: min_p_(s, _column([p.min_p for p in params], rows)))
+        on_rows_(scores, rows, lambda s: min_p_(s, column([p.min_p for p in params], rows)))
     if sort_rows is not None:
-        t_local = _rows([p.typical_p < 1.0 for p in sorted_params], dev)
+        t_local = rows_where([p.typical_p < 1.0 for p in sorted_params], dev)
         if t_local is not None:  # order is full here: any typical row asks for the full sort
             t_rows = sort_rows[t_local]
-            _on_rows(scores, t_rows, lambda s: typical_(s, _column([p.typical_p for p in params], t_rows), order.ids[t_local]))
-    rows = _rows([p.epsilon_cutoff > 0.0 for p in params], dev)
+            on_rows_(scores, t_rows, lambda s: typical_(s, column([p.typical_p for p in params], t_rows), order.ids[t_local]))
+    rows = rows_where([p.epsilon_cutoff > 0.0 for p in params], dev)
     if rows is not None:
-        _on_rows(scores, rows, lambda s: epsilon_(s, _column([p.epsilon_cutoff for p in params], rows)))
-    rows = _rows([p.eta_cutoff > 0.0 for p in params], dev)
+        on_rows_(scores, rows, lambda s: epsilon_(s, column([p.epsilon_cutoff for p in params], rows)))
+    rows = rows_where([p.eta_cutoff > 0.0 for p in params], dev)
     if rows is not None:
-        _on_rows(scores, rows, lambda s: eta_(s, _column([p.eta_cutoff for p in params], rows)))
+        on_rows_(scores, rows, lambda s: eta_(s, column([p.eta_cutoff for p in params], rows)))
 
 
 # ---- mirostat (Basu et al. 2021), on temperature-scaled logits ----
@@ -329,7 +328,7 @@ def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
     k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
     values, ids = scores.topk(int(k.max()) + HEAD_SPARE)
     if any(p.temperature != 1.0 for p in params):
-        _no_overflow_(values.div_(torch.tensor([p.temperature for p in params], device=scores.device)[:, None]))
+        apply_temperature_(values, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
     fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
     served = [j for j, f in enumerate(fits) if f]
     if not served:
@@ -341,92 +340,3 @@ def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
     ids_ascending, by_id = ids.sort(-1)  # draw_ walks the CDF in token-id order, as over the full row
     at = draw_(values.softmax(-1).gather(1, by_id), [generators[j] for j in served])
     return served, ids_ascending.gather(1, at[:, None])[:, 0]
-
-
-class Sampler:
-    """Turns logits[B, V] into one token per row, each row under its own SamplingParams and state."""
-
-    def __init__(self, vocab_size: int, device):
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
-
-    def sample(self, logits: torch.Tensor, states: list[SamplerState],
-               watermark_hook: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SampleOutput:
-        """Sample one token per row. Leaves `logits` untouched; of the states it only records mirostat
-        rows' pending surprise (the engine calls append() to accept a token).
-
-        Rows' tokens depend only on their own logits, params and generator, never on batch-mates.
-        Reported logprobs are of the penalised logits before the watermark hook and temperature.
-        """
-        if logits.dim() != 2 or logits.shape[0] != len(states) or logits.shape[1] != self.vocab_size:
-            raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(states)} states x vocab {self.vocab_size}")
-        params = [st.params for st in states]
-        scores = logits.to(torch.float32, copy=True)
-        apply_penalties_(scores, states)
-        apply_bans_(scores, states)
-        lp_rows = _rows([p.logprobs is not None for p in params], scores.device)
-        logp = scores.index_select(0, lp_rows).log_softmax(-1) if lp_rows is not None else None
-        if watermark_hook is not None:
-            scores = watermark_hook(scores)
-        tokens = torch.empty(len(states), dtype=torch.long, device=scores.device)
-        greedy = _rows([p.greedy for p in params], scores.device)
-        if greedy is not None:  # max(dim) gives argmax's first maximal index, several times faster on CPU
-            tokens[greedy] = (scores if greedy.numel() == len(states) else scores.index_select(0, greedy)).max(-1).indices
-        sampled = _rows([not p.greedy for p in params], scores.device)
-        if sampled is not None:
-            tokens[sampled] = self._sample_rows(scores, sampled, states)
-        return self._output(tokens, logp, lp_rows, params)
-
-    def _sample_rows(self, scores: torch.Tensor, rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-        picked = [states[i] for i in rows.tolist()]
-        heads = head_rows([st.params for st in picked], self.vocab_size) if TOP_K_HEAD else []
-        if not heads:
-            return self._sample_full_rows(scores, rows, picked)
-        chosen = torch.empty(len(picked), dtype=torch.long, device=scores.device)
-        head_global = rows[torch.tensor(heads, device=rows.device)]
-        head_scores = scores if head_global.numel() == scores.shape[0] else scores.index_select(0, head_global)
-        served, tokens = sample_heads(head_scores, [picked[j].params for j in heads], [picked[j].generator for j in heads])
-        served = [heads[j] for j in served]
-        if served:
-            chosen[torch.tensor(served, device=scores.device)] = tokens
-        rest = sorted(set(range(len(picked))) - set(served))
-        if rest:
-            rest_at = torch.tensor(rest, device=scores.device)
-            chosen[rest_at] = self._sample_full_rows(scores, rows[rest_at], [picked[j] for j in rest])
-        return chosen
-
-    def _sample_full_rows(self, scores: torch.Tensor, rows: torch.Tensor, picked: list[SamplerState]) -> torch.Tensor:
-        """Temperature, truncation or mirostat, and the draw over whole rows of the vocabulary."""
-        params = [st.params for st in picked]
-        sub = scores.index_select(0, rows) if rows.numel() < scores.shape[0] else scores
-        if any(p.temperature != 1.0 for p in params):
-            _no_overflow_(sub.div_(torch.tensor([p.temperature for p in params], device=sub.device)[:, None]))
-        plain = _rows([p.mirostat_mode == 0 for p in params], sub.device)
-        if plain is not None:
-            _on_rows(sub, plain, lambda s: truncate_(s, [params[i] for i in plain.tolist()]))
-        miro = _rows([p.mirostat_mode != 0 for p in params], sub.device)
-        miro_logp = None
-        if miro is not None:
-            miro_logp = sub.index_select(0, miro).log_softmax(-1)  # surprise is measured before truncation, as the paper's code
-            mu = _column([st.mirostat_mu for st in picked], miro)
-            _on_rows(sub, miro, lambda s: mirostat_(s, [params[i].mirostat_mode for i in miro.tolist()], mu))
-        chosen = draw_(sub.softmax(-1), [st.generator for st in picked])
-        if miro is not None:
-            surprise = (-miro_logp.gather(1, chosen[miro][:, None])[:, 0] / LN2).tolist()
-            for j, s in zip(miro.tolist(), surprise):
-                picked[j].pending_surprise = (int(chosen[j]), s)
-        return chosen
-
-    @staticmethod
-    def _output(tokens, logp, lp_rows, params) -> SampleOutput:
-        if logp is None:
-            return SampleOutput(tokens, None, None)
-        chosen = torch.full(tokens.shape, float("nan"), device=tokens.device)
-        chosen[lp_rows] = logp.gather(1, tokens[lp_rows][:, None])[:, 0]
-        top: list[list[tuple[int, float]]] = [[] for _ in params]
-        for j, r in enumerate(lp_rows.tolist()):
-            k = min(params[r].logprobs, logp.shape[1])
-            if k:
-                values, ids = logp[j].topk(k)
-                top[r] = list(zip(ids.tolist(), values.tolist()))
-        return SampleOutput(tokens, chosen, top)

@@ -66,6 +66,26 @@ class RequestOutput:
     decoding_stats: dict | None = None  # advanced decoding extras, e.g. speculative acceptance counts
 
 
+def request_output(request_id: str, prompt_ids: list[int], token_ids: list[int], text: str, finish_reason: str | None,
+                   watermark=None, *, text_delta: str | None = None, finished: bool = True,
+                   logprobs: list[float] | None = None, top_logprobs: list | None = None,
+                   forced_positions: list[int] = (), error: str | None = None,
+                   cumulative_logprob: float | None = None, stats: dict | None = None) -> RequestOutput:
+    """The one place a RequestOutput is assembled (engine steps and every decoding method): lists copied,
+    usage counted, the watermark described by its public fields only. ``text_delta`` defaults to the
+    whole text (a finished output handed over at once)."""
+    return RequestOutput(
+        request_id=request_id, prompt_token_ids=list(prompt_ids), token_ids=list(token_ids), text=text,
+        text_delta=text if text_delta is None else text_delta, finished=finished, finish_reason=finish_reason,
+        usage=Usage(len(prompt_ids), len(token_ids)),
+        logprobs=list(logprobs) if logprobs is not None else None,
+        top_logprobs=list(top_logprobs) if top_logprobs is not None else None,
+        watermark=WatermarkInfo(watermark.spec.format(), watermark.key_id, watermark.fingerprint)
+        if watermark is not None else None,
+        forced_positions=list(forced_positions), error=error, cumulative_logprob=cumulative_logprob,
+        decoding_stats=stats)
+
+
 class TextTracker:
     """Incremental detokenizer plus stop-string scan over one sequence's generated ids."""
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from generation.sample.watermark_stage import KGWBiasStage
 from watermark.config import SpecError, WatermarkSpec
 from watermark.keys import Keyring, KeyringError, validate_key_id
-from watermark.processor import WatermarkProcessor
 from watermark.scheme import Watermark, generation_watermark
 
 # SamplingParams.extra_args names (also what vLLM's OpenAI server takes as `vllm_xargs`).
@@ -126,7 +126,7 @@ class WatermarkedBatch:
     def __init__(self, requests: RequestWatermarks, on_error=None) -> None:
         self.requests = requests
         self._rows: dict[int, _Row] = {}
-        self._processor = WatermarkProcessor()
+        self._stage = KGWBiasStage()  # the engine's LogitsPipeline watermark stage (vLLM draws the token itself)
         self._on_error = on_error  # called with (batch index, exception) when a request's key cannot be resolved
 
     def __len__(self) -> int:
@@ -183,7 +183,7 @@ class WatermarkedBatch:
                 histories[index] = _history_tail(row, max(row.watermark.context_width, 1))
         vocab = self.requests.vocab_size
         view = logits if logits.shape[1] == vocab else logits[:, :vocab]  # padded vocabularies
-        self._processor.apply(view, histories, marks)
+        self._stage.transform_(view, histories, marks)
         return logits
 
 

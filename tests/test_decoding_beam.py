@@ -14,13 +14,13 @@ import torch
 from generation.decoding import DecodingParams, run_decoding
 from generation.decoding.beam import (
     BeamConfig,
-    ScoreProcessor,
     check_beam_params,
     run_beam,
 )
 from generation.decoding.best_of import run_best_of, sibling_seed
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.engine import Engine
+from generation.sample import StepRows
 from generation.sampling import SamplerState, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -58,10 +58,9 @@ def rescore(engine, prompt_ids, token_ids, params, watermark=None) -> float:
     """Sum of processed log-probabilities of ``token_ids``, one branch, fed one token at a time."""
     runner = PrefixRunner(engine.loaded.model, prompt_ids, 1, max(len(token_ids), 1))
     state = SamplerState(params, prompt_ids, engine.eos_token_ids)
-    processor = ScoreProcessor(watermark)
     logits, total = runner.prefill(), 0.0
     for i, token in enumerate(token_ids):
-        total += float(processor.logprobs(logits, [state])[0, token])
+        total += float(engine.pipeline.ranking_logprobs(logits, StepRows.of([state], [watermark]))[0, token])
         state.append(token)
         if i + 1 < len(token_ids):
             logits = runner.step([token])

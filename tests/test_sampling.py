@@ -3,13 +3,15 @@ against the OpenAI formula, mirostat's mu update, seeded independence from batch
 frequencies against the target distribution (chi-square bound at a fixed alpha)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from scipy.stats import chi2
 from transformers.generation import logits_process as lp
 
-from generation.sampling import SampleOutput, Sampler, SamplerState, SamplingParams
+from generation.sample import LogitsPipeline, SampleOutput, StepRows
+from generation.sampling import SamplerState, SamplingParams
 from generation.sampling import apply_bans_, apply_penalties_, mirostat_, mirostat_v1_k, truncate_
 
 ALPHA = 1e-3  # false-failure rate of each chi-square test (fixed seeds make it deterministic anyway)
@@ -249,11 +251,11 @@ def test_min_new_tokens_matches_reference_and_covers_stop_ids():
 
 # ---- sampling ----
 
-def run(sampler: Sampler, logits_for_step, params: list[SamplingParams], steps: int, hook=None) -> list[list[int]]:
+def run(sampler: LogitsPipeline, logits_for_step, params: list[SamplingParams], steps: int) -> list[list[int]]:
     states = [SamplerState(p, [1, 2, 3], {0}) for p in params]
     out = [[] for _ in params]
     for step in range(steps):
-        result = sampler.sample(logits_for_step(step, len(params)), states, hook)
+        result = sampler.sample(logits_for_step(step, len(params)), StepRows.of(states))
         for st, seq, token in zip(states, out, result.token_ids.tolist()):
             st.append(token)
             seq.append(token)
@@ -267,12 +269,12 @@ def test_seeded_row_is_independent_of_its_batch_mates():
     def logits_for_step(step, rows):  # each row drawn alone: row 0 sees the same logits in both runs
         return torch.cat([random_logits(1, vocab, seed=1000 * r + step, scale=2.0) for r in range(rows)])
 
-    alone = run(Sampler(vocab, "cpu"), logits_for_step, [target], 50)[0]
+    alone = run(LogitsPipeline(vocab, "cpu"), logits_for_step, [target], 50)[0]
     mates = [SamplingParams(temperature=0), SamplingParams(seed=1, top_k=20, typical_p=0.8),
              SamplingParams(seed=2, mirostat_mode=2), SamplingParams(min_p=0.1, repetition_penalty=1.3, logprobs=2)]
-    together = run(Sampler(vocab, "cpu"), logits_for_step, [target] + mates, 50)[0]
+    together = run(LogitsPipeline(vocab, "cpu"), logits_for_step, [target] + mates, 50)[0]
     assert alone == together
-    other_seed = run(Sampler(vocab, "cpu"), logits_for_step, [SamplingParams(seed=99, top_p=0.9, temperature=0.8)], 50)[0]
+    other_seed = run(LogitsPipeline(vocab, "cpu"), logits_for_step, [SamplingParams(seed=99, top_p=0.9, temperature=0.8)], 50)[0]
     assert other_seed != alone
 
 
@@ -281,7 +283,7 @@ def test_greedy_rows_take_argmax_and_consume_no_randomness():
     states = [SamplerState(SamplingParams(temperature=0, top_k=3, seed=5), [1], {0}),
               SamplerState(SamplingParams(seed=6), [1], {0})]
     before = [st.generator.get_state().clone() for st in states]
-    out = Sampler(100, "cpu").sample(logits, states)
+    out = LogitsPipeline(100, "cpu").sample(logits, StepRows.of(states))
     assert out.token_ids[0] == logits[0].argmax()
     assert torch.equal(states[0].generator.get_state(), before[0])
     assert not torch.equal(states[1].generator.get_state(), before[1])
@@ -292,7 +294,7 @@ def test_input_logits_are_not_modified():
     copy = logits.clone()
     states = [SamplerState(SamplingParams(top_p=0.5, repetition_penalty=1.5, seed=1), [1, 2], {0}),
               SamplerState(SamplingParams(temperature=0.5, min_p=0.2, seed=2), [3], {0})]
-    Sampler(100, "cpu").sample(logits, states)
+    LogitsPipeline(100, "cpu").sample(logits, StepRows.of(states))
     assert torch.equal(logits, copy)
 
 
@@ -314,22 +316,73 @@ def test_sampled_frequencies_match_the_distribution(config):
     probs = expected.softmax(-1)[0]
     rows, steps = 200, 60  # 12,000 draws; seeded rows, fixed logits
     params = [SamplingParams(seed=10_000 + r, **config) for r in range(rows)]
-    tokens = run(Sampler(8, "cpu"), lambda step, n: base.expand(n, -1).clone(), params, steps)
+    tokens = run(LogitsPipeline(8, "cpu"), lambda step, n: base.expand(n, -1).clone(), params, steps)
     counts = torch.bincount(torch.tensor(tokens).flatten(), minlength=8)
     chi_square_check(counts, probs)
 
 
-def test_logprobs_are_taken_before_the_watermark_hook():
+class BoostStage:
+    """A watermark stage that transforms: token 5 up by 100 on the rows it serves."""
+
+    chooses_tokens = False
+
+    def transform_(self, scores, contexts, marks):
+        for row, mark in enumerate(marks):
+            if mark is not None:
+                scores[row, 5] += 100.0
+
+
+def _marks_with(stage, rows: int) -> list:
+    """Watermark stand-ins that name ``stage`` as their pipeline stage."""
+    mark = SimpleNamespace(pipeline_stage=stage, context_width=1, spec=SimpleNamespace(hard=False))
+    return [mark] * rows
+
+
+class LastLiveTokenStage:
+    """A sampler stage (as Gumbel-max or a SynthID tournament would be): it picks the highest live token id."""
+
+    chooses_tokens = True
+
+    def __init__(self):
+        self.seen = []
+
+    def transform_(self, scores, contexts, marks):
+        pass
+
+    def choose(self, probs, contexts, marks, generators):
+        self.seen.append((probs.clone(), list(contexts)))
+        live = probs > 0
+        return (live * torch.arange(probs.shape[1])).argmax(-1)
+
+
+def test_a_choosing_stage_replaces_the_draw_for_its_rows_only():
+    vocab = 64
+    logits = random_logits(3, vocab, seed=21)
+    params = [SamplingParams(seed=1, top_k=5), SamplingParams(seed=2, top_p=0.8), SamplingParams(seed=3, temperature=0)]
+    plain_states = [SamplerState(p, [1, 2], {0}) for p in params]
+    plain = LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of(plain_states))
+    stage = LastLiveTokenStage()
+    states = [SamplerState(p, [1, 2], {0}) for p in params]
+    marks = _marks_with(stage, 3)
+    marks[1] = None  # row 1 unwatermarked: the ordinary draw
+    staged = LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of(states, marks))
+    kept = logits[0] >= logits[0].topk(5).values[-1]  # row 0's top-k survivors
+    assert staged.token_ids[0] == int(kept.nonzero().max())
+    assert staged.token_ids[1] == plain.token_ids[1]  # untouched by the stage
+    assert staged.token_ids[2] == plain.token_ids[2] == logits[2].argmax()  # greedy rows take argmax
+    assert len(stage.seen) == 1 and stage.seen[0][0].shape == (1, vocab)  # only the sampled staged row
+    assert stage.seen[0][1] == [[2]]  # its context: the last context_width tokens
+    assert torch.equal(states[0].generator.get_state(), SamplerState(params[0], [1], {0}).generator.get_state())
+
+
+def test_logprobs_are_taken_before_the_watermark_stage():
     vocab = 64
     logits = random_logits(2, vocab, seed=16)
     params = [SamplingParams(temperature=0, logprobs=3), SamplingParams(seed=3, logprobs=0)]
 
-    def boost(scores):
-        scores[:, 5] += 100.0
-        return scores
-
-    plain = Sampler(vocab, "cpu").sample(logits, [SamplerState(p, [1], {0}) for p in params])
-    hooked = Sampler(vocab, "cpu").sample(logits, [SamplerState(p, [1], {0}) for p in params], boost)
+    plain = LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of([SamplerState(p, [1], {0}) for p in params]))
+    states = [SamplerState(p, [1], {0}) for p in params]
+    hooked = LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of(states, _marks_with(BoostStage(), 2)))
     assert isinstance(hooked, SampleOutput)
     assert hooked.token_ids.tolist() == [5, 5]  # the hook was applied to sampling
     reference = logits.log_softmax(-1)
@@ -351,7 +404,7 @@ def test_mirostat_v2_truncates_by_surprise_and_updates_mu():
     mirostat_(truncated, [2], torch.tensor([[state.mirostat_mu]]))
     surprise_bits = -scaled.log_softmax(-1)[0] / math.log(2)
     assert torch.equal(torch.isfinite(truncated[0]), surprise_bits <= 2 * tau)
-    token = int(Sampler(vocab, "cpu").sample(logits, [state]).token_ids[0])
+    token = int(LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of([state])).token_ids[0])
     assert surprise_bits[token] <= 2 * tau
     state.append(token)
     assert state.mirostat_mu == pytest.approx(2 * tau - eta * (float(surprise_bits[token]) - tau), rel=1e-6)
@@ -382,7 +435,7 @@ def test_mirostat_v1_updates_mu_from_untruncated_surprise():
     ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
     logits = (-1.1 * ranks.log())[None]
     state = SamplerState(SamplingParams(mirostat_mode=1, mirostat_tau=4.0, mirostat_eta=0.2, seed=3), [1], {0})
-    token = int(Sampler(vocab, "cpu").sample(logits, [state]).token_ids[0])
+    token = int(LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of([state])).token_ids[0])
     surprise = float(-logits.log_softmax(-1)[0, token] / math.log(2))
     state.append(token)
     assert state.mirostat_mu == pytest.approx(8.0 - 0.2 * (surprise - 4.0), rel=1e-6)
@@ -412,5 +465,5 @@ def test_logits_pushed_past_the_float_range_still_sample(params):
     logits = torch.full((1, vocab), -1.0)
     logits[0, [7, 11]] = 2.0  # the two largest logits, both seen in the prompt
     state = SamplerState(params, [7, 11, 3], {0})
-    token = Sampler(vocab, "cpu").sample(logits, [state]).token_ids.item()
+    token = LogitsPipeline(vocab, "cpu").sample(logits, StepRows.of([state])).token_ids.item()
     assert token in (7, 11)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from generation import sampling
+from generation.sample import LogitsPipeline, StepRows
 from generation.sampling import (
     HEAD_SPARE,
-    Sampler,
     SamplerState,
     SamplingParams,
     truncate_,
@@ -25,11 +25,11 @@ def random_logits(rows: int, vocab: int, seed: int, scale: float = 3.0) -> torch
 
 def sample_steps(params: list[SamplingParams], logits_for_step, steps: int) -> tuple[list[list[int]], list[float]]:
     """Tokens per row over `steps` calls, and each row's final mirostat mu."""
-    sampler = Sampler(logits_for_step(0).shape[1], "cpu")
+    sampler = LogitsPipeline(logits_for_step(0).shape[1], "cpu")
     states = [SamplerState(p, [1, 2, 3], {0}) for p in params]
     out = [[] for _ in params]
     for step in range(steps):
-        tokens = sampler.sample(logits_for_step(step), states).token_ids.tolist()
+        tokens = sampler.sample(logits_for_step(step), StepRows.of(states)).token_ids.tolist()
         for st, seq, token in zip(states, out, tokens):
             st.append(token)
             seq.append(token)

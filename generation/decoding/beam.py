@@ -1,7 +1,8 @@
 """Beam search over the engine's model, with the watermark bias applied to every beam's logits.
 
 Scoring: a beam's score is the sum, over its tokens, of log_softmax of the *processed* logits (the
-request's penalties, logit bias and bans, then the watermark bias computed from that beam's own history).
+engine's LogitsPipeline up to its watermark stage: the request's penalties, logit bias and bans, then
+the watermark bias computed from that beam's own history).
 No temperature and no truncation: beam search is deterministic. So ``temperature`` must be 0 or 1 (the
 greedy and the sampler defaults; ignored either way), and the sampling-only options (top-k/p, min-p,
 typical, epsilon, eta, mirostat) are refused rather than silently dropped.
@@ -24,17 +25,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from generation.decoding.engine_interface import generation_room
 from generation.decoding.prefix_cache import PrefixRunner
-from generation.sampling import (
-    SamplerState,
-    SamplingParams,
-    apply_bans_,
-    apply_penalties_,
-)
-from generation.sequence import RequestOutput, Usage, WatermarkInfo
+from generation.sample import StepRows
+from generation.sampling import SamplerState, SamplingParams
+from generation.sequence import RequestOutput, request_output
 
 if TYPE_CHECKING:
-    from generation.engine import Engine
+    from generation.decoding.engine_interface import DecodingEngine
     from watermark.scheme import Watermark
 
 CANDIDATES_PER_BEAM = 2  # transformers keeps 2 x num_beams candidates so num_beams survive even if all top ones end
@@ -80,34 +78,7 @@ def check_beam_params(params: SamplingParams) -> None:
         raise ValueError("SamplingParams.logprobs with beam search: not supported (see cumulative_logprob)")
 
 
-# ---- shared with best_of: the processed distribution, stop checks, the output record ----
-
-class ScoreProcessor:
-    """Penalties, bans, then the watermark bias (each row with its own history), as the engine's sampler."""
-
-    def __init__(self, watermark: Watermark | None) -> None:
-        self.watermark = watermark
-        self._processor = None
-        if watermark is not None:
-            from watermark.processor import WatermarkProcessor
-
-            self._processor = WatermarkProcessor()
-
-    def bias_(self, scores: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-        """The watermark bias in place (rows' histories are their states'); returns scores."""
-        if self._processor is not None:
-            width = max(self.watermark.context_width, 1)  # the bias only reads the last context_width tokens
-            histories = [st.history[len(st.history) - width:] for st in states]
-            self._processor.apply(scores, histories, [self.watermark] * len(states))
-        return scores
-
-    def logprobs(self, logits: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-        """log_softmax of the processed logits, ``[rows, V]`` float32 (logits untouched)."""
-        scores = logits.to(torch.float32, copy=True)
-        apply_penalties_(scores, states)
-        apply_bans_(scores, states)
-        return self.bias_(scores, states).log_softmax(-1)
-
+# ---- shared with best_of: stop checks, the replayed state ----
 
 def ends_on_token(token: int, params: SamplingParams, eos_ids: set[int]) -> bool:
     """EOS (unless ignore_eos) or a stop token: the sequence ends with this token."""
@@ -120,26 +91,6 @@ def decode_text(tokenizer, token_ids: list[int], params: SamplingParams, eos_ids
     text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     hits = [i for i in (text.find(s) for s in params.stop or ()) if i >= 0]
     return (text[:min(hits)], True) if hits else (text, False)
-
-
-def finished_output(request_id: str, prompt_ids: list[int], token_ids: list[int], text: str, reason: str,
-                    watermark: Watermark | None, cumulative_logprob: float | None = None,
-                    stats: dict | None = None, logprobs: list[float] | None = None,
-                    top_logprobs: list | None = None) -> RequestOutput:
-    return RequestOutput(
-        request_id=request_id, prompt_token_ids=list(prompt_ids), token_ids=list(token_ids), text=text,
-        text_delta=text, finished=True, finish_reason=reason, usage=Usage(len(prompt_ids), len(token_ids)),
-        logprobs=logprobs, top_logprobs=top_logprobs,
-        watermark=WatermarkInfo(watermark.spec.format(), watermark.key_id, watermark.fingerprint) if watermark is not None else None,
-        cumulative_logprob=cumulative_logprob, decoding_stats=stats)
-
-
-def generation_budget(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> int:
-    """Tokens a request may generate: max_new_tokens, capped by the engine's max_model_len."""
-    room = engine.config.max_model_len - len(prompt_ids)
-    if room < 1:
-        raise ValueError(f"prompt: {len(prompt_ids)} tokens, but max_model_len={engine.config.max_model_len} leaves no room to generate")
-    return min(params.max_new_tokens, room)
 
 
 def replay_state(params: SamplingParams, prompt_ids: list[int], generated: list[int], eos_ids: set[int]) -> SamplerState:
@@ -160,7 +111,7 @@ class _Hypothesis:
     reason: str
 
 
-def run_beam(engine: Engine, prompt_ids: list[int], params: SamplingParams, config: BeamConfig,
+def run_beam(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, config: BeamConfig,
              watermark: Watermark | None = None, n: int = 1) -> list[RequestOutput]:
     """The ``n`` best finished beams, best first (n <= num_beams; fewer only if fewer could finish).
 
@@ -171,11 +122,10 @@ def run_beam(engine: Engine, prompt_ids: list[int], params: SamplingParams, conf
     if not 1 <= n <= config.num_beams:
         raise ValueError(f"n={n}: must be in [1, BeamConfig.num_beams={config.num_beams}]")
     check_beam_params(params)
-    max_new = generation_budget(engine, prompt_ids, params)
+    max_new = generation_room(engine, prompt_ids, params)
     eos = engine.eos_token_ids
     num_beams, lp = config.num_beams, float(config.length_penalty)
     tokenizer = engine.tokenizer
-    processor = ScoreProcessor(watermark)
     runner = PrefixRunner.for_engine(engine, prompt_ids, num_beams, max_new)
     logits = runner.prefill()
     states = [SamplerState(params, prompt_ids, eos)]
@@ -186,7 +136,7 @@ def run_beam(engine: Engine, prompt_ids: list[int], params: SamplingParams, conf
     steps = 0
     for length in range(1, max_new + 1):
         steps = length
-        logp = processor.logprobs(logits, states)
+        logp = engine.pipeline.ranking_logprobs(logits, StepRows.of(states, [watermark] * len(states)))
         vocab = logp.shape[1]
         totals = (logp + beam_scores[:, None]).reshape(-1)
         keep = min(CANDIDATES_PER_BEAM * num_beams, totals.shape[0])
@@ -226,9 +176,9 @@ def run_beam(engine: Engine, prompt_ids: list[int], params: SamplingParams, conf
     outputs = []
     for i, hyp in enumerate(finished[:n]):
         text, _ = decode_text(tokenizer, hyp.token_ids, params, eos)
-        outputs.append(finished_output(f"beam-{i}", prompt_ids, hyp.token_ids, text, hyp.reason, watermark,
-                                       cumulative_logprob=hyp.logprob,
-                                       stats={"beam_score": hyp.score, "num_beams": num_beams, "steps": steps}))
+        outputs.append(request_output(f"beam-{i}", prompt_ids, hyp.token_ids, text, hyp.reason, watermark,
+                                      cumulative_logprob=hyp.logprob,
+                                      stats={"beam_score": hyp.score, "num_beams": num_beams, "steps": steps}))
     return outputs
 
 

@@ -1,7 +1,7 @@
 """``n`` / ``best_of`` sampling: best_of sibling samples of one prompt, the n most likely returned.
 
 The siblings run as one batch over a prefix-shared cache (the prompt's keys/values stored once) and are
-drawn by the engine's own Sampler, each with its own generator: sibling 0 uses ``params.seed`` itself (so
+drawn by the engine's own LogitsPipeline, each with its own generator: sibling 0 uses ``params.seed`` itself (so
 n = best_of = 1 reproduces the engine's seeded output), sibling i > 0 a seed derived from (seed, i).
 Without a seed the base seed is fresh OS randomness and results are not reproducible.
 
@@ -17,20 +17,15 @@ import hashlib
 import secrets
 from typing import TYPE_CHECKING
 
-import torch
-
-from generation.decoding.beam import (
-    ScoreProcessor,
-    ends_on_token,
-    finished_output,
-    generation_budget,
-)
+from generation.decoding.beam import ends_on_token
+from generation.decoding.engine_interface import generation_room
 from generation.decoding.prefix_cache import PrefixRunner
+from generation.sample import StepRows
 from generation.sampling import SamplerState, SamplingParams
-from generation.sequence import RequestOutput, TextTracker
+from generation.sequence import RequestOutput, TextTracker, request_output
 
 if TYPE_CHECKING:
-    from generation.engine import Engine
+    from generation.decoding.engine_interface import DecodingEngine
     from watermark.scheme import Watermark
 
 SEED_SPACE = 2**63  # torch.Generator.manual_seed takes any int below 2**64; stay in signed range
@@ -63,7 +58,7 @@ class _Sibling:
         self.reason: str | None = None
 
 
-def run_best_of(engine: Engine, prompt_ids: list[int], params: SamplingParams, n: int, best_of: int,
+def run_best_of(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, n: int, best_of: int,
                 watermark: Watermark | None = None) -> list[RequestOutput]:
     """Sample ``best_of`` siblings; the ``n`` with the highest cumulative_logprob, best first.
 
@@ -73,21 +68,20 @@ def run_best_of(engine: Engine, prompt_ids: list[int], params: SamplingParams, n
             or not 1 <= n <= best_of:
         raise ValueError(f"n={n!r}, best_of={best_of!r}: need ints with 1 <= n <= best_of")
     check_best_of_params(params, best_of)
-    max_new = generation_budget(engine, prompt_ids, params)
+    max_new = generation_room(engine, prompt_ids, params)
     eos = engine.eos_token_ids
     base = params.seed if params.seed is not None else secrets.randbits(63)
     siblings = [_Sibling(i, SamplerState(dataclasses.replace(params, seed=sibling_seed(base, i)), prompt_ids, eos),
                          TextTracker(engine.tokenizer, params.stop)) for i in range(best_of)]
-    processor = ScoreProcessor(watermark)
     runner = PrefixRunner.for_engine(engine, prompt_ids, best_of, max_new)
     logits = runner.prefill().expand(best_of, -1)
     live = list(siblings)
     while live:
         states = [s.state for s in live]
-        captured: list[torch.Tensor] = []
-        sampled = engine.sampler.sample(logits, states, _ranking_hook(processor, states, captured))
+        # ranked by the log-softmax after the watermark, before temperature and truncation
+        sampled = engine.pipeline.sample(logits, StepRows.of(states, [watermark] * len(states)), ranking=True)
         tokens = sampled.token_ids.tolist()
-        chosen = captured[0].gather(1, sampled.token_ids[:, None])[:, 0].tolist()
+        chosen = sampled.ranking_logprobs.gather(1, sampled.token_ids[:, None])[:, 0].tolist()
         still = []
         for row, (sib, token) in enumerate(zip(live, tokens)):
             sib.state.append(token)
@@ -109,17 +103,6 @@ def run_best_of(engine: Engine, prompt_ids: list[int], params: SamplingParams, n
     return [_output(rank, sib, prompt_ids, params, eos, watermark, best_of) for rank, sib in enumerate(ranked)]
 
 
-def _ranking_hook(processor: ScoreProcessor, states: list[SamplerState], captured: list[torch.Tensor]):
-    """The sampler's hook: the watermark bias, then a copy of the ranking distribution into ``captured``."""
-
-    def hook(scores: torch.Tensor) -> torch.Tensor:
-        processor.bias_(scores, states)
-        captured.append(scores.log_softmax(-1))  # before temperature/truncation: what siblings are ranked by
-        return scores
-
-    return hook
-
-
 def _stop_reason(sib: _Sibling, token: int, params: SamplingParams, eos: set[int], max_new: int) -> str | None:
     """The engine's stop order: stop token, then stop string, then length."""
     if ends_on_token(token, params, eos):
@@ -136,7 +119,7 @@ def _output(rank: int, sib: _Sibling, prompt_ids: list[int], params: SamplingPar
     ids = sib.state.generated
     on_token = sib.reason == "stop" and ids and ends_on_token(ids[-1], params, eos)
     sib.text.update(ids[:-1] if on_token else ids, final=True)  # as Engine._finish: the stop token has no text
-    return finished_output(f"best_of-{rank}", prompt_ids, ids, sib.text.text, sib.reason, watermark,
-                           cumulative_logprob=sib.logprob, logprobs=sib.logprobs, top_logprobs=sib.top_logprobs,
-                           stats={"sibling": sib.index, "best_of": best_of})
+    return request_output(f"best_of-{rank}", prompt_ids, ids, sib.text.text, sib.reason, watermark,
+                          cumulative_logprob=sib.logprob, logprobs=sib.logprobs, top_logprobs=sib.top_logprobs,
+                          stats={"sibling": sib.index, "best_of": best_of})
 

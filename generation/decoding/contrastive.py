@@ -23,10 +23,12 @@ Where the watermark bias goes (``watermark_before_cut``):
   tokens the unbiased cut would refuse; CD favours exactly those rare tokens, and one measured
   200-token run degenerated into repetition.
 
-Temperature 0 takes the argmax (the paper's search); temperature > 0 samples from
-softmax(score / temperature) after the request's truncation (top-k, top-p, ...), seeded by
-``params.seed``. Expert and amateur each run with their own batch-1 DynamicCache: the engine's slot
-cache and scheduler are never touched.
+Every stage is the engine's LogitsPipeline: penalties, logit bias and bans on the expert's logits, the
+watermark stage where ``watermark_before_cut`` puts it, then temperature, truncation and the draw on
+the contrastive scores. Temperature 0 takes the argmax (the paper's search); temperature > 0 samples
+from softmax(score / temperature) after the request's truncation (top-k, top-p, ...), seeded by
+``params.seed``. Expert and amateur each run with their own batch-1 cache (speculative_cache.CachedLM):
+the engine's slot cache and scheduler are never touched.
 """
 
 from __future__ import annotations
@@ -40,14 +42,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from generation.decoding.engine_interface import check_watermark_vocab
+from generation.decoding.speculative_cache import CachedLM
 from generation.models import LoadedModel, load_model
-from generation.sampling import NEG_INF, apply_bans_, apply_penalties_, draw_, truncate_
+from generation.sample import StepRows
+from generation.sampling import NEG_INF
 from generation.sampling_params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
-from generation.sequence import RequestOutput, TextTracker, Usage, WatermarkInfo
+from generation.sequence import RequestOutput, TextTracker, request_output
 from watermark.vocab import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from generation.engine import Engine
+    from generation.decoding.engine_interface import DecodingEngine
     from watermark.scheme import Watermark
 
 DEFAULT_ALPHA = 0.1  # Li et al. 2023 use alpha = 0.1 throughout
@@ -112,28 +117,12 @@ def contrastive_scores(expert_logp: torch.Tensor, amateur_logp: torch.Tensor, al
     return scores.masked_fill_(~plausible, NEG_INF)
 
 
-class _CachedLM:
-    """One causal LM with its own batch-1 DynamicCache: feed new ids, get the last position's logits."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        from transformers import DynamicCache
-
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
-
-    def next_logits(self, ids: list[int]) -> torch.Tensor:
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()  # [1, V]
-
-
 _amateurs: dict[tuple, LoadedModel] = {}  # (folder, device, dtype) -> loaded amateur, kept for reuse
 _amateurs_lock = threading.Lock()
 MAX_CACHED_AMATEURS = 2  # amateurs are small by design; two covers switching between a pair
 
 
-def _amateur_for(engine: Engine, config: ContrastiveConfig) -> LoadedModel:
+def _amateur_for(engine: DecodingEngine, config: ContrastiveConfig) -> LoadedModel:
     if config.amateur is not None:
         return config.amateur
     expert = engine.loaded
@@ -154,7 +143,7 @@ def _amateur_for(engine: Engine, config: ContrastiveConfig) -> LoadedModel:
     return found
 
 
-def check_shared_tokenizer(engine: Engine, amateur: LoadedModel) -> None:
+def check_shared_tokenizer(engine: DecodingEngine, amateur: LoadedModel) -> None:
     """ValueError unless the amateur scores the expert's vocabulary: same logits width and, when both
     vocabularies carry one, the same tokenizer fingerprint."""
     width = int(amateur.model.config.vocab_size)
@@ -167,7 +156,7 @@ def check_shared_tokenizer(engine: Engine, amateur: LoadedModel) -> None:
                          f"{engine.loaded.model_id!r} (fingerprints differ); the amateur must share the tokenizer")
 
 
-def _check_request(engine: Engine, prompt_ids: list[int], params: SamplingParams, watermark) -> None:
+def _check_request(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, watermark) -> None:
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
     params.validate_for_vocab(engine.vocab_size)
@@ -178,23 +167,13 @@ def _check_request(engine: Engine, prompt_ids: list[int], params: SamplingParams
         raise ValueError("contrastive decoding with SamplingParams.constraint: not supported; use plain decoding")
     if not prompt_ids or not all(isinstance(t, int) and 0 <= t < engine.vocab_size for t in prompt_ids):
         raise ValueError(f"prompt: expected a non-empty list of token ids in [0, {engine.vocab_size})")
-    if len(prompt_ids) >= engine.config.max_model_len:
-        raise ValueError(f"prompt: {len(prompt_ids)} tokens, but max_model_len={engine.config.max_model_len} leaves no room")
-    if watermark is not None and getattr(watermark, "vocab_size", engine.vocab_size) != engine.vocab_size:
-        raise ValueError(f"watermark: built for vocab_size {watermark.vocab_size}, model has {engine.vocab_size}")
-
-
-def _apply_watermark_(scores: torch.Tensor, history: list[int], watermark, processor) -> None:
-    """Bias scores [1, V] (CD scores or expert logits) in place; a hard watermark that leaves no finite
-    score (V_head all red) keeps the step unbiased."""
-    before = scores.clone() if getattr(watermark.spec, "hard", False) else None
-    processor.apply(scores, [history[len(history) - max(watermark.context_width, 1):]], [watermark])
-    if before is not None and not bool(torch.isfinite(scores).any()):
-        scores.copy_(before)
+    if len(prompt_ids) >= engine.max_model_len:
+        raise ValueError(f"prompt: {len(prompt_ids)} tokens, but max_model_len={engine.max_model_len} leaves no room")
+    check_watermark_vocab(engine, watermark)
 
 
 @torch.inference_mode()
-def run_contrastive(engine: Engine, prompt_ids: list[int], params: SamplingParams, config: ContrastiveConfig,
+def run_contrastive(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, config: ContrastiveConfig,
                     watermark: Watermark | None = None) -> list[RequestOutput]:
     """Decode ``prompt_ids`` by contrastive decoding with the engine's model as expert; returns one output.
 
@@ -210,38 +189,31 @@ def run_contrastive(engine: Engine, prompt_ids: list[int], params: SamplingParam
     _check_request(engine, prompt_ids, params, watermark)
     amateur = _amateur_for(engine, config)
     check_shared_tokenizer(engine, amateur)
-    processor = None
-    if watermark is not None:
-        from watermark.processor import WatermarkProcessor
-
-        processor = WatermarkProcessor()
-
-    expert_lm, amateur_lm = _CachedLM(engine.loaded.model), _CachedLM(amateur.model)
+    pipeline = engine.pipeline
+    expert_lm, amateur_lm = CachedLM(engine.model), CachedLM(amateur.model)
     state = SamplerState(params, prompt_ids, engine.eos_token_ids)
     text = TextTracker(engine.tokenizer, params.stop)
     stop_ids = set(params.stop_token_ids or ())
-    room = engine.config.max_model_len - len(prompt_ids)
+    room = engine.max_model_len - len(prompt_ids)
     output: list[int] = []
     logprobs: list[float] | None = [] if params.logprobs is not None else None
     top_logprobs: list[list[tuple[int, float]]] | None = [] if params.logprobs is not None else None
     cumulative, overrides, plausible_total = 0.0, 0, 0
-    expert_logits, amateur_logits = expert_lm.next_logits(prompt_ids), amateur_lm.next_logits(prompt_ids)
     finish_reason = "length"
     while True:
-        expert = expert_logits.clone()
-        apply_penalties_(expert, [state])
-        apply_bans_(expert, [state])
+        expert_logits, amateur_logits = expert_lm.logits(state.history, 1), amateur_lm.logits(state.history, 1)
+        rows = StepRows.of([state], [watermark])  # the watermark's context, once per step
+        expert = pipeline.penalise(expert_logits, rows)
         expert_logp = expert.log_softmax(-1)  # reported logprobs: before the watermark, as the engine's
         cut_logp = expert_logp
         if watermark is not None and config.watermark_before_cut:
-            _apply_watermark_(expert, state.history, watermark, processor)
-            cut_logp = expert.log_softmax(-1)
+            cut_logp = pipeline.watermark_(expert, rows).log_softmax(-1)
         amateur_logp = (amateur_logits / config.amateur_temperature).log_softmax(-1)
         scores = contrastive_scores(cut_logp, amateur_logp, config.alpha, config.beta)
         plausible_total += int(torch.isfinite(scores).sum())
         if watermark is not None and not config.watermark_before_cut:
-            _apply_watermark_(scores, state.history, watermark, processor)
-        token = _choose(scores, params, state)
+            pipeline.watermark_(scores, rows)  # a hard list covering all of V_head leaves the step unbiased
+        token = int(pipeline.choose(scores, rows)[0])
         chosen_logp = float(expert_logp[0, token])
         cumulative += chosen_logp
         overrides += int(token != int(expert_logp[0].argmax()))
@@ -262,22 +234,11 @@ def run_contrastive(engine: Engine, prompt_ids: list[int], params: SamplingParam
         if len(output) >= params.max_new_tokens or len(output) >= room:
             text.update(output, final=True)
             break
-        expert_logits, amateur_logits = expert_lm.next_logits([token]), amateur_lm.next_logits([token])
 
-    return [RequestOutput(
-        request_id=f"contrastive-{next(_request_ids)}",
-        prompt_token_ids=prompt_ids,
-        token_ids=output,
-        text=text.text,
-        text_delta=text.text,
-        finished=True,
-        finish_reason=finish_reason,
-        usage=Usage(len(prompt_ids), len(output)),
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        watermark=WatermarkInfo(watermark.spec.format(), watermark.key_id, watermark.fingerprint) if watermark is not None else None,
-        cumulative_logprob=cumulative,
-        decoding_stats={
+    return [request_output(
+        f"contrastive-{next(_request_ids)}", prompt_ids, output, text.text, finish_reason, watermark,
+        logprobs=logprobs, top_logprobs=top_logprobs, cumulative_logprob=cumulative,
+        stats={
             "method": "contrastive",
             "amateur": amateur.model_id,
             "alpha": config.alpha,
@@ -286,12 +247,3 @@ def run_contrastive(engine: Engine, prompt_ids: list[int], params: SamplingParam
             "mean_plausible_tokens": plausible_total / len(output),
         },
     )]
-
-
-def _choose(scores: torch.Tensor, params: SamplingParams, state: SamplerState) -> int:
-    """Argmax at temperature 0 (the paper); else a draw from softmax(scores / T) after truncation."""
-    if params.greedy:
-        return int(scores[0].argmax())
-    scaled = scores / params.temperature
-    truncate_(scaled, [params])
-    return int(draw_(scaled.softmax(-1), [state.generator])[0])

@@ -28,7 +28,7 @@ from generation.sampling_params import SamplingParams
 from generation.sequence import RequestOutput, Usage
 
 if TYPE_CHECKING:
-    from generation.engine import Engine
+    from generation.decoding.engine_interface import DecodingEngine
     from watermark.scheme import Watermark
 
 MAX_CANDIDATES = 256  # pairwise similarities grow as N^2; beyond this MBR costs more than it can gain
@@ -84,7 +84,7 @@ def select_consensus(texts: Sequence[str], similarity: Similarity) -> tuple[int,
     return best, means
 
 
-def run_mbr(engine: Engine, prompt_ids: list[int], params: SamplingParams, config: MBRConfig,
+def run_mbr(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, config: MBRConfig,
             watermark: Watermark | None = None) -> list[RequestOutput]:
     """Sample ``config.num_candidates`` completions of ``prompt_ids`` and return ``[best]``: the one
     with the highest mean similarity to the others, with ``decoding_stats`` holding every candidate's

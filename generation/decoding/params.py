@@ -10,12 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from generation.decoding.beam import BeamConfig
+from generation.decoding.beam import BeamConfig, run_beam
+from generation.decoding.best_of import run_best_of
+from generation.decoding.contrastive import ContrastiveConfig, run_contrastive
+from generation.decoding.engine_interface import check_watermark_vocab
+from generation.decoding.mbr import MBRConfig, run_mbr
+from generation.decoding.speculative import SpeculativeConfig, run_speculative
+from generation.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from generation.decoding.contrastive import ContrastiveConfig
-    from generation.decoding.mbr import MBRConfig
-    from generation.decoding.speculative import SpeculativeConfig
+    from generation.decoding.engine_interface import DecodingEngine
+    from generation.sequence import RequestOutput
+    from watermark.scheme import Watermark
 
 METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
 
@@ -24,21 +30,8 @@ def _fail(field: str, value: object, rule: str) -> None:
     raise ValueError(f"DecodingParams.{field}={value!r}: {rule}")
 
 
-def _config_class(field: str) -> type:
-    """The config class a method field takes (imported late: the method modules load models' code)."""
-    if field == "beam":
-        return BeamConfig
-    if field == "speculative":
-        from generation.decoding.speculative import SpeculativeConfig
-
-        return SpeculativeConfig
-    if field == "contrastive":
-        from generation.decoding.contrastive import ContrastiveConfig
-
-        return ContrastiveConfig
-    from generation.decoding.mbr import MBRConfig
-
-    return MBRConfig
+CONFIG_CLASSES = {"beam": BeamConfig, "speculative": SpeculativeConfig, "contrastive": ContrastiveConfig,
+                  "mbr": MBRConfig}
 
 
 @dataclass(slots=True)
@@ -65,7 +58,7 @@ class DecodingParams:
             _fail(chosen[1], "<config>", f"only one decoding method per request, {chosen[0]} is already set")
         for field in chosen:
             value = getattr(self, field)
-            expected = _config_class(field)
+            expected = CONFIG_CLASSES[field]
             if not isinstance(value, expected):
                 _fail(field, type(value).__name__, f"must be a {expected.__name__} or None")
         method = self.method
@@ -85,3 +78,25 @@ class DecodingParams:
     def num_samples(self) -> int:
         """Siblings plain sampling draws: best_of, or n when best_of is not given."""
         return self.best_of if self.best_of is not None else self.n
+
+    def run(self, engine: DecodingEngine, prompt: str | list[int], params: SamplingParams,
+            watermark: Watermark | None = None) -> list[RequestOutput]:
+        """Decode one prompt over ``engine`` (see generation.decoding.run_decoding): finished outputs, best
+        first when ranked. ValueError for a bad request, naming the settings."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        method = self.method
+        if method is None and self.num_samples == 1:
+            return engine.generate([prompt], params, watermarks=[watermark], use_tqdm=False)
+        prompt_ids = engine.prompt_ids(prompt)  # the engine's own prompt checks, as submit
+        params.validate_for_vocab(engine.vocab_size)
+        check_watermark_vocab(engine, watermark)
+        if method == "beam":
+            return run_beam(engine, prompt_ids, params, self.beam, watermark, n=self.n)
+        if method == "speculative":
+            return run_speculative(engine, prompt_ids, params, self.speculative, watermark)
+        if method == "contrastive":
+            return run_contrastive(engine, prompt_ids, params, self.contrastive, watermark)
+        if method == "mbr":
+            return run_mbr(engine, prompt_ids, params, self.mbr, watermark)
+        return run_best_of(engine, prompt_ids, params, self.n, self.num_samples, watermark)

@@ -109,26 +109,25 @@ class PrefixSharedCache(Cache):
 
 
 class PrefixRunner:
-    """Prefill a prompt once, then step ``branches`` continuations of it in one batch."""
+    """Prefill a prompt once, then step ``branches`` continuations of it in one batch.
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: list[int], branches: int, max_new: int) -> None:
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        if self.decoder is None or self.lm_head is None:
-            raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
+    ``forward(input_ids, position_ids, cache, attention_mask)`` returns float32 logits [B, V] of the
+    last position: an engine's ``forward`` (its own decoder and LM head) or, by default, the model's."""
+
+    def __init__(self, model: torch.nn.Module, prompt_ids: list[int], branches: int, max_new: int,
+                 forward=None) -> None:
         if not prompt_ids:
             raise ValueError("prompt: empty (no tokens)")
         param = next(model.parameters())
         self.device = param.device
         self.prompt_ids = list(prompt_ids)
         self.cache = PrefixSharedCache(model.config, branches, max_new, self.device, param.dtype)
+        self.forward = forward if forward is not None else _model_forward(model)
 
     @classmethod
     def for_engine(cls, engine, prompt_ids: list[int], branches: int, max_new: int) -> PrefixRunner:
-        """A runner over the engine's model through the same decoder/LM head the engine runs (same numerics)."""
-        runner = cls(engine.loaded.model, prompt_ids, branches, max_new)
-        runner.decoder, runner.lm_head = engine.runner.decoder, engine.runner.lm_head
-        return runner
+        """A runner over the engine's model through the engine's own forward (same numerics)."""
+        return cls(engine.model, prompt_ids, branches, max_new, forward=engine.forward)
 
     @property
     def branches(self) -> int:
@@ -148,10 +147,9 @@ class PrefixRunner:
         input_ids = torch.tensor([self.prompt_ids], dtype=torch.long, device=self.device)
         pos = torch.arange(length, device=self.device)
         causal = (pos[:, None] >= pos[None, :])[None, None]  # [1, 1, P, P], True = attend (as the engine's runner)
-        hidden = self.decoder(input_ids=input_ids, attention_mask=causal, position_ids=pos[None, :],
-                              past_key_values=self.cache, use_cache=True).last_hidden_state
+        logits = self.forward(input_ids, pos[None, :], self.cache, causal)
         self.cache.prompt_len = length
-        return self.lm_head(hidden[:, -1]).float()
+        return logits
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor | list[int]) -> torch.Tensor:
@@ -166,11 +164,24 @@ class PrefixRunner:
         position = self.cache.prompt_len + self.cache.generated
         positions = torch.full((tokens.shape[0], 1), position, dtype=torch.long, device=self.device)
         # one query that sees every cached key: no mask needed (as the engine's non-ragged decode)
-        hidden = self.decoder(input_ids=tokens[:, None], attention_mask=None, position_ids=positions,
-                              past_key_values=self.cache, use_cache=True).last_hidden_state
+        logits = self.forward(tokens[:, None], positions, self.cache, None)
         self.cache.generated += 1
-        return self.lm_head(hidden[:, 0]).float()
+        return logits
 
     def reorder(self, index: torch.Tensor | list[int]) -> None:
         """Branches ``index`` continue (see PrefixSharedCache.reorder)."""
         self.cache.reorder(index)
+
+
+def _model_forward(model: torch.nn.Module):
+    """A causal LM's decoder and LM head as a forward: float32 logits [B, V] of the last position."""
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    if decoder is None or lm_head is None:
+        raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
+
+    def forward(input_ids, position_ids, cache, attention_mask=None) -> torch.Tensor:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True).last_hidden_state
+        return lm_head(hidden[:, -1]).float()
+
+    return forward

@@ -2,7 +2,7 @@
 
 Each round: the drafter proposes up to k tokens; one target forward over the uncached tail plus the
 drafts gives the target's logits at every drafted position and one past; each position's processed
-distribution (the engine's pipeline, watermark included, see speculative_pipeline) verifies the drafts
+distribution (the engine's LogitsPipeline, watermark included, see speculative_positions) verifies the drafts
 left to right (speculative_verify); the accepted drafts plus one replacement or bonus token are
 committed, and both caches are cropped back to the committed prefix. Sampled outputs are distributed
 exactly as the engine's (watermarked) target; greedy outputs equal plain greedy decoding token for token.
@@ -14,19 +14,20 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from generation.decoding.engine_interface import check_watermark_vocab
 from generation.decoding.speculative_cache import CachedLM
 from generation.decoding.speculative_drafters import (
     ModelDrafter,
     PromptLookupDrafter,
     load_draft_model,
 )
-from generation.decoding.speculative_pipeline import DistributionPipeline
+from generation.decoding.speculative_positions import RequestPositions
 from generation.decoding.speculative_verify import verify_round, verify_round_greedy
 from generation.sampling import SamplingParams
-from generation.sequence import RequestOutput, TextTracker, Usage, WatermarkInfo
+from generation.sequence import RequestOutput, TextTracker, request_output
 
 if TYPE_CHECKING:
-    from generation.engine import Engine
+    from generation.decoding.engine_interface import DecodingEngine
     from watermark.scheme import Watermark
 
 METHODS = ("prompt_lookup", "draft")
@@ -87,13 +88,13 @@ def check_params(params: SamplingParams) -> None:
                          "constrained generation runs in the engine (Engine.generate)")
 
 
-def make_drafter(engine: Engine, config: SpeculativeConfig):
+def make_drafter(engine: DecodingEngine, config: SpeculativeConfig):
     if config.method == "prompt_lookup":
         return PromptLookupDrafter(config.prompt_lookup_max, config.prompt_lookup_min)
     return ModelDrafter(load_draft_model(config.draft_model, engine.loaded))
 
 
-def run_speculative(engine: Engine, prompt_ids: list[int], params: SamplingParams, config: SpeculativeConfig,
+def run_speculative(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, config: SpeculativeConfig,
                     watermark: Watermark | None = None) -> list[RequestOutput]:
     """Generate one completion of ``prompt_ids`` by speculative decoding; a one-element list.
 
@@ -108,7 +109,7 @@ def run_speculative(engine: Engine, prompt_ids: list[int], params: SamplingParam
                                config.num_speculative_tokens, watermark)]
 
 
-def _check_prompt(engine: Engine, prompt_ids: list[int]) -> list[int]:
+def _check_prompt(engine: DecodingEngine, prompt_ids: list[int]) -> list[int]:
     if not isinstance(prompt_ids, (list, tuple)) or not all(_is_int(t) for t in prompt_ids):
         raise TypeError("prompt_ids must be a list of int token ids")
     ids = list(prompt_ids)
@@ -117,38 +118,37 @@ def _check_prompt(engine: Engine, prompt_ids: list[int]) -> list[int]:
         raise ValueError(f"prompt_ids: token ids {bad[:5]} outside [0, {engine.vocab_size})")
     if not ids:
         raise ValueError("prompt_ids: empty (no tokens)")
-    if len(ids) >= engine.config.max_model_len:
-        raise ValueError(f"prompt_ids: {len(ids)} tokens, but max_model_len={engine.config.max_model_len} "
+    if len(ids) >= engine.max_model_len:
+        raise ValueError(f"prompt_ids: {len(ids)} tokens, but max_model_len={engine.max_model_len} "
                          "leaves no room to generate")
     return ids
 
 
-def speculative_decode(engine: Engine, prompt_ids: list[int], params: SamplingParams, drafter,
+def speculative_decode(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParams, drafter,
                        num_speculative_tokens: int, watermark: Watermark | None = None) -> RequestOutput:
     """The loop behind ``run_speculative`` with any drafter (speculative_drafters.NoDrafter: plain decoding)."""
     check_params(params)
     prompt_ids = _check_prompt(engine, prompt_ids)
     params.validate_for_vocab(engine.vocab_size)
-    if watermark is not None and getattr(watermark, "vocab_size", engine.vocab_size) != engine.vocab_size:
-        raise ValueError(f"watermark: built for vocab_size {watermark.vocab_size}, model has {engine.vocab_size}")
-    pipeline = DistributionPipeline(params, prompt_ids, engine.eos_token_ids, watermark)
-    target = CachedLM(engine.loaded.model)
-    run = _Run(engine, params, pipeline)
-    limit = min(params.max_new_tokens, engine.config.max_model_len - len(prompt_ids))
+    check_watermark_vocab(engine, watermark)
+    positions = RequestPositions(engine.pipeline, params, prompt_ids, engine.eos_token_ids, watermark)
+    target = CachedLM(engine.model)
+    run = _Run(engine, params, positions)
+    limit = min(params.max_new_tokens, engine.max_model_len - len(prompt_ids))
     proposed = accepted_total = 0
     while run.finish_reason is None:
-        history = pipeline.history
+        history = positions.history
         room = limit - len(run.output_ids) - 1  # the round always adds one target token after the drafts
-        drafts, q_rows = drafter.propose(history, min(num_speculative_tokens, room), pipeline) if room > 0 else ([], None)
+        drafts, q_rows = drafter.propose(history, min(num_speculative_tokens, room), positions) if room > 0 else ([], None)
         logits = target.logits(history + drafts, keep=len(drafts) + 1)
-        extensions = [drafts[:j] for j in range(len(drafts) + 1)]
-        penalised = pipeline.penalised(logits, extensions)
+        rows = positions.rows([drafts[:j] for j in range(len(drafts) + 1)])
+        penalised = positions.penalised(logits, rows)
         logp = penalised.log_softmax(-1) if params.logprobs is not None else None  # reported before the watermark
-        scores = pipeline.finish_(penalised, extensions)
+        dists = positions.distributions(penalised, rows)
         if params.greedy:
-            accepted, token = verify_round_greedy(scores, drafts)
+            accepted, token = verify_round_greedy(dists, drafts)
         else:
-            accepted, token = verify_round(scores.softmax(-1), q_rows, drafts, pipeline.generator)
+            accepted, token = verify_round(dists, q_rows, drafts, positions.generator)
         proposed += len(drafts)
         accepted_total += accepted
         committed = len(history) + accepted  # the new token's keys/values come with the next forward
@@ -171,8 +171,8 @@ def speculative_decode(engine: Engine, prompt_ids: list[int], params: SamplingPa
 class _Run:
     """The committed output of one request: tokens, logprobs, text and the stop checks (as the engine's)."""
 
-    def __init__(self, engine: Engine, params: SamplingParams, pipeline: DistributionPipeline) -> None:
-        self.engine, self.params, self.pipeline = engine, params, pipeline
+    def __init__(self, engine: DecodingEngine, params: SamplingParams, positions: RequestPositions) -> None:
+        self.engine, self.params, self.positions = engine, params, positions
         self.output_ids: list[int] = []
         self.logprobs: list[float] | None = [] if params.logprobs is not None else None
         self.top_logprobs: list[list[tuple[int, float]]] | None = [] if params.logprobs is not None else None
@@ -181,7 +181,7 @@ class _Run:
 
     def append(self, token: int, logp_row) -> None:
         params = self.params
-        self.pipeline.commit(token)
+        self.positions.commit(token)
         self.output_ids.append(token)
         if self.logprobs is not None and logp_row is not None:
             self.logprobs.append(float(logp_row[token]))
@@ -195,24 +195,12 @@ class _Run:
         if self.text.update(self.output_ids):
             self.finish_reason = "stop"
         elif (len(self.output_ids) >= params.max_new_tokens
-              or len(self.pipeline.history) >= self.engine.config.max_model_len):
+              or len(self.positions.history) >= self.engine.max_model_len):
             self.finish_reason = "length"
         if self.finish_reason is not None:
             self.text.update(self.output_ids, final=True)
 
     def output(self, prompt_ids: list[int], watermark, stats: dict) -> RequestOutput:
-        return RequestOutput(
-            request_id=f"spec-{next(_request_ids)}",
-            prompt_token_ids=list(prompt_ids),
-            token_ids=list(self.output_ids),
-            text=self.text.text,
-            text_delta=self.text.take_delta(final=True),
-            finished=True,
-            finish_reason=self.finish_reason,
-            usage=Usage(len(prompt_ids), len(self.output_ids)),
-            logprobs=self.logprobs,
-            top_logprobs=self.top_logprobs,
-            watermark=WatermarkInfo(watermark.spec.format(), watermark.key_id, watermark.fingerprint)
-            if watermark is not None else None,
-            decoding_stats=stats,
-        )
+        return request_output(f"spec-{next(_request_ids)}", prompt_ids, self.output_ids, self.text.text,
+                              self.finish_reason, watermark, text_delta=self.text.take_delta(final=True),
+                              logprobs=self.logprobs, top_logprobs=self.top_logprobs, stats=stats)

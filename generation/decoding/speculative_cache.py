@@ -1,7 +1,8 @@
 """A causal LM with its own private KV cache that can be rolled back (transformers' DynamicCache + crop).
 
 Speculative decoding runs the target over drafted tokens that may be rejected; their keys and values
-are then cropped away. The engine's slot cache is never touched.
+are then cropped away. Contrastive decoding runs its expert and amateur on one each. The engine's slot
+cache is never touched.
 """
 
 from __future__ import annotations

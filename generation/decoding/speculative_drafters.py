@@ -1,6 +1,6 @@
 """Drafters for speculative decoding: prompt lookup (n-gram copies from the context) and a draft model.
 
-A drafter's ``propose(history, k, pipeline)`` returns up to ``k`` tokens and their proposal
+A drafter's ``propose(history, k, positions)`` returns up to ``k`` tokens and their proposal
 distributions q [k, V] (None when the proposal is deterministic or the request is greedy);
 ``rollback(length)`` tells it which prefix of the sequence survived verification.
 """
@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 
 from generation.decoding.speculative_cache import CachedLM
-from generation.decoding.speculative_pipeline import DistributionPipeline
+from generation.decoding.speculative_positions import RequestPositions
 from generation.decoding.speculative_verify import draw_token
 
 DRAFTER_CACHE_SIZE = 2  # draft models kept loaded per process (a 135M model is ~0.5 GB in float32)
@@ -42,7 +42,7 @@ class NoDrafter:
 
     name = "none"
 
-    def propose(self, history: list[int], k: int, pipeline: DistributionPipeline):
+    def propose(self, history: list[int], k: int, positions: RequestPositions):
         return [], None
 
     def rollback(self, length: int) -> None:
@@ -57,7 +57,7 @@ class PromptLookupDrafter:
     def __init__(self, max_ngram: int, min_ngram: int) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, history: list[int], k: int, pipeline: DistributionPipeline):
+    def propose(self, history: list[int], k: int, positions: RequestPositions):
         return prompt_lookup(history, k, self.max_ngram, self.min_ngram), None
 
     def rollback(self, length: int) -> None:
@@ -73,18 +73,17 @@ class ModelDrafter:
     def __init__(self, model: torch.nn.Module) -> None:
         self.lm = CachedLM(model)
 
-    def propose(self, history: list[int], k: int, pipeline: DistributionPipeline):
+    def propose(self, history: list[int], k: int, positions: RequestPositions):
         drafts: list[int] = []
         q_rows = []
         for _ in range(k):
             logits = self.lm.logits(history + drafts, keep=1)
-            scores = pipeline.scores(logits, [list(drafts)])[0]
-            if pipeline.params.greedy:
-                token = int(scores.argmax())
+            dist = positions.distribution_of(logits, [list(drafts)])[0]
+            if positions.params.greedy:
+                token = int(dist.argmax())
             else:
-                q = scores.softmax(-1)
-                token = draw_token(q, pipeline.generator)
-                q_rows.append(q)
+                token = draw_token(dist, positions.generator)
+                q_rows.append(dist)
             drafts.append(token)
         return drafts, (torch.stack(q_rows) if q_rows else None)
 

@@ -99,7 +99,7 @@ def plot(rows: list[dict], path: Path) -> None:
                            label=mode if j == 0 else None)
         ax.axhspan(-0.15, 0.15, color="0.9", zorder=0)
         ax.axhline(0, color="black", lw=0.8)
-        ax.set_xticks(range(len(corpora)), corpora)
+        ax.set_xticks(range(len(corpora)), corpora, rotation=30, ha="right", fontsize=8)
         ax.set_title(spec.removeprefix("kgw:"), fontsize=9)
     axes[0][0].set_ylabel("mean z of human texts, one dot per key")
     axes[0][0].legend(fontsize=8)

@@ -19,6 +19,7 @@ from watermark.sampling_specs import (
     ("gumbel:", GumbelSpec()),
     ("gumbel:h=2,prf=sha3-256,dedup=false", GumbelSpec(2, "sha3-256", False)),
     ("synthid:layers=12", SynthIDSpec(layers=12)),
+    ("synthid:top_k=0", SynthIDSpec(top_k=0)),
     ("hf:synthid,keys=654:400:836,ngram_len=3", HFSynthIDSpec(keys=(654, 400, 836), ngram_len=3)),
     ("vllm:gumbel,context_width=2", VLLMGumbelSpec(context_width=2)),
 ])
@@ -37,6 +38,7 @@ def test_kgw_specs_are_not_sampling_specs():
 @pytest.mark.parametrize("text, field", [
     ("gumbel:h=0", "h"), ("gumbel:h=65", "h"), ("gumbel:prf=md5", "prf"), ("gumbel:gamma=0.5", "gamma"),
     ("synthid:layers=0", "layers"), ("synthid:layers=65", "layers"), ("gumbel:dedup=maybe", "dedup"),
+    ("synthid:top_k=-1", "top_k"),
     ("hf:synthid,ngram_len=5", "keys"), ("hf:synthid,keys=1:x", "keys"), ("hf:synthid,keys=1,ngram_len=1", "ngram_len"),
     ("hf:synthid,keys=1,sampling_table_size=33554432", "sampling_table_size"),
     ("vllm:sbw", "vllm"), ("vllm:gumbel,context_width=17", "h"), ("gumbel:h=4,h=5", "h"),

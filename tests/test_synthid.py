@@ -103,3 +103,17 @@ def test_simulated_watermarked_text_is_detected_by_its_key_only():
     assert best.key_id == "right" and scores[0].p_value > 1e-3
     window = best_window(wm, ids)
     assert window is not None and window.p_value_corrected < 1e-5 and window.end - window.start == 128
+
+
+def test_top_k_tournament_is_the_full_tournament_of_the_truncated_distribution():
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, V, generator=gen) * 2
+    contexts = torch.randint(0, V, (4, 4), generator=gen)
+    top = SynthIDWatermark("synthid:h=4,layers=30,top_k=40", KEY, V).tournament_logits(logits, contexts)
+    truncated = torch.full_like(logits, float("-inf"))
+    index = torch.topk(logits, 40, dim=-1).indices
+    truncated.scatter_(1, index, logits.gather(1, index))
+    full = SynthIDWatermark("synthid:h=4,layers=30,top_k=0", KEY, V).tournament_logits(truncated, contexts)
+    kept = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)
+    assert torch.allclose(top[kept], full[kept], atol=1e-5)
+    assert torch.all(torch.softmax(top, -1)[~kept] == 0)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from watermark.keyed_words import ContextSeeds, keyed_words, uniform_parts
+from watermark.greenlist import kernels
+from watermark.keyed_words import ContextSeeds, fmix64, keyed_words, uniform_parts
+from watermark.prf import mix64, vocab_mix_table
 from watermark.sampling_common import ngram_units
 from watermark.sampling_specs import GumbelSpec, parse_sampling_spec, sampling_fingerprint
 
@@ -35,6 +37,11 @@ def gumbel_noise(one_minus_r: torch.Tensor) -> torch.Tensor:
 def gumbel_argmax(logits: torch.Tensor, one_minus_r: torch.Tensor) -> torch.Tensor:
     """The Gumbel-max choice per row: argmax_v log(r_v) / p_v for p = softmax(logits) [B, V] -> [B]."""
     return torch.argmax(logits.to(torch.float64) + gumbel_noise(one_minus_r), dim=-1)
+
+
+def _race(logits: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor) -> torch.Tensor:
+    """keyed words -> 1 - r -> Gumbel noise -> argmax, one expression (fused by torch.compile)."""
+    return gumbel_argmax(logits, uniform_parts(fmix64(mix64(seeds, token_mix)))[1])
 
 
 def exponential_scores(one_minus_r: torch.Tensor) -> torch.Tensor:
@@ -80,7 +87,9 @@ class GumbelWatermark:
         context) are the caller's: this stage only runs on rows it watermarks."""
         if logits.shape[-1] != self.vocab_size:
             raise ValueError(f"logits: expected width {self.vocab_size}, got {logits.shape[-1]}")
-        return gumbel_argmax(logits, self.one_minus_r(contexts).to(logits.device))
+        seeds = self._seeds.seeds(contexts).to(logits.device)
+        token_mix = vocab_mix_table(self.vocab_size, logits.device).unsqueeze(0)
+        return kernels.call("gumbel", _race, logits, seeds, token_mix)
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

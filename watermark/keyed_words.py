@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from watermark.prf import KeyedPRF, mix64, to_signed64, vocab_mix_table
@@ -62,22 +63,19 @@ class ContextSeeds:
     def __repr__(self) -> str:
         return f"ContextSeeds({self._prf!r})"
 
-    def seed(self, context: tuple[int, ...]) -> int:
-        with self._lock:
-            hit = self._cache.get(context)
-            if hit is not None:
-                self._cache.move_to_end(context)
-                return hit
-        value = self._prf.seed(context)
-        with self._lock:
-            self._cache[context] = value
-            if len(self._cache) > CONTEXT_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return value
-
     def seeds(self, contexts: torch.Tensor) -> torch.Tensor:
-        """[N, h] contexts -> [N, 1] int64 seeds."""
-        values = [self.seed(tuple(row)) for row in contexts.tolist()]
+        """[N, h] contexts -> [N, 1] int64 seeds (one PRF call per context not in the cache)."""
+        rows = list(map(tuple, np.ascontiguousarray(contexts.cpu().numpy()).tolist()))
+        cache = self._cache
+        with self._lock:
+            found = [cache.get(row) for row in rows]
+        computed = {row: self._prf.seed(row) for row, hit in zip(rows, found) if hit is None}
+        if computed:
+            with self._lock:
+                cache.update(computed)
+                while len(cache) > CONTEXT_CACHE_SIZE:
+                    cache.popitem(last=False)
+        values = [hit if hit is not None else computed[row] for row, hit in zip(rows, found)]
         return torch.tensor(values, dtype=torch.int64, device=contexts.device).reshape(-1, 1)
 
 

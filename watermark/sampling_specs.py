@@ -3,7 +3,7 @@
 Four kinds, beside ``kgw:`` and ``hf:`` (``watermark.config.WatermarkSpec``)::
 
     gumbel:h=4,prf=hmac-sha256,dedup=true                 Gumbel-max (Aaronson), keyed by our PRF
-    synthid:h=4,layers=30,prf=hmac-sha256,dedup=true      tournament sampling (Dathathri et al. 2024), our PRF
+    synthid:h=4,layers=30,top_k=40,prf=hmac-sha256,dedup=true   tournament sampling (Dathathri et al. 2024)
     hf:synthid,keys=654:400:836,ngram_len=5,...           transformers' SynthIDTextWatermarkLogitsProcessor
     vllm:gumbel,context_width=4,dedup=true                vLLM's built-in Gumbel watermark (Philox PRF)
 
@@ -25,6 +25,7 @@ from watermark.config import PRFS, SpecError, _parse_bool, _parse_float, _parse_
 MAX_SAMPLING_CONTEXT = 64  # as for kgw: bounds per-position work
 MAX_LAYERS = 64  # our synthid takes one bit per layer from one 64-bit keyed word
 MAX_HF_LAYERS = 128
+MAX_SYNTHID_TOP_K = 1 << 20  # above any vocabulary; 0 means the whole vocabulary
 MAX_HF_SPEC_CHARS = 4096  # 30 keys of up to 20 digits fit with room to spare
 HF_SYNTHID_TABLE_MAX = 2**24  # transformers' own bound (SynthIDTextWatermarkingConfig.validate)
 VLLM_MAX_CONTEXT = 16  # vLLM warns above 16 and its HMAC PRF refuses more
@@ -57,15 +58,17 @@ class SynthIDSpec:
     layers: int = 30
     prf: str = "hmac-sha256"
     dedup: bool = True
+    top_k: int = 40  # the tournament runs over the k most likely tokens (0: all), as synthid-text does
     kind: str = field(default="synthid", init=False)
 
     def __post_init__(self) -> None:
         _check_width(self.context_width, MAX_SAMPLING_CONTEXT)
         _check_prf(self.prf)
         _check_int_range("layers", self.layers, 1, MAX_LAYERS)
+        _check_int_range("top_k", self.top_k, 0, MAX_SYNTHID_TOP_K)
 
     def format(self) -> str:
-        return (f"synthid:h={self.context_width},layers={self.layers},prf={self.prf},"
+        return (f"synthid:h={self.context_width},layers={self.layers},top_k={self.top_k},prf={self.prf},"
                 f"dedup={str(self.dedup).lower()}")
 
     needs_key = True
@@ -159,6 +162,7 @@ def parse_sampling_spec(text: str) -> SamplingSpec:
     if kind == "synthid":
         return SynthIDSpec(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
                                               "layers": ("layers", int), "prf": ("prf", str),
+                                              "top_k": ("top_k", int),
                                               "dedup": ("dedup", bool)}, "synthid"))
     if kind == "hf" and _take_tag(fields, "synthid"):
         if "keys" not in fields or not fields["keys"]:

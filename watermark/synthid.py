@@ -11,7 +11,9 @@ larger g_d (ties at random), has the closed-form winner distribution, applied la
 
 (two-candidate matches; the same update transformers' ``SynthIDTextWatermarkLogitsProcessor`` uses).
 It returns log-probabilities to sample from with the request's own generator: over keys the token
-is distributed as p (non-distortionary per token). Temperature shapes p before the tournament, as for
+is distributed as p (non-distortionary per token). The tournament is played among the ``top_k``
+most likely tokens (default 40, as in DeepMind's synthid-text; 0 = the whole vocabulary, exact but
+m passes over [B, V]). Temperature shapes p before the tournament, as for
 Gumbel: lower temperature, less entropy, fewer g-values the tournament can move.
 
 Detection: under H0 each distinct (context, token) unit's m g-values are independent Bernoulli(1/2),
@@ -93,8 +95,20 @@ class SynthIDWatermark:
     # ---- generation -------------------------------------------------------------------------------
     def tournament_logits(self, logits: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [B, V] of the tournament winner for logits [B, V] (after temperature and
-        truncation) and contexts [B, h]; sample from them as from any logits."""
-        words = self.words(contexts).to(logits.device)
+        truncation) and contexts [B, h]; sample from them as from any logits.
+
+        With ``top_k`` > 0 the tournament is played among the k most likely tokens (the others get
+        probability 0), as DeepMind's synthid-text does: m layers over k candidates instead of V."""
+        k = self.spec.top_k
+        if k <= 0 or k >= logits.shape[-1]:
+            return self._tournament(logits, self.words(contexts).to(logits.device))
+        values, candidates = torch.topk(logits, k, dim=-1)
+        seeds = self._seeds.seeds(contexts).to(logits.device)
+        words = keyed_words(seeds, candidates, self.vocab_size)
+        out = torch.full_like(logits, torch.finfo(logits.dtype).min)
+        return out.scatter_(1, candidates, self._tournament(values, words))
+
+    def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits, dim=-1)
         layers = self.layers
 

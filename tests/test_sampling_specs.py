@@ -60,3 +60,22 @@ def test_vllm_key_is_a_64_bit_integer_of_the_secret_and_never_in_the_spec():
     key = vllm_key_from_secret(secret)
     assert 0 <= key < 2**64 and key == vllm_key_from_secret(secret) != vllm_key_from_secret(bytes(32))
     assert str(key) not in VLLMGumbelSpec().format()
+
+
+@pytest.mark.parametrize("text", ["gumbel:h=4", "synthid:", "hf:synthid,keys=1:2", "vllm:gumbel"])
+def test_the_kgw_parser_refuses_sampling_specs_with_a_clear_message(text):
+    with pytest.raises(SpecError, match="sampling watermarks"):
+        WatermarkSpec.parse(text)
+
+
+def test_one_constructor_builds_each_kind():
+    from watermark.sampling_scheme import sampling_watermark
+
+    secret = bytes(range(32))
+    kinds = {sampling_watermark(t, secret, 100).spec.kind for t in ("gumbel:", "synthid:", "vllm:gumbel")}
+    assert kinds == {"gumbel", "synthid", "vllm-gumbel"}
+    assert sampling_watermark("hf:synthid,keys=1:2", None, 100).spec.kind == "hf-synthid"
+    with pytest.raises(ValueError, match="key"):
+        sampling_watermark("hf:synthid,keys=1:2", secret, 100)
+    with pytest.raises(ValueError, match="key"):
+        sampling_watermark("gumbel:", None, 100)

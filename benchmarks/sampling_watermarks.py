@@ -6,7 +6,7 @@ Stage cost at batch B over the embedded model's vocabulary, in one run, against 
   sample        softmax + multinomial (the plain sampler these stages replace or precede)
   kgw bias      our KGW bias (default spec) + sample: the engine's watermark today (2.4 % of a step)
   gumbel        the keyed race: B PRF calls, fmix64(mix64) over [B, V], Gumbel noise, argmax
-  synthid       the 30-layer tournament over [B, V] + sample
+  synthid       the 30-layer tournament over the top 40 candidates + sample (and over all of V)
   hf:synthid    transformers' SynthID processor (ours, bit-exact) + sample
 Contexts are fresh every step (no PRF cache hits), as in generation.
 
@@ -55,12 +55,14 @@ def stage_costs(vocab_size: int, batch: int, repeats: int) -> dict:
     kgw = Watermark("kgw:scheme=selfhash,h=4", SECRET, vocab_size)
     gumbel = GumbelWatermark("gumbel:h=4", SECRET, vocab_size)
     synthid = SynthIDWatermark("synthid:h=4,layers=30", SECRET, vocab_size)
+    synthid_full = SynthIDWatermark("synthid:h=4,layers=30,top_k=0", SECRET, vocab_size)
     hf = HFSynthID(HF_SPEC, vocab_size)
     cases = {
         "sample": lambda: sample(logits),
         "kgw_bias_and_sample": lambda: sample(kgw.bias(logits.clone(), contexts().tolist())),
         "gumbel": lambda: gumbel.choose(logits, contexts()),
         "synthid_and_sample": lambda: sample(synthid.tournament_logits(logits, contexts())),
+        "synthid_whole_vocabulary_and_sample": lambda: sample(synthid_full.tournament_logits(logits, contexts())),
         "hf_synthid_and_sample": lambda: sample(hf.tournament_logits(logits, contexts())),
     }
     out = {name: time_call(fn, repeats) for name, fn in cases.items()}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from watermark.greenlist import kernels
 from watermark.keyed_words import ContextSeeds, keyed_words
 from watermark.sampling_common import ngram_units
 from watermark.sampling_specs import SynthIDSpec, parse_sampling_spec, sampling_fingerprint
@@ -53,6 +54,16 @@ def probs_to_logits(probs: torch.Tensor) -> torch.Tensor:
     """log p with the dtype's lowest finite value for p = 0 (transformers' convention)."""
     log_probs = torch.log(probs)
     return torch.where(torch.isfinite(log_probs), log_probs, torch.finfo(log_probs.dtype).min)
+
+
+def _tournament_from_words(logits: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
+    """softmax -> m tournament layers from the words' bits -> log-probabilities (fused by torch.compile)."""
+    probs = torch.softmax(logits, dim=-1)
+
+    def g_layer(d: int):
+        return None if d >= layers else ((words >> d) & 1).to(probs.dtype)
+
+    return probs_to_logits(tournament_probs(probs, g_layer))
 
 
 class SynthIDWatermark:
@@ -109,13 +120,7 @@ class SynthIDWatermark:
         return out.scatter_(1, candidates, self._tournament(values, words))
 
     def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(logits, dim=-1)
-        layers = self.layers
-
-        def g_layer(d: int):
-            return None if d >= layers else ((words >> d) & 1).to(probs.dtype)
-
-        return probs_to_logits(tournament_probs(probs, g_layer))
+        return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

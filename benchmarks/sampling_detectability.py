@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print(name, results[name], flush=True)
     write_json("sampling_detectability", {
         "benchmark": "sampling_detectability",
-        "command": "python benchmarks/sampling_detectability.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/sampling_detectability.py "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(), "tokens": args.tokens, "temperature": 1.0, "results": results}, args.out)
     return 0
 

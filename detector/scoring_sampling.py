@@ -46,7 +46,7 @@ class SamplingScore:
     end: int = 0
 
     def to_dict(self) -> dict:
-        finite = lambda x: float(x) if x is not None and math.isfinite(x) else None  # noqa: E731
+        finite = _finite_or_none
         return {"key_id": self.key_id, "num_tokens_scored": self.num_tokens_scored,
                 "statistic": finite(self.statistic), "z_score": finite(self.z_score), "p_value": self.p_value,
                 "mean_g": finite(self.mean_g), "weighted_mean_g": finite(self.weighted_mean_g),
@@ -125,6 +125,10 @@ def _window_sums(values: np.ndarray, prev: np.ndarray, size: int) -> tuple[np.nd
                      - np.bincount(index + 1, weights=values, minlength=n + 1))[:n]
     count = n - size + 1
     return counts[:count], sums[:count]
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
 
 
 def _score(mark, counted: np.ndarray, key_id) -> SamplingScore:

@@ -10,7 +10,7 @@ from scipy import stats
 
 from detector.scoring_sampling import best_window, score_keys, score_text
 from watermark.gumbel import GumbelWatermark, gumbel_argmax
-from watermark.keyed_words import fmix64, fmix64_reference, keyed_words, uniform_parts
+from watermark.keyed_words import fmix64, fmix64_reference, uniform_parts
 from watermark.prf import to_signed64
 from watermark.sampling_common import SamplingWatermarkError, SeenContexts, require_sampling
 

@@ -79,6 +79,7 @@ def test_text_sampled_as_vllm_samples_is_detected():
 
 def test_keyring_secret_maps_to_a_vllm_key():
     secret = bytes(range(32))
-    assert VLLMGumbel("vllm:gumbel", secret, V).uniforms(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[5]])).shape == (1, 1)
+    mark = VLLMGumbel("vllm:gumbel", secret, V)
+    assert mark.uniforms(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[5]])).shape == (1, 1)
     with pytest.raises(ValueError, match="key"):
         VLLMGumbel("vllm:gumbel", None, V)

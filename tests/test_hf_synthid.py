@@ -83,3 +83,21 @@ def test_null_rate_is_the_tables_exact_fraction_and_units_collapse_equal_hashes(
     values, prev = positions(ours, repeated)
     assert (prev >= 0).sum() == 20 - 4  # the repeated 5-grams inside the copy
     assert score_text(ours, repeated).num_tokens_scored == 76 - 16
+
+
+def test_detector_masks_equal_transformers():
+    """The inputs of transformers' SynthIDTextWatermarkDetector besides g-values: the repeated-context
+    mask (history window of 16 here, so contexts also fall out of it) and the EOS mask."""
+    from watermark.hf_synthid import before_eos_mask, fresh_context_mask
+
+    reference = _reference(KEYS[:4], 3, 0, 2**16, history=16)
+    ours = HFSynthID(_spec(KEYS[:4], 3, 0, 2**16, history=16), V)
+    gen = torch.Generator().manual_seed(8)
+    base = torch.randint(0, 9, (120,), generator=gen)  # 81 contexts: repeats near and beyond the window
+    base[90] = 7
+    ids = base.unsqueeze(0)
+    expected = reference.compute_context_repetition_mask(ids)[0].bool()
+    assert torch.equal(fresh_context_mask(ours, base), expected)
+    assert 0 < int((~expected).sum()) < expected.shape[0]
+    expected_eos = reference.compute_eos_token_mask(ids, 7)[:, 2:][0].bool()
+    assert torch.equal(before_eos_mask(ours, base, 7), expected_eos)

@@ -151,3 +151,36 @@ class HFSynthIDState:
         repeated = (self.history == context_hash).any(dim=1, keepdim=True)
         self.history = torch.cat([context_hash, self.history], dim=1)[:, :-1]
         return torch.where(repeated.to(scores.device), scores, updated)
+
+
+def fresh_context_mask(synthid: HFSynthID, token_ids: torch.Tensor) -> torch.Tensor:
+    """transformers' ``compute_context_repetition_mask`` for one sequence [L] -> bool [L - n + 1]:
+    False where the position's context hash is among the previous ``context_history_size`` context
+    hashes (a window that starts full of zeros, as transformers' state does)."""
+    ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
+    width, size = synthid.context_width, synthid.spec.context_history_size
+    if ids.shape[0] <= width:
+        return torch.zeros(0, dtype=torch.bool)
+    hashes = synthid.context_hashes(ids[:-1].unfold(0, width, 1)).tolist()
+    window = [0] * size  # oldest first
+    counts = {0: size}
+    fresh = []
+    for index, value in enumerate(hashes):
+        fresh.append(counts.get(value, 0) == 0)
+        oldest = window[index]
+        counts[oldest] -= 1
+        window.append(value)
+        counts[value] = counts.get(value, 0) + 1
+    return torch.tensor(fresh, dtype=torch.bool)
+
+
+def before_eos_mask(synthid: HFSynthID, token_ids: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
+    """transformers' ``compute_eos_token_mask`` sliced as its detector does: bool [L - n + 1], False from
+    the first EOS on."""
+    ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
+    mask = torch.ones(ids.shape[0], dtype=torch.bool)
+    if eos_token_id is not None:
+        hits = torch.nonzero(ids == eos_token_id)
+        if hits.shape[0]:
+            mask[int(hits[0, 0]):] = False
+    return mask[synthid.context_width:]

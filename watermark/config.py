@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 SCHEMES = ("lefthash", "minhash", "selfhash", "unigram")
 HF_SCHEMES = ("lefthash", "selfhash")
 PRFS = ("hmac-sha256", "sha3-256")
+SAMPLING_KINDS = ("gumbel", "synthid", "vllm")  # watermark.sampling_specs
 MAX_CONTEXT_WIDTH = 64  # far beyond any published setting; bounds per-position work
 HF_DEFAULT_HASHING_KEY = 15485863  # transformers' default: the millionth prime
 # Numeric bounds, one table for every place a spec is accepted (engine, CLI, both services, vLLM plugin):
@@ -98,6 +99,10 @@ class WatermarkSpec:
         if not sep:
             raise SpecError(f"spec: missing the 'kgw:' or 'hf:' prefix in {text!r}")
         fields = _split_fields(body)
+        if kind in SAMPLING_KINDS or (kind == "hf" and "synthid" in fields):
+            # watermark.sampling_specs parses these; generation and the services do not take them yet
+            raise SpecError(f"spec: {kind}{':synthid' if kind == 'hf' else ''} specs (sampling watermarks) "
+                            "are not accepted here yet; use a kgw: or hf: spec")
         if kind == "kgw":
             return cls._from_kgw_fields(fields)
         if kind == "hf":

@@ -1,0 +1,146 @@
+"""Scoring token ids against the sampling watermarks (Gumbel, SynthID, hf:synthid, vllm:gumbel).
+
+Per position a value (Gumbel: s = -log(1 - r); SynthID: the number of layers with g = 1) and a dedup
+unit; each distinct unit counts once (the first occurrence), so under H0 the counted values are
+independent and the whole-text tests of ``watermark.sampling_stats`` are exact. Windows (WinMax, as
+for KGW: sizes 32, 64, ... every size/8) and several keys (Holm) work as in ``detector.scoring``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from detector.scoring import _previous
+from detector.windows import window_sizes, window_starts
+from watermark.sampling_stats import (
+    g_binomial_p_value,
+    g_binomial_sf,
+    g_z,
+    gamma_p_value,
+    gamma_sf,
+    gamma_z,
+    synthid_layer_weights,
+)
+from watermark.stats import holm
+
+GUMBEL_KINDS = ("gumbel", "vllm-gumbel")
+SYNTHID_KINDS = ("synthid", "hf-synthid")
+
+
+@dataclass(slots=True)
+class SamplingScore:
+    """The whole-text (or one window's) score under one key."""
+
+    key_id: str | None
+    num_tokens_scored: int
+    statistic: float  # Gumbel: sum of -log(1 - r); SynthID: number of g = 1 over units x layers
+    z_score: float
+    p_value: float  # exact (Gamma or binomial)
+    mean_g: float = float("nan")  # SynthID only
+    weighted_mean_g: float = float("nan")  # SynthID only
+    p_value_corrected: float = float("nan")  # Holm across keys (whole text) or x windows (window)
+    start: int = 0  # scored-position range (windows)
+    end: int = 0
+
+    def to_dict(self) -> dict:
+        finite = _finite_or_none
+        return {"key_id": self.key_id, "num_tokens_scored": self.num_tokens_scored,
+                "statistic": finite(self.statistic), "z_score": finite(self.z_score), "p_value": self.p_value,
+                "mean_g": finite(self.mean_g), "weighted_mean_g": finite(self.weighted_mean_g),
+                "p_value_corrected": finite(self.p_value_corrected), "start": self.start, "end": self.end}
+
+
+def positions(mark, token_ids, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per scored position: values [N] (float64 for Gumbel; [N, m] uint8 g-values for SynthID) and
+    the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup)."""
+    values, units = mark.scored_positions(token_ids)
+    units = units.numpy()
+    prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
+    return values.numpy(), prev
+
+
+def score_text(mark, token_ids, dedup: bool = True) -> SamplingScore:
+    """The whole-text score of ``token_ids`` under ``mark`` (a sampling watermark)."""
+    values, prev = positions(mark, token_ids, dedup)
+    counted = prev < 0
+    return _score(mark, values[counted], mark.key_id)
+
+
+def score_keys(marks: list, token_ids, dedup: bool = True) -> tuple[SamplingScore, list[SamplingScore]]:
+    """Each key's whole-text score with Holm-adjusted p-values; returns (best, all)."""
+    if not marks:
+        raise ValueError("marks: expected at least one watermark")
+    scores = [score_text(m, token_ids, dedup) for m in marks]
+    for score, p in zip(scores, holm([s.p_value for s in scores])):
+        score.p_value_corrected = p
+    return min(scores, key=lambda s: (s.p_value, -np.nan_to_num(s.z_score, nan=-np.inf))), scores
+
+
+def best_window(mark, token_ids, dedup: bool = True, tests_other_keys: int = 1) -> SamplingScore | None:
+    """The window with the smallest exact p (each window counts a unit once inside it), Bonferroni-
+    corrected by the number of windows times ``tests_other_keys``; None for texts under 2 x 32 units."""
+    values, prev = positions(mark, token_ids, dedup)
+    n = values.shape[0]
+    per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values
+    best, windows = None, 0
+    for size in window_sizes(n):
+        starts = window_starts(n, size)
+        windows += len(starts)
+        counts, sums = _window_sums(per_position, prev, size)
+        counts, sums = counts[starts], sums[starts]
+        if mark.spec.kind in GUMBEL_KINDS:
+            p = gamma_sf(sums, counts)
+        else:
+            p = g_binomial_sf(np.rint(sums).astype(np.int64), counts * mark.layers, mark.null_g_rate)
+        i = int(np.argmin(p))
+        if best is None or p[i] < best[0]:
+            best = (float(p[i]), size, int(starts[i]))
+    if best is None:
+        return None
+    p, size, start = best
+    window = _window_values(values, prev, start, start + size)
+    score = _score(mark, window, mark.key_id)
+    score.start, score.end = start, start + size
+    score.p_value_corrected = min(1.0, score.p_value * windows * max(1, tests_other_keys))
+    return score
+
+
+def _window_values(values: np.ndarray, prev: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Values counted inside [start, end): positions whose previous occurrence lies before start."""
+    index = np.arange(start, end)
+    return values[index[prev[start:end] < start]]
+
+
+def _window_sums(values: np.ndarray, prev: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(count, sum) of the counted values of every window [a, a + size): position i counts for the
+    starts a in [max(prev[i] + 1, i - size + 1, 0), i] (a difference array, as detector.windows)."""
+    n = values.shape[0]
+    index = np.arange(n, dtype=np.int64)
+    low = np.maximum(np.maximum(index - size + 1, 0), prev + 1)
+    counts = np.cumsum(np.bincount(low, minlength=n + 1) - np.bincount(index + 1, minlength=n + 1))[:n]
+    sums = np.cumsum(np.bincount(low, weights=values, minlength=n + 1)
+                     - np.bincount(index + 1, weights=values, minlength=n + 1))[:n]
+    count = n - size + 1
+    return counts[:count], sums[:count]
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _score(mark, counted: np.ndarray, key_id) -> SamplingScore:
+    t = int(counted.shape[0])
+    if mark.spec.kind in GUMBEL_KINDS:
+        total = float(counted.sum()) if t else 0.0
+        return SamplingScore(key_id, t, total, gamma_z(total, t), gamma_p_value(total, t))
+    if mark.spec.kind not in SYNTHID_KINDS:
+        raise ValueError(f"not a sampling watermark: {mark.spec.format()!r}")
+    m, rate = mark.layers, mark.null_g_rate
+    ones = int(counted.sum()) if t else 0
+    mean = ones / (t * m) if t else float("nan")
+    weighted = float((counted * synthid_layer_weights(m)).sum() / (t * m)) if t else float("nan")
+    return SamplingScore(key_id, t, float(ones), g_z(ones, t * m, rate), g_binomial_p_value(ones, t * m, rate),
+                         mean_g=mean, weighted_mean_g=weighted)

@@ -1,0 +1,132 @@
+"""Keyed tournament sampling (SynthID-Text, Dathathri et al., Nature 2024), generated and scored.
+
+Layer d's g-function is bit d of the keyed word of (h prior tokens, token) (``watermark.keyed_words``):
+g_d(context, v) in {0, 1}, and for a fixed context the bits of distinct tokens and layers are
+independent fair coins (one PRF call per position, one mixer pass for all layers).
+
+Generation: a tournament of 2^m candidates drawn from p, where each match keeps the candidate with the
+larger g_d (ties at random), has the closed-form winner distribution, applied layer by layer:
+
+    p <- p * (1 + g_d - E_p[g_d])        for d = 1 .. m
+
+(two-candidate matches; the same update transformers' ``SynthIDTextWatermarkLogitsProcessor`` uses).
+It returns log-probabilities to sample from with the request's own generator: over keys the token
+is distributed as p (non-distortionary per token). The tournament is played among the ``top_k``
+most likely tokens (default 40, as in DeepMind's synthid-text; 0 = the whole vocabulary, exact but
+m passes over [B, V]). Temperature shapes p before the tournament, as for
+Gumbel: lower temperature, less entropy, fewer g-values the tournament can move.
+
+Detection: under H0 each distinct (context, token) unit's m g-values are independent Bernoulli(1/2),
+so the sum of g over T units and m layers is Binomial(T m, 1/2): exact p-value. The mean and
+weighted mean g-values are SynthID's own scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from watermark.greenlist import kernels
+from watermark.keyed_words import ContextSeeds, keyed_words
+from watermark.sampling_common import ngram_units
+from watermark.sampling_specs import SynthIDSpec, parse_sampling_spec, sampling_fingerprint
+
+
+def layer_bits(words: torch.Tensor, layers: int) -> torch.Tensor:
+    """g-values [..., m] (uint8) from keyed words [...]: bit d of the word is layer d's g."""
+    shifts = torch.arange(layers, dtype=torch.int64, device=words.device)
+    return ((words.unsqueeze(-1) >> shifts) & 1).to(torch.uint8)
+
+
+def tournament_probs(probs: torch.Tensor, g_layer) -> torch.Tensor:
+    """Apply the m two-candidate tournament layers to ``probs`` [B, V]; ``g_layer(d)`` gives layer d's
+    g-values [B, V] as probs' dtype. Returns the winner distribution [B, V]."""
+    d = 0
+    while True:
+        g = g_layer(d)
+        if g is None:
+            return probs
+        mass = (g * probs).sum(dim=1, keepdim=True)
+        probs = probs * (1 + g - mass)
+        d += 1
+
+
+def probs_to_logits(probs: torch.Tensor) -> torch.Tensor:
+    """log p with the dtype's lowest finite value for p = 0 (transformers' convention)."""
+    log_probs = torch.log(probs)
+    return torch.where(torch.isfinite(log_probs), log_probs, torch.finfo(log_probs.dtype).min)
+
+
+def _tournament_from_words(logits: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
+    """softmax -> m tournament layers from the words' bits -> log-probabilities (fused by torch.compile)."""
+    probs = torch.softmax(logits, dim=-1)
+
+    def g_layer(d: int):
+        return None if d >= layers else ((words >> d) & 1).to(probs.dtype)
+
+    return probs_to_logits(tournament_probs(probs, g_layer))
+
+
+class SynthIDWatermark:
+    """``SynthIDWatermark(spec, secret, vocab_size, key_id)``: keyed g-values, the tournament, scoring."""
+
+    SCHEME = "synthid"
+
+    def __init__(self, spec: SynthIDSpec | str, secret: bytes, vocab_size: int, key_id: str | None = None) -> None:
+        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
+        if not isinstance(self.spec, SynthIDSpec):
+            raise ValueError(f"SynthIDWatermark needs a synthid: spec, got {self.spec.format()!r}")
+        if not isinstance(vocab_size, int) or vocab_size <= 1:
+            raise ValueError(f"vocab_size: expected an integer > 1, got {vocab_size!r}")
+        if not secret:
+            raise ValueError("a synthid watermark needs a key: create one with `provmark keys create`")
+        self.vocab_size = vocab_size
+        self.key_id = key_id
+        self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
+        self._seeds = ContextSeeds(bytes(secret), self.spec.prf, self.SCHEME)
+
+    def __repr__(self) -> str:
+        return f"SynthIDWatermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
+
+    @property
+    def context_width(self) -> int:
+        return self.spec.context_width
+
+    @property
+    def layers(self) -> int:
+        return self.spec.layers
+
+    @property
+    def null_g_rate(self) -> float:
+        """P(g = 1) under H0: a fair bit."""
+        return 0.5
+
+    def words(self, contexts: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        return keyed_words(self._seeds.seeds(contexts), candidates, self.vocab_size)
+
+    # ---- generation -------------------------------------------------------------------------------
+    def tournament_logits(self, logits: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [B, V] of the tournament winner for logits [B, V] (after temperature and
+        truncation) and contexts [B, h]; sample from them as from any logits.
+
+        With ``top_k`` > 0 the tournament is played among the k most likely tokens (the others get
+        probability 0), as DeepMind's synthid-text does: m layers over k candidates instead of V."""
+        k = self.spec.top_k
+        if k <= 0 or k >= logits.shape[-1]:
+            return self._tournament(logits, self.words(contexts).to(logits.device))
+        values, candidates = torch.topk(logits, k, dim=-1)
+        seeds = self._seeds.seeds(contexts).to(logits.device)
+        words = keyed_words(seeds, candidates, self.vocab_size)
+        out = torch.full_like(logits, torch.finfo(logits.dtype).min)
+        return out.scatter_(1, candidates, self._tournament(values, words))
+
+    def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)
+
+    # ---- detection ------------------------------------------------------------------------------
+    def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """g-values [T - h, m] (uint8) and each position's unit [T - h, h + 1]."""
+        units = ngram_units(token_ids, self.context_width)
+        if units.shape[0] == 0:
+            return torch.zeros((0, self.layers), dtype=torch.uint8), units
+        h = self.context_width
+        return layer_bits(self.words(units[:, :h], units[:, h:])[:, 0], self.layers), units

@@ -14,6 +14,9 @@ import math
 import numpy as np
 from scipy import special
 
+from watermark.stats import binomial_sf as g_binomial_sf  # noqa: F401  (K ones of T m trials: the same tail)
+from watermark.stats import p_value_binomial as g_binomial_p_value  # noqa: F401
+
 
 def gamma_p_value(score_sum: float, count: int) -> float:
     """P(Gamma(count, 1) >= score_sum); 1 when nothing was counted."""
@@ -36,17 +39,6 @@ def gamma_z(score_sum: float, count: int) -> float:
     return (score_sum - count) / math.sqrt(count)
 
 
-def g_binomial_p_value(ones: int, trials: int, rate: float) -> float:
-    """P(Binomial(trials, rate) >= ones); 1 when nothing was counted."""
-    if trials <= 0:
-        return 1.0
-    return float(special.bdtrc(ones - 1, trials, rate))
-
-
-def g_binomial_sf(ones: np.ndarray, trials: np.ndarray, rate: float) -> np.ndarray:
-    trials = np.asarray(trials)
-    out = special.bdtrc(np.asarray(ones) - 1, np.maximum(trials, 0), rate)
-    return np.where(trials > 0, out, 1.0)
 
 
 def g_z(ones: float, trials: float, rate: float) -> float:

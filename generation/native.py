@@ -296,6 +296,17 @@ def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_val
     return rc == 0
 
 
+def decode_linear_available() -> bool:
+    """True when this build has the packed decode linear: it needs AVX-512 (``-march=native`` on a CPU
+    without it builds the other kernels only, and the engine keeps oneDNN for its linears)."""
+    if _library() is None:
+        return False
+    try:
+        return PackedDecodeLinear(torch.zeros(16, 8), None)(torch.zeros(1, 8)).shape == (1, 16)
+    except RuntimeError:
+        return False
+
+
 class PackedDecodeLinear:
     """A float32 or bfloat16 linear's weight packed for ``provmark_linear``; ``__call__(x)`` computes
     ``x @ W.T + b`` for x [..., k] of the weight's dtype. For decode batches: at a few rows the kernel

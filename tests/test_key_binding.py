@@ -19,11 +19,10 @@ LEFT = "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0,prf=hmac-sha256"
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "home"
-    monkeypatch.setenv("PROVMARK_HOME", str(folder))
+def home(provmark_home, monkeypatch) -> Path:
+    """conftest's per-test PROVMARK_HOME, with no master key from the environment."""
     monkeypatch.delenv("PROVMARK_MASTER_KEY", raising=False)
-    return folder
+    return provmark_home
 
 
 def test_a_new_key_records_the_default_spec_or_the_one_given(home):

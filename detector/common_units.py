@@ -47,6 +47,10 @@ FIT_DOMAINS = ("news", "encyclopedia", "docs", "code", "boilerplate", "packages"
 # A collection (one package's code, the READMEs) with this many windows also counts on its own: a unit that
 # one code base uses everywhere moves a key's null on that code base as much as a unit every text uses.
 MIN_COLLECTION_WINDOWS = 100
+# Each domain's document openings (every document's first window) also count as a collection: a short
+# document that many copies share (the MIT licence, a module header) is in a far larger share of
+# documents than of windows, where long documents of the same domain dilute it.
+OPENINGS = "#openings"
 # Code bases share far more units than prose does, and much of what one shares the next shares too
 # (keywords with their operands, docstring layouts): frequencies measured in code count this many times,
 # i.e. code-derived units are left out at a quarter of the scheme's threshold. Measured on held-out code
@@ -187,11 +191,14 @@ def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> 
         items = tqdm(items, total=len(docs), desc="common units", unit="doc")
     for doc, enc in items:
         ids = np.asarray(enc.ids, dtype=np.int64)
-        for start in range(0, max(1, ids.shape[0] - window_tokens // 2), window_tokens):
-            window = ids[start:start + window_tokens]
+        starts = range(0, max(1, ids.shape[0] - window_tokens // 2), window_tokens)
+        for start in starts:  # the last window takes the document's tail (up to 1.5 windows long)
+            window = ids[start:start + window_tokens] if start != starts[-1] else ids[start:]
             if window.shape[0] < 20:
                 continue
             groups = (doc.domain,) if doc.collection == doc.domain else (doc.domain, doc.collection)
+            if start == 0:  # every document's opening, once: the share of documents, not of windows
+                groups += (doc.domain + OPENINGS,)
             found_here = window_identities(window)
             for group in groups:
                 domain_of[group] = doc.domain

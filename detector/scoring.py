@@ -14,6 +14,7 @@ alpha = P(N(0,1) >= z) (z = 4.0: alpha ~ 3.2e-5).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -202,6 +203,7 @@ def verdict_of(p_value: float, num_scored: int, alpha: float, min_tokens: int) -
     return NOT_WATERMARKED
 
 
+@functools.lru_cache(maxsize=256)  # a handful of (alpha, keys) pairs per service; scipy's isf costs ~0.3 ms
 def effective_z(alpha: float, tests: int) -> float:
     """The z a single test must reach when ``tests`` share alpha (Bonferroni)."""
     return z_for_p(alpha / max(1, tests))

@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 # the scheme's threshold (docs/detection.md, "the fix"). The table measures f, the share of 200-token
 # windows; a text of L tokens contains a unit with probability about 1 - (1 - f)^(L/200), so longer
 # texts leave out rarer units and shorter ones only the most common (``threshold_for_length``).
-THRESHOLDS = {"selfhash": 0.02, "minhash": 0.02, "lefthash": 0.01, "unigram": 0.002}
+THRESHOLDS = {"selfhash": 0.02, "minhash": 0.02, "lefthash": 0.01, "unigram": 0.002,
+              # the sampling watermarks keyed by our PRF: a unit is (h context tokens, token), as lefthash's
+              "gumbel": 0.01, "synthid": 0.01}
 # The table keeps what the thresholds may need down to texts of ~2,000 tokens (rarer units are not kept:
 # longer texts fall back to these floors): tokens from 0.0002, pairs and n-grams from 0.002.
 FLOOR = {TOKEN_TAG: 0.0002, PAIR_TAG: 0.002, GRAM_TAG: 0.002}
@@ -104,14 +106,16 @@ class CommonUnits:
 
     def excluded(self, watermark, token_ids, identities: np.ndarray | None = None) -> np.ndarray:
         """Indices of the scored positions of ``token_ids`` whose unit this table leaves out under
-        ``watermark`` (kgw specs only: hf specs count every position, as transformers does).
-        ``identities``: the positions' unit identities when the caller has them already."""
+        ``watermark``: kgw, gumbel and synthid specs. hf: and vllm: specs count every position, as the
+        detectors they reproduce do. ``identities``: the positions' unit identities when the caller has
+        them already (a sampling watermark's caller must give them: ``watermark.units.identities``)."""
         spec = watermark.spec
-        if spec.kind != "kgw":
+        threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
+        if threshold is None:
             return np.zeros(0, dtype=np.int64)
         if identities is None:
             identities = watermark.unit_identities(token_ids)
-        threshold = threshold_for_length(THRESHOLDS[spec.scheme], len(token_ids), self.window_tokens)
+        threshold = threshold_for_length(threshold, len(token_ids), self.window_tokens)
         return np.flatnonzero(self.frequency_of(identities) >= threshold)
 
     # ------------------------------------------------------------------------------ storage

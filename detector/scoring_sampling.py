@@ -4,6 +4,8 @@ Per position a value (Gumbel: s = -log(1 - r); SynthID: the number of layers wit
 unit; each distinct unit counts once (the first occurrence), so under H0 the counted values are
 independent and the whole-text tests of ``watermark.sampling_stats`` are exact. Windows (WinMax, as
 for KGW: sizes 32, 64, ... every size/8) and several keys (Holm) work as in ``detector.scoring``.
+Units common in human text (``detector.common_units``) are left out for our keyed specs, as for KGW:
+under a fixed key they would shift the null of every human text that shares them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detector.common_units import CommonUnits
 from detector.scoring import _previous
 from detector.windows import window_sizes, window_starts
 from watermark.sampling_stats import (
@@ -25,6 +28,7 @@ from watermark.sampling_stats import (
     synthid_layer_weights,
 )
 from watermark.stats import holm
+from watermark.units import identities as unit_identities
 
 GUMBEL_KINDS = ("gumbel", "vllm-gumbel")
 SYNTHID_KINDS = ("synthid", "hf-synthid")
@@ -53,36 +57,43 @@ class SamplingScore:
                 "p_value_corrected": finite(self.p_value_corrected), "start": self.start, "end": self.end}
 
 
-def positions(mark, token_ids, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per scored position: values [N] (float64 for Gumbel; [N, m] uint8 g-values for SynthID) and
-    the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup)."""
+    the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup). With a
+    ``common`` table (gumbel: and synthid: specs) a position whose unit is common in human text points
+    at itself: it counts nowhere, in the text or in a window (``detector.common_units``)."""
     values, units = mark.scored_positions(token_ids)
     units = units.numpy()
     prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
+    if common is not None and units.shape[0]:
+        excluded = common.excluded(mark, token_ids, unit_identities("lefthash", units, None))
+        prev[excluded] = excluded
     return values.numpy(), prev
 
 
-def score_text(mark, token_ids, dedup: bool = True) -> SamplingScore:
+def score_text(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None) -> SamplingScore:
     """The whole-text score of ``token_ids`` under ``mark`` (a sampling watermark)."""
-    values, prev = positions(mark, token_ids, dedup)
+    values, prev = positions(mark, token_ids, dedup, common)
     counted = prev < 0
     return _score(mark, values[counted], mark.key_id)
 
 
-def score_keys(marks: list, token_ids, dedup: bool = True) -> tuple[SamplingScore, list[SamplingScore]]:
+def score_keys(marks: list, token_ids, dedup: bool = True,
+               common: CommonUnits | None = None) -> tuple[SamplingScore, list[SamplingScore]]:
     """Each key's whole-text score with Holm-adjusted p-values; returns (best, all)."""
     if not marks:
         raise ValueError("marks: expected at least one watermark")
-    scores = [score_text(m, token_ids, dedup) for m in marks]
+    scores = [score_text(m, token_ids, dedup, common) for m in marks]
     for score, p in zip(scores, holm([s.p_value for s in scores])):
         score.p_value_corrected = p
     return min(scores, key=lambda s: (s.p_value, -np.nan_to_num(s.z_score, nan=-np.inf))), scores
 
 
-def best_window(mark, token_ids, dedup: bool = True, tests_other_keys: int = 1) -> SamplingScore | None:
+def best_window(mark, token_ids, dedup: bool = True, tests_other_keys: int = 1,
+                common: CommonUnits | None = None) -> SamplingScore | None:
     """The window with the smallest exact p (each window counts a unit once inside it), Bonferroni-
     corrected by the number of windows times ``tests_other_keys``; None for texts under 2 x 32 units."""
-    values, prev = positions(mark, token_ids, dedup)
+    values, prev = positions(mark, token_ids, dedup, common)
     n = values.shape[0]
     per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values
     best, windows = None, 0

@@ -54,7 +54,7 @@ from common import write_json
 
 from generation.engine import Engine
 from generation.models import load_model
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
 NEW_TOKENS = 128  # FACTS.md workload
@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
     parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
-                        help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
+                        help="engine linears through oneDNN-packed weights (generation/cpu/packed_linear.py)")
     parser.add_argument("--native-kernels", choices=("auto", "on", "off"), default="auto",
-                        help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/native.py)")
+                        help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/cpu/native.py)")
     parser.add_argument("--vllm", action="store_true",
                         help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
     parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULT_PATH = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SETUP_SCRIPT = "scripts/setup_vllm_venv.sh"
-PLUGIN = "generation.vllm_plugin:ProvmarkWatermarkLogitsProcessor"
+PLUGIN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # FACTS.md, "vLLM on this CPU": a bounded KV cache, no core held back for the front end
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
@@ -149,7 +149,7 @@ def apply_cost_ms(batch: int, steps: int = 50) -> dict:
     import torch
 
     from benchmarks.engine_throughput import make_prompts
-    from generation.vllm_rows import RequestWatermarks, WatermarkedBatch
+    from generation.vllm.rows import RequestWatermarks, WatermarkedBatch
     from watermark.keys import Keyring
 
     vocab_size = 49152  # SmolLM2's logits width

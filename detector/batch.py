@@ -474,9 +474,9 @@ class _RayChunkDetector(ChunkDetector):
 def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], caller=None) -> list[str]:
     """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing);
     returns the verdict ids in order. Texts are kept only when the store retains text."""
-    from detector.audit import append_event
-    from detector.audit_rows import row_digest
-    from detector.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
+    from db.audit import append_event
+    from db.audit_rows import row_digest
+    from db.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
 
     if len(verdicts) != len(prepared.jobs):
         raise ValueError("verdicts: expected one per job")

@@ -123,7 +123,7 @@ def clean_paraphrase(reply: str) -> str:
 
 def paraphrase(texts: list[str], rate: float, seed: int, context: AttackContext) -> list[str]:
     engine = _need(context, "engine")
-    from generation.sampling import SamplingParams
+    from generation.sample.sampler import SamplingParams
 
     jobs = []  # (text index, span, prompt ids, params)
     for i, text in enumerate(texts):

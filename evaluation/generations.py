@@ -54,7 +54,7 @@ class GenerationSource:
 
         What is missing from the cache runs in shared batches (rows of different watermarks side
         by side), so generating the unwatermarked and watermarked sets costs one pass, not two."""
-        from generation.sampling import SamplingParams
+        from generation.sample.sampler import SamplingParams
 
         keys = [[self._key(p, i, wm, fp, tokens, temperature, seed) for i, p in enumerate(prompts)] for wm, fp in marks]
         missing = [(s, i) for s, row in enumerate(keys) for i, k in enumerate(row) if k not in self.cache]

@@ -2,7 +2,7 @@
 
 ``VLLMGenerator`` answers the one call ``GenerationSource`` makes of an engine,
 ``generate(prompts, params, watermarks=..., use_tqdm=False)``, so the robustness evaluation measures
-text exactly as a vLLM fleet running ``generation.vllm_plugin`` would produce it. Each request
+text exactly as a vLLM fleet running ``generation.vllm.plugin`` would produce it. Each request
 carries its watermark as the plugin's ``extra_args`` (spec string and key id; ``"off"`` for the
 unwatermarked set), so green lists come from the same keyring.
 
@@ -70,7 +70,7 @@ def make_llm(model_dir: str):
     """vLLM's engine over ``model_dir`` with the provmark plugin (fp32, eager: no compile warm-up)."""
     from vllm import LLM
 
-    from generation.vllm_plugin import PLUGIN_FQCN
+    from generation.vllm.plugin import PLUGIN_FQCN
 
     for name, value in VLLM_ENV.items():
         os.environ.setdefault(name, value)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from generation import native
-from generation.constraints import (
+from generation.cpu import native
+from generation.constraints.constraint import (
     ConstraintCompiler,
     ConstraintError,
     ConstraintMasks,
@@ -35,7 +35,7 @@ from generation.constraints import (
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 from generation.sample import LogitsPipeline, StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
     RequestOutput,
@@ -57,9 +57,9 @@ class Engine:
     ``Engine(model=None)`` loads the embedded default model. ``max_num_seqs`` sequences run at once,
     each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` optionally caps the
     tokens held in the cache at once (excess sequences wait or are preempted and recomputed).
-    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/packed_linear.py;
+    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/cpu/packed_linear.py;
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
-    runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/native.py; None = when
+    runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
     they build).
     """
 
@@ -120,7 +120,7 @@ class Engine:
         """Queue a request (thread-safe); it joins the running batch at a later step. Returns its id.
 
         A ``params.constraint`` is compiled here: a grammar this vocabulary cannot follow raises
-        ValueError (generation.constraints.ConstraintError) before anything is queued."""
+        ValueError (generation.constraints.constraint.ConstraintError) before anything is queued."""
         prompt_ids = self.prompt_ids(prompt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from generation import native
+from generation.cpu import native
 
 
 @dataclass(slots=True)
@@ -76,7 +76,7 @@ class SlotLayer(CacheLayerMixin):
             self.values[rows, :, : plan.q_len].copy_(value_states)
             return key_states, value_states
         # decode: each (row, head) writes its one new key at that row's own position: one native call
-        # (generation/native.py) when the runner enabled it, else index_copy_ on a flat
+        # (generation/cpu/native.py) when the runner enabled it, else index_copy_ on a flat
         # [slots * heads * positions, head_dim] view (far cheaper than advanced-index assignment)
         if self.owner.native_write and plan.positions is not None:
             native.cache_write(self.keys, self.values, key_states, value_states, plan.positions)

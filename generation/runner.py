@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from generation import native
+from generation.cpu import native
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
-from generation.native_layers import use_native_layers_, use_native_linears_
-from generation.packed_linear import packed_view, packing_available
-from generation.slot_attention import (
+from generation.cpu.native_layers import use_native_layers_, use_native_linears_
+from generation.cpu.packed_linear import packed_view, packing_available
+from generation.cpu.slot_attention import (
     GROUP_KWARG,
     RowLengths,
     plan_row_groups,
@@ -29,20 +29,20 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
                  native_kernels: bool | None = None) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
-        oneDNN (generation/packed_linear.py); None = whenever this machine supports it.
+        oneDNN (generation/cpu/packed_linear.py); None = whenever this machine supports it.
         ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
-        kernels (generation/native.py); None = whenever they build; True = ValueError if they cannot."""
+        kernels (generation/cpu/native.py); None = whenever they build; True = ValueError if they cannot."""
         if packed_weights is None:
             packed_weights = packing_available(model)
         self.packed_weights = bool(packed_weights)
         self.model = model
         forward_model = packed_view(model) if self.packed_weights else model
-        # grouped decode attention (generation/slot_attention.py), only ever on our own view of the model
+        # grouped decode attention (generation/cpu/slot_attention.py), only ever on our own view of the model
         self.slot_attention = self.packed_weights and use_slot_attention_(forward_model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        # the C++ kernels (generation/native.py) where they build: decode attention (else SDPA over row
-        # groups), the cache write, RMSNorm and silu * up (generation/native_layers.py)
+        # the C++ kernels (generation/cpu/native.py) where they build: decode attention (else SDPA over row
+        # groups), the cache write, RMSNorm and silu * up (generation/cpu/native_layers.py)
         self.native_attention = (native_kernels is not False and self.slot_attention
                                  and native.available(self.dtype, self.device))
         if native_kernels and not self.native_attention:

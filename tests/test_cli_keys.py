@@ -157,8 +157,8 @@ def test_console_script_subprocess(home):
 
 def test_key_actions_write_audit_events_that_verify(provmark_home, capsys):
     from api.cli import main
-    from detector.audit import list_events, verify
-    from detector.store import Store
+    from db.audit import list_events, verify
+    from db.store import Store
 
     assert main(["keys", "create", "alpha"]) == 0
     assert main(["keys", "rotate", "beta"]) == 0

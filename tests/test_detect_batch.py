@@ -12,7 +12,7 @@ from http_fixtures import human_text, shared_vocabulary, watermarked_text
 from api.cli import main
 from detector import batch
 from detector.service import Detector
-from detector.store import AuditEventRow, Store, VerdictRow
+from db.store import AuditEventRow, Store, VerdictRow
 from watermark.keys import KeyringError
 
 HF_SPEC = "hf:greenlist_ratio=0.25"
@@ -95,7 +95,7 @@ def test_per_record_key_and_spec_and_parquet_round_trip(capsys, tmp_path, record
 
 
 def test_store_writes_every_verdict_with_its_audit_event(capsys, tmp_path, records, keyring):
-    from detector.audit import verify
+    from db.audit import verify
 
     source = tmp_path / "in.jsonl"
     write_jsonl(source, records[:6])

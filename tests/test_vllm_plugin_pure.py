@@ -4,7 +4,7 @@ give exactly the bias our own WatermarkProcessor gives for the same histories.""
 import pytest
 import torch
 
-from generation.vllm_rows import (
+from generation.vllm.rows import (
     KEY_ID_ARG,
     WATERMARK_ARG,
     RequestWatermarks,

@@ -15,7 +15,7 @@ from generation.decoding.engine_interface import DecodingEngine
 from generation.decoding.params import DecodingParams
 
 if TYPE_CHECKING:
-    from generation.sampling import SamplingParams
+    from generation.sample.sampler import SamplingParams
     from generation.sequence import RequestOutput
     from watermark.scheme import Watermark
 

@@ -28,7 +28,7 @@ import torch
 from generation.decoding.engine_interface import generation_room
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, request_output
 
 if TYPE_CHECKING:

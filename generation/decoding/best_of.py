@@ -21,7 +21,7 @@ from generation.decoding.beam import ends_on_token
 from generation.decoding.engine_interface import generation_room
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, TextTracker, request_output
 
 if TYPE_CHECKING:

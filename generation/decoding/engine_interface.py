@@ -14,7 +14,7 @@ import torch
 if TYPE_CHECKING:
     from generation.models import LoadedModel
     from generation.sample import LogitsPipeline
-    from generation.sampling_params import SamplingParams
+    from generation.sample.params import SamplingParams
     from generation.sequence import RequestOutput
 
 

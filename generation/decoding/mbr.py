@@ -24,7 +24,7 @@ from generation.decoding.similarity import (
     make_similarity,
     mean_similarities,
 )
-from generation.sampling_params import SamplingParams
+from generation.sample.params import SamplingParams
 from generation.sequence import RequestOutput, Usage
 
 if TYPE_CHECKING:

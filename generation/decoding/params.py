@@ -15,8 +15,8 @@ from generation.decoding.best_of import run_best_of
 from generation.decoding.contrastive import ContrastiveConfig, run_contrastive
 from generation.decoding.engine_interface import check_watermark_vocab
 from generation.decoding.mbr import MBRConfig, run_mbr
-from generation.decoding.speculative import SpeculativeConfig, run_speculative
-from generation.sampling_params import SamplingParams
+from generation.decoding.speculative.decode import SpeculativeConfig, run_speculative
+from generation.sample.params import SamplingParams
 
 if TYPE_CHECKING:
     from generation.decoding.engine_interface import DecodingEngine

@@ -48,14 +48,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests/pg.py: the throwaway PostgreSQL
 from api.detector.schemas import DetectRequest
 from benchmarks.common import machine, write_json
 from db import audit
-from db.store import (
-    AuditEventRow,
-    Caller,
-    Store,
-    VerdictRecord,
-    VerdictRow,
-    text_sha256,
-)
+from db.caller import Caller
+from db.rows import AuditEventRow, VerdictRow, text_sha256
+from db.store import Store
+from db.verdicts import VerdictRecord
 from watermark.config import WatermarkSpec
 
 BACKENDS = ("sqlite", "postgresql", "postgresql-durable")

@@ -22,7 +22,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from db.audit import append_event, lock_chain
-from db.store import ApiTokenRow, Caller, Store, iso_utc, new_id, utc_now
+from db.caller import Caller
+from db.rows import ApiTokenRow, iso_utc, new_id, utc_now
+from db.store import Store
 from watermark.keys import write_private_atomic  # one atomic 0600 writer for the project
 from watermark.paths import provmark_home
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.store import AuditEventRow, AuditHeadRow, Store, iso_utc, new_id, utc_now
+from db.audit_report import DELETED, EDITED, HEAD_MISMATCH, REORDERED, AuditProblem, AuditReport
+from db.audit_rows import check_rows
+from db.rows import AuditEventRow, AuditHeadRow, iso_utc, new_id, utc_now
 
 GENESIS_HASH = hashlib.sha256(b"provmark/audit/genesis").hexdigest()
 HEAD_ROW_ID = 1
@@ -37,8 +39,6 @@ KIND_RULE = r"generation|detection|(key|token)\.[a-z][a-z_]{0,30}"
 _KIND_RE = re.compile(KIND_RULE)
 # Detail keys that would smuggle secrets or texts into a log meant to be shown to auditors.
 FORBIDDEN_DETAIL_KEYS = frozenset({"text", "secret", "plaintext", "token", "password", "master_key"})
-
-EDITED, DELETED, REORDERED, HEAD_MISMATCH = "edited", "deleted", "reordered", "head_mismatch"
 
 
 class AuditError(Exception):
@@ -59,35 +59,6 @@ class AuditEvent:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(slots=True, frozen=True)
-class AuditProblem:
-    """One thing wrong with the chain: where (seq, event id) and what (``problem`` + message)."""
-
-    seq: int | None
-    event_id: str | None
-    problem: str  # edited | deleted | reordered | head_mismatch
-    message: str
-
-
-@dataclass(slots=True)
-class AuditReport:
-    events: int
-    head_seq: int
-    head_hash: str
-    problems: list[AuditProblem] = field(default_factory=list)
-    rows_checked: int = 0  # verdict and receipt rows compared with their events (db.audit_rows)
-    rows_partly_covered: int = 0  # of those, rows whose event predates row digests: only some fields compared
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "events": self.events, "head_seq": self.head_seq, "head_hash": self.head_hash,
-                "rows_checked": self.rows_checked, "rows_partly_covered": self.rows_partly_covered,
-                "problems": [asdict(p) for p in self.problems]}
 
 
 def canonical_json(obj) -> bytes:
@@ -135,7 +106,7 @@ def append_event(session: Session, kind: str, actor: str, subject_id: str | None
     return _to_event(row)
 
 
-def list_events(store: Store, after_seq: int = 0, limit: int = 100, kind: str | None = None,
+def list_events(store, after_seq: int = 0, limit: int = 100, kind: str | None = None,
                 subject_id: str | None = None) -> list[AuditEvent]:
     """Events in chain order after ``after_seq`` (pass the last seq seen to page on)."""
     if not isinstance(limit, int) or not 1 <= limit <= VERIFY_BATCH:
@@ -149,7 +120,7 @@ def list_events(store: Store, after_seq: int = 0, limit: int = 100, kind: str | 
         return [_to_event(row) for row in session.scalars(query.order_by(AuditEventRow.seq).limit(limit))]
 
 
-def verify(store: Store, progress=None) -> AuditReport:
+def verify(store, progress=None) -> AuditReport:
     """Walk the whole chain; report every edited, deleted or reordered event by seq and id, then every
     verdict or receipt row that disagrees with its event, lost its row or has no event (audit_rows).
 
@@ -186,8 +157,6 @@ def verify(store: Store, progress=None) -> AuditReport:
             report.problems.append(AuditProblem(
                 None, None, HEAD_MISMATCH,
                 f"the chain head says seq {head.seq} but the last event is seq {last_seq} with another hash"))
-        from db.audit_rows import check_rows
-
         check_rows(session, report, progress)
     return report
 

@@ -28,7 +28,8 @@ import math
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from db.store import AuditEventRow, ReceiptRow, VerdictRow, iso_utc, text_sha256
+from db.audit_report import AuditProblem
+from db.rows import AuditEventRow, ReceiptRow, VerdictRow, iso_utc, text_sha256
 
 ROW_EDITED, ROW_DELETED, ROW_UNLOGGED = "row_edited", "row_deleted", "row_unlogged"
 BATCH = 1000
@@ -71,8 +72,6 @@ def row_digest(row) -> str:
 
 def check_rows(session: Session, report, progress=None) -> None:
     """Compare every verdict and receipt row with its event; append problems to ``report``."""
-    from db.audit import AuditProblem
-
     last_seq = session.scalar(select(func.max(AuditEventRow.seq))) or 0
     for kind, (table, key, _columns, noun) in TABLES.items():
         # events by ranges of seq (the primary key: a planner cannot pick a worse index for it)

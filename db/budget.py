@@ -35,7 +35,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.store import Caller, DetectionUsageRow, Store, utc_now
+from db.caller import Caller
+from db.rows import DetectionUsageRow, utc_now
+from db.store import Store
 
 DEFAULT_DAILY_TOKENS = 40_000  # 200 texts of 200 tokens a day; the measured oracle needs 105 k for 2 units (docs/security.md)
 MIN_CHARGE_TOKENS = 200  # a 5-token text is charged as a 200-token one

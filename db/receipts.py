@@ -33,7 +33,8 @@ from sqlalchemy import select
 
 from db.audit import append_event, canonical_json
 from db.audit_rows import row_digest
-from db.store import ReceiptRow, Store, iso_utc, new_id, utc_now
+from db.rows import ReceiptRow, iso_utc, new_id, utc_now
+from db.store import Store
 from watermark.keys import (
     NONCE_BYTES,
     PRIVATE_MODE,

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from db.caller import Caller
+from db.verdicts import VerdictRecord, record_verdicts
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from watermark.config import SpecError, WatermarkSpec
 from watermark.keys import KeyNotFoundError, KeyringError
@@ -472,33 +474,16 @@ class _RayChunkDetector(ChunkDetector):
 
 
 def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], caller=None) -> list[str]:
-    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing);
-    returns the verdict ids in order. Texts are kept only when the store retains text."""
-    from db.audit import append_event
-    from db.audit_rows import row_digest
-    from db.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
-
+    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing), through
+    the one verdict writer (db.verdicts.record_verdicts); returns the verdict ids in order. Texts are kept
+    only when the store retains text."""
     if len(verdicts) != len(prepared.jobs):
         raise ValueError("verdicts: expected one per job")
-    caller = caller or Caller(name=STORE_CALLER)
-    ids = []
-    with store.write() as session:
-        for job, verdict in zip(prepared.jobs, verdicts):
-            record = _verdict_record(job, verdict, prepared.options, VerdictRecord)
-            verdict_id = new_id()
-            row = VerdictRow(id=verdict_id, created_at=utc_now(), text=job.text if store.retain_text else None,
-                             caller_token_id=caller.token_id, caller_name=caller.name,
-                             **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__})
-            session.add(row)
-            session.flush()  # the verdict row first: a constraint error leaves no audit event behind
-            append_event(session, "detection", caller.actor, verdict_id,
-                         {"verdict": record.verdict, "z": record.z, "key_id": record.key_id,
-                          "spec_fingerprint": record.spec_fingerprint, "row_sha256": row_digest(row)})
-            ids.append(verdict_id)
-    return ids
+    records = [_verdict_record(job, verdict, prepared.options) for job, verdict in zip(prepared.jobs, verdicts)]
+    return record_verdicts(store, records, caller or Caller(name=STORE_CALLER), [job.text for job in prepared.jobs])
 
 
-def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, record_type):
+def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> VerdictRecord:
     """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0."""
     stored_options = {"watermark": job.spec, "keys": list(job.keys) if job.keys else None,
                       "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
@@ -507,7 +492,7 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, recor
                       "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch",
                       "null": null_record(verdict)}
     p_value = verdict["p_value"]
-    return record_type(
+    return VerdictRecord(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,
         p_value=min(1.0, max(0.0, 1.0 if p_value is None else p_value)),
         green_count=int(verdict["num_green_tokens"]), scored_count=int(verdict["num_tokens_scored"]),

@@ -12,7 +12,8 @@ from http_fixtures import human_text, shared_vocabulary, watermarked_text
 from api.cli import main
 from detector import batch
 from detector.service import Detector
-from db.store import AuditEventRow, Store, VerdictRow
+from db.rows import AuditEventRow, VerdictRow
+from db.store import Store
 from watermark.keys import KeyringError
 
 HF_SPEC = "hf:greenlist_ratio=0.25"

@@ -9,7 +9,7 @@ from http_fixtures import call, make_token, serve, shared_vocabulary
 from api.detector.app import DetectorSettings, create_app, services_of
 from db import budget
 from db.audit import list_events
-from db.store import Caller
+from db.caller import Caller
 from watermark.keys import Keyring
 
 pytest_plugins = ["pg"]

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 
 from api.detector.app import create_app, services_of
 from db.receipts import ReceiptSigner, issue_receipt
-from db.store import AuditEventRow, VerdictRow, text_sha256
+from db.rows import AuditEventRow, VerdictRow, text_sha256
 from watermark.keys import Keyring
 
 pytest_plugins = ["pg"]

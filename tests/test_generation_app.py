@@ -13,7 +13,7 @@ from http_fixtures import call, make_token, serve
 from api.generation.app import create_app
 from db.audit import list_events
 from db.receipts import get_receipt, verify_receipt
-from db.store import text_sha256
+from db.rows import text_sha256
 from generation.sample.params import SamplingParams
 from watermark.config import WatermarkSpec
 

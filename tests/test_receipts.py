@@ -19,7 +19,8 @@ from db.receipts import (
     sign_receipt,
     verify_receipt,
 )
-from db.store import Store, text_sha256
+from db.rows import text_sha256
+from db.store import Store
 from watermark.keys import MASTER_KEY_ENV, format_master_key
 
 pytest_plugins = ["pg"]

@@ -12,20 +12,14 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from db import audit as audit_module
-from db import store as store_module
+from db import verdicts as verdicts_module
 from api.cli import main
 from db.audit import verify
 from db.migrations import current_revision, head_revision
-from db.store import (
-    AuditEventRow,
-    Caller,
-    Store,
-    StoreUnavailable,
-    VerdictRecord,
-    VerdictRow,
-    decode_cursor,
-    text_sha256,
-)
+from db.caller import Caller
+from db.rows import AuditEventRow, VerdictRow, text_sha256
+from db.store import Store, StoreUnavailable
+from db.verdicts import VerdictRecord, decode_cursor
 from db.store import (
     database_url as default_database_url,
 )
@@ -136,7 +130,7 @@ def test_failed_audit_append_leaves_no_verdict(store, monkeypatch):
 
 
 def test_failed_verdict_insert_leaves_no_audit_event(store, monkeypatch):
-    monkeypatch.setattr(store_module, "new_id", lambda: "fixed-id")
+    monkeypatch.setattr(verdicts_module, "new_id", lambda: "fixed-id")
     store.record_verdict(make_record(), CALLER)
     with pytest.raises(Exception) as raised:
         store.record_verdict(make_record(), CALLER)  # same primary key: the insert fails
@@ -262,7 +256,7 @@ def test_cli_db_upgrade_on_fresh_home_is_idempotent(provmark_home, monkeypatch, 
 
 
 def test_decode_cursor_round_trip():
-    page_cursor = store_module.encode_cursor(BASE_TIME, "v-001")
+    page_cursor = verdicts_module.encode_cursor(BASE_TIME, "v-001")
     assert decode_cursor(page_cursor) == (BASE_TIME, "v-001")
 
 

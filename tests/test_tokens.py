@@ -10,7 +10,8 @@ from sqlalchemy import inspect, select, text
 
 from api.cli import main
 from db.audit import list_events, verify
-from db.store import ApiTokenRow, Store
+from db.rows import ApiTokenRow
+from db.store import Store
 from db.api_tokens import (
     ADMIN_TOKEN_FILE,
     SCOPES,

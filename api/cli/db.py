@@ -85,7 +85,7 @@ def _audit_verify(store: Store, args) -> int:
     from tqdm import tqdm
 
     from db.audit import HEAD_ROW_ID
-    from db.store import AuditHeadRow
+    from db.rows import AuditHeadRow
 
     with store.read() as session:
         head = session.get(AuditHeadRow, HEAD_ROW_ID)

@@ -26,7 +26,8 @@ from db import budget
 from detector.calibration import null_record
 from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
-from db.store import VerdictRecord, text_sha256
+from db.rows import text_sha256
+from db.verdicts import VerdictRecord
 from watermark.config import SpecError, WatermarkSpec
 from watermark.keys import KeyNotFoundError, KeyringError, KeySpecError
 

@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from api.http import StrictModel
-from db.store import MAX_PAGE_SIZE, VERDICTS
+from db.verdicts import MAX_PAGE_SIZE, VERDICTS
 from watermark.config import MAX_SPEC_CHARS
 from watermark.keys import KEY_ID_RULE
 

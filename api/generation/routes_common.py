@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.http import ApiError
 from db.receipts import ReceiptSigner, issue_receipt
-from db.store import Store, new_id, text_sha256
+from db.rows import new_id, text_sha256
+from db.store import Store
 from generation.sample.params import SamplingParams
 
 NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-from db.store import UTCDateTime
+from db.rows import UTCDateTime
 
 revision = "0001_initial"
 down_revision = None

@@ -8,7 +8,7 @@ Create Date: 2026-11-25
 import sqlalchemy as sa
 from alembic import op
 
-from db.store import UTCDateTime
+from db.rows import UTCDateTime
 
 revision = "0002_detection_usage"
 down_revision = "0001_initial"

@@ -25,7 +25,7 @@ from db.audit import append_event, lock_chain
 from db.caller import Caller
 from db.rows import ApiTokenRow, iso_utc, new_id, utc_now
 from db.store import Store
-from watermark.keys import write_private_atomic  # one atomic 0600 writer for the project
+from watermark.paths import write_private_atomic  # one atomic 0600 writer for the project
 from watermark.paths import provmark_home
 
 TOKEN_PREFIX = "pmk_"

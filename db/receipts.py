@@ -35,12 +35,10 @@ from db.audit import append_event, canonical_json
 from db.audit_rows import row_digest
 from db.rows import ReceiptRow, iso_utc, new_id, utc_now
 from db.store import Store
-from watermark.keys import (
-    NONCE_BYTES,
-    PRIVATE_MODE,
-    Keyring,
-    validate_key_id,
-)
+from watermark.key_info import validate_key_id
+from watermark.keyring_seal import NONCE_BYTES
+from watermark.keys import Keyring
+from watermark.paths import PRIVATE_MODE
 from watermark.paths import provmark_home
 
 SIGNING_KEY_FILE = "receipt-signing.key"

@@ -33,7 +33,8 @@ from db.audit import append_event
 from db.caller import Caller
 from db.rows import KeyRecordRow, text_sha256, utc_now
 from db.verdicts import DEFAULT_PAGE_SIZE, VerdictPage, VerdictRecord
-from watermark.keys import PRIVATE_MODE, KeyInfo
+from watermark.key_info import KeyInfo
+from watermark.paths import PRIVATE_MODE
 from watermark.paths import provmark_home
 
 DATABASE_URL_ENV = "PROVMARK_DATABASE_URL"

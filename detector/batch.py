@@ -46,7 +46,7 @@ from db.caller import Caller
 from db.verdicts import VerdictRecord, record_verdicts
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyNotFoundError, KeyringError
+from watermark.key_info import KeyNotFoundError, KeyringError
 from watermark.stats import Z_THRESHOLD
 
 TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"

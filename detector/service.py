@@ -43,7 +43,8 @@ from detector.scoring import (
 )
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound
-from watermark.keys import KeyNotFoundError, Keyring
+from watermark.key_info import KeyNotFoundError
+from watermark.keys import Keyring
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabulary

@@ -107,7 +107,7 @@ class VLLMGenerator:
                "PROVMARK_HOME": str(self.keyring.home)}
         master = getattr(self.keyring, "_given_master_key", None)
         if master is not None:
-            from watermark.keys import format_master_key
+            from watermark.keyring_seal import format_master_key
 
             env["PROVMARK_MASTER_KEY"] = format_master_key(master)
         with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,8 @@ import torch
 from generation.cpu import native
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
 from generation.cpu.native_layers import use_native_layers_, use_native_linears_
-from generation.cpu.packed_linear import packed_view, packing_available
+from generation.cpu.packed_linear import packing_available
+from generation.cpu.packed_view import packed_view
 from generation.cpu.slot_attention import (
     GROUP_KWARG,
     RowLengths,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from watermark.keys import Keyring, parse_master_key
+from watermark.keyring_seal import parse_master_key
+from watermark.keys import Keyring
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from detector import batch
 from detector.service import Detector
 from db.rows import AuditEventRow, VerdictRow
 from db.store import Store
-from watermark.keys import KeyringError
+from watermark.key_info import KeyringError
 
 HF_SPEC = "hf:greenlist_ratio=0.25"
 

@@ -21,7 +21,7 @@ from db.receipts import (
 )
 from db.rows import text_sha256
 from db.store import Store
-from watermark.keys import MASTER_KEY_ENV, format_master_key
+from watermark.keyring_seal import MASTER_KEY_ENV, format_master_key
 
 pytest_plugins = ["pg"]
 

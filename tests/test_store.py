@@ -23,7 +23,7 @@ from db.verdicts import VerdictRecord, decode_cursor
 from db.store import (
     database_url as default_database_url,
 )
-from watermark.keys import KeyInfo
+from watermark.key_info import KeyInfo
 
 pytest_plugins = ["pg"]
 

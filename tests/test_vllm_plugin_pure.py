@@ -12,7 +12,7 @@ from generation.vllm.rows import (
     WatermarkRequest,
 )
 from watermark.config import WatermarkSpec
-from watermark.keys import KeyNotFoundError
+from watermark.key_info import KeyNotFoundError
 from watermark.processor import WatermarkProcessor
 from watermark.scheme import generation_watermark
 

@@ -167,9 +167,10 @@ def generation_watermark(spec: WatermarkSpec | str | None, vocab_size: int, key_
     """The Watermark a generation request uses: ``spec`` (default spec when None) bound to the
     named key, or to the keyring's active key. hf specs need no key.
 
-    Raises ``watermark.keys.KeyNotFoundError`` for an unknown key or one not usable for
+    Raises ``watermark.key_info.KeyNotFoundError`` for an unknown key or one not usable for
     generation (retired); ``create_if_missing`` makes a first key on an empty keyring."""
-    from watermark.keys import Keyring, KeyNotFoundError
+    from watermark.key_info import KeyNotFoundError
+    from watermark.keys import Keyring
 
     spec = WatermarkSpec.parse(spec) if spec is not None else WatermarkSpec.default()
     if not spec.needs_key:

@@ -19,7 +19,7 @@ import sys
 
 from api.cli.errors import CLIError
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyringError
+from watermark.key_info import KeyringError
 from watermark.stats import Z_THRESHOLD
 
 

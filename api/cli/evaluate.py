@@ -163,7 +163,8 @@ def run_robustness(args) -> int:
 
 def _load(args):
     from generation.models import load_model
-    from watermark.keys import Keyring, KeyringError
+    from watermark.key_info import KeyringError
+    from watermark.keys import Keyring
     from watermark.vocab import ModelAssetError
 
     keyring = Keyring()

@@ -302,7 +302,7 @@ def _option_message(text: str) -> str:
 
 def _watermark(args, vocab):
     from watermark.config import SpecError, WatermarkSpec
-    from watermark.keys import KeyringError
+    from watermark.key_info import KeyringError
     from watermark.scheme import generation_watermark
 
     if args.no_watermark:

@@ -13,7 +13,8 @@ import json
 import sys
 
 from api.cli.errors import CLIError
-from watermark.keys import STANDBY, KeyInfo, Keyring, KeyringError
+from watermark.key_info import KeyInfo, KeyringError, STANDBY
+from watermark.keys import Keyring
 
 COLUMNS = ("KEY ID", "STATUS", "FINGERPRINT", "CREATED (UTC)", "RETIRED (UTC)")
 

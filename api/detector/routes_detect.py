@@ -29,7 +29,7 @@ from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
 from db.verdicts import VerdictRecord
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyNotFoundError, KeyringError, KeySpecError
+from watermark.key_info import KeyNotFoundError, KeySpecError, KeyringError
 
 EXPLAIN_SCOPE = "explain"
 # detect()'s ValueErrors start with the option they blame ("fpr: ...").

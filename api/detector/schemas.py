@@ -18,7 +18,7 @@ from pydantic import (
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
 from watermark.config import MAX_SPEC_CHARS
-from watermark.keys import KEY_ID_RULE
+from watermark.key_info import KEY_ID_RULE
 
 MAX_FORCED_POSITIONS = 100_000  # more than any text under the character limit tokenizes to
 MAX_TOKEN_INDEX = 2**31 - 1  # a token position; larger ones cannot index any text this service accepts

@@ -122,7 +122,7 @@ class GenerationService:
         """The request's Watermark: ``spec`` None/True -> the default spec, False -> none, else a spec
         string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
         from watermark.config import SpecError
-        from watermark.keys import InvalidKeyIdError, KeyNotFoundError, validate_key_id
+        from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, validate_key_id
         from watermark.scheme import generation_watermark
 
         if spec is False:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.generation.routes_common import MAX_LOGPROBS
 from watermark.config import MAX_SPEC_CHARS
-from watermark.keys import KEY_ID_RULE
+from watermark.key_info import KEY_ID_RULE
 
 MAX_NEW_TOKENS = 2048  # the engine's default max_model_len: no request can generate more
 MAX_TEMPERATURE = 100.0  # far past where sampling is uniform; bounds the logits/temperature division

@@ -11,13 +11,21 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from generation.constraints.constraint import Constraint
+
+class RowConstraint(Protocol):
+    """What the masks need of a row's constraint (generation/constraints/constraint.py implements it)."""
+
+    eos_token_ids: Sequence[int]
+    error: str | None
+    last_allowed: int | None
+
+    def _fill(self, out_row: torch.Tensor) -> None: ...
+
 
 BITS_PER_WORD = 32  # one int32 word per 32 token ids
 _BYTE_POPCOUNT = np.array([i.bit_count() for i in range(256)], dtype=np.uint8)  # numpy < 2 has no bitwise_count
@@ -103,7 +111,7 @@ class ConstraintMasks:
         return counts
 
 
-def compute_masks(constraints: Sequence[Constraint | None], vocab_size: int) -> ConstraintMasks:
+def compute_masks(constraints: Sequence[RowConstraint | None], vocab_size: int) -> ConstraintMasks:
     """Ask each constrained row for its allowed set now (rows with None cost nothing)."""
     rows = [i for i, c in enumerate(constraints) if c is not None]
     if not rows:
@@ -123,7 +131,7 @@ def compute_masks(constraints: Sequence[Constraint | None], vocab_size: int) -> 
     return ConstraintMasks(len(constraints), rows, blocked, counts)
 
 
-def apply_constraints_(logits: torch.Tensor, constraints: Sequence[Constraint | None]) -> list[int | None]:
+def apply_constraints_(logits: torch.Tensor, constraints: Sequence[RowConstraint | None]) -> list[int | None]:
     """Mask ``logits`` [B, V] in place to each constrained row's allowed set (-inf elsewhere).
 
     Returns each row's allowed count (None for unconstrained rows, which are left bit-for-bit untouched)."""
@@ -136,7 +144,7 @@ _mask_thread: ThreadPoolExecutor | None = None
 _mask_thread_lock = threading.Lock()
 
 
-def start_masks(constraints: Sequence[Constraint | None], vocab_size: int) -> Future | None:
+def start_masks(constraints: Sequence[RowConstraint | None], vocab_size: int) -> Future | None:
     """Compute the step's masks on a background thread (to overlap the model's forward pass).
 
     Returns a Future of ConstraintMasks, or None when no row is constrained. Do not advance the

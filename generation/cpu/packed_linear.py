@@ -8,14 +8,12 @@ the layout torch's inductor uses for frozen CPU graphs) and calling ``_linear_po
 measured on the 2-core Sapphire Rapids box, the [16, 576] x [576, 49152] LM head takes 4.4 ms packed vs
 14.3 ms plain in bf16 (17 vs 27 ms in fp32); see benchmarks/engine_throughput.py for the end-to-end effect.
 
-``packed_view(model)`` returns a second module tree that shares every parameter with ``model`` (no copy
+``packed_view(model)`` (generation/cpu/packed_view.py) returns a second module tree that shares every parameter with ``model`` (no copy
 of the weights) but has its ``nn.Linear`` layers replaced: the caller's model object is never modified, so
 the same loaded model can still be used by ``model.generate`` or anything else.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from torch import nn
@@ -80,25 +78,3 @@ def _self_check(dtype: torch.dtype) -> bool:
         return False
     scale = want.abs().max().clamp_min(1.0)
     return bool(((got - want).abs().max() / scale) <= SELF_CHECK_TOLERANCE[dtype])
-
-
-def packed_view(model: nn.Module, fuse_siblings: bool = True) -> nn.Module:
-    """A copy of ``model``'s module tree sharing its parameters, with every nn.Linear packed.
-
-    ``fuse_siblings``: q/k/v and gate/up projections run as one packed matmul each
-    (generation/cpu/fused_linear.py). Raises ValueError if packing is not available for this model
-    (see ``packing_available``)."""
-    if not packing_available(model):
-        raise ValueError("packed linear weights need a CPU model in float32/bfloat16/float16 and torch's oneDNN ops")
-    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}  # deepcopy reuses these
-    view = copy.deepcopy(model, memo=shared)
-    with torch.inference_mode():
-        if fuse_siblings:
-            from generation.cpu.fused_linear import fuse_siblings_  # imports this module's constants
-
-            fuse_siblings_(view)
-        for parent in list(view.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, PackedLinear(child))
-    return view.eval()

@@ -34,7 +34,7 @@ from vllm.v1.sample.logits_processor import (
 )
 
 from generation.vllm.rows import RequestWatermarks, WatermarkedBatch, WatermarkRequest
-from watermark.keys import KeyringError
+from watermark.key_info import KeyringError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ import torch
 
 from generation.sample.watermark_stage import KGWBiasStage
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import Keyring, KeyringError, validate_key_id
+from watermark.key_info import KeyringError, validate_key_id
+from watermark.keys import Keyring
 from watermark.scheme import Watermark, generation_watermark
 
 # SamplingParams.extra_args names (also what vLLM's OpenAI server takes as `vllm_xargs`).
@@ -87,7 +88,7 @@ class RequestWatermarks:
     def resolve(self, request: WatermarkRequest) -> Watermark | None:
         """The request's Watermark (None when it is unwatermarked).
 
-        Raises ``watermark.keys.KeyringError`` (unknown, retired or missing key; no master key)."""
+        Raises ``watermark.key_info.KeyringError`` (unknown, retired or missing key; no master key)."""
         if request.spec is None:
             return None
         if request.spec.needs_key:

@@ -19,7 +19,7 @@ import re
 
 import torch
 
-from evaluation.attacks import WORD, AttackContext, choose, text_rng
+from evaluation.attack_context import WORD, AttackContext, choose, text_rng
 from evaluation.corpus import sentence_spans
 
 PLAUSIBLE_TOP_K = 50  # candidates kept from the model's distribution (top-k sampling's usual k)

@@ -1,14 +1,19 @@
-"""One evaluation run, step by step (see ``evaluation.harness`` for what and why)."""
+"""One evaluation run, step by step, and ``run_evaluation`` that runs one and writes results.json (see
+``evaluation.harness`` for the settings and what is measured)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import time
 from pathlib import Path
 
 import numpy as np
 
 from evaluation import metrics
-from evaluation.attacks import AttackContext, get_attack
+from evaluation.attack_context import AttackContext
+from evaluation.attacks import get_attack
 from evaluation.cache import JsonlCache, cache_key
 from evaluation.corpus import load_documents, prompt_documents
 from evaluation.generations import GenerationSource
@@ -288,3 +293,41 @@ def _median_or_none(values: list) -> float | None:
     return median if np.isfinite(median) else None
 
 
+def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyring=None, key_id: str | None = None,
+                   progress: bool = True, make_plots: bool = True, detect_backend: str = "inline",
+                   detect_workers: int | None = None, ray_address: str | None = None,
+                   generate_backend: str = "engine", vllm_model: str | None = None) -> dict:
+    """Run ``config`` and write ``out_dir/results.json`` (and the plots); returns the results.
+
+    ``loaded``: a ``generation.models.LoadedModel`` (default: the embedded model). ``keyring`` and
+    ``key_id``: the key that watermarks (default: the keyring's active key; one is created on an
+    empty keyring). Cached generations under ``out_dir/cache`` are reused. ``detect_backend``:
+    ``inline`` (default, in this process), ``local`` (``detector.batch`` on ``detect_workers``
+    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``).
+    ``generate_backend``: ``engine`` (ours, default) or ``vllm`` (vLLM with our plugin, model folder
+    ``vllm_model``, default the embedded model; ``evaluation.vllm_generator``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    run = EvaluationRun(config, out, loaded=loaded, keyring=keyring, key_id=key_id, progress=progress,
+                        detect_backend=(detect_backend, detect_workers, ray_address),
+                        generate_backend=generate_backend, vllm_model=vllm_model)
+    results = run.execute()
+    results["stats"]["seconds"] = round(time.monotonic() - started, 1)
+    if make_plots:
+        from evaluation.report import write_plots
+
+        results["plots"] = write_plots(results, out)
+    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False), encoding="utf-8")
+    return results
+
+
+def _json_safe(value):
+    """NaN and infinities -> None, so results.json is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value

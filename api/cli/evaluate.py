@@ -148,7 +148,7 @@ def run_robustness(args) -> int:
 
         torch.set_num_threads(args.threads)
     loaded, keyring = _load(args)
-    from evaluation.harness import run_evaluation
+    from evaluation.runner import run_evaluation
 
     if args.detect_workers is not None and args.detect_workers < 1:
         raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")

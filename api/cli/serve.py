@@ -47,21 +47,14 @@ def run(args) -> int:
         raise CLIError(f"--threads: expected at least 1, got {args.threads}")
     try:
         if args.service == "detector":
-            _detector_server()(args.host, port, workers)
+            from api.detector.wsgi import run_detector_server  # local: Flask and the app load for "serve" only
+
+            run_detector_server(args.host, port, workers)
         else:
             run_generation_server(args.host, port, workers, args.threads)
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     return 0
-
-
-def _detector_server():
-    """``run_detector_server(host, port, workers)`` from wherever the detector service defines it."""
-    try:
-        from api.detector.wsgi import run_detector_server
-    except ImportError:
-        from api.detector.app import run_detector_server
-    return run_detector_server
 
 
 def run_generation_server(host: str, port: int, workers: int = 1, threads: int = GENERATION_THREADS) -> None:

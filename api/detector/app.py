@@ -176,13 +176,6 @@ def services_of(app: Flask) -> DetectorServices:
     return app.extensions[EXTENSION]
 
 
-def run_detector_server(host: str = "127.0.0.1", port: int = 8001, workers: int = 2) -> None:
-    """Serve the detector with gunicorn (``workers`` processes) until interrupted."""
-    from api.detector.wsgi import run_detector_server as run
-
-    run(host, port, workers)
-
-
 def _install_metrics(app: Flask) -> None:
     """GET /metrics (api/metrics.py): requests per route and status, latencies, verdicts by verdict."""
     from api.metrics import count_verdict, install_metrics

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from api.detector.app import create_app, services_of
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001
 DEFAULT_WORKERS = 2
@@ -27,8 +29,6 @@ def __getattr__(name: str):
     global _application
     if name == "application":
         if _application is None:
-            from api.detector.app import create_app
-
             _application = create_app()
         return _application
     if name == "asgi_application":
@@ -53,8 +53,6 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
 
     prepare_metrics_dir(workers)  # before the app makes its metrics: /metrics sums over the workers
     from gunicorn.app.base import BaseApplication
-
-    from api.detector.app import create_app, services_of
 
     app = create_app()
     services_of(app).store.engine.dispose()  # no connection of the master's is shared with a worker

@@ -57,7 +57,7 @@ class ModelRunner:
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
         self.cache = SlotKVCache(cache_config, model.config, self.device, self.dtype)
-        self.cache.native_write = self.native_attention
+        self.cache.position_writer = native.cache_write if self.native_attention else None
         max_len = cache_config.max_model_len
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(max_len, device=self.device)
@@ -104,7 +104,7 @@ class ModelRunner:
             extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
         elif ragged:
             mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
-        if self.cache.native_write:
+        if self.cache.position_writer is not None:
             plan = ForwardPlan(False, 0, batch, 1, kv_len, positions=positions)
         else:
             plan = ForwardPlan(False, 0, batch, 1, kv_len, self.cache.decode_index(positions))

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 from werkzeug.exceptions import HTTPException
 
+from db.api_tokens import authenticate
 from db.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -226,8 +227,6 @@ class Auth:
         return decorate
 
     def check(self, scope: str):
-        from db.api_tokens import authenticate
-
         header = request.headers.get("Authorization", "")
         kind, _, plaintext = header.partition(" ")
         if kind.lower() != "bearer" or not plaintext.strip():

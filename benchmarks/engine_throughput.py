@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from watermark.config import WatermarkSpec
+from watermark.scheme import Watermark
+
 # OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
 # default (workers spin a while before sleeping), which is what a service gets and how FACTS.md's peers
 # were measured; short kernels pay a thread wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
@@ -110,9 +113,6 @@ def run_transformers(model, prompts, sampled: bool, pad_id: int) -> float:
 
 def default_watermark(vocab_size: int):
     """The lead's default spec with a throwaway random key (the keyring is not touched)."""
-    from watermark.config import WatermarkSpec
-    from watermark.scheme import Watermark
-
     return Watermark(WatermarkSpec.default(), secrets.token_bytes(32), vocab_size, key_id="benchmark")
 
 

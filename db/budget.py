@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from db.audit import append_event
 from db.caller import Caller
 from db.rows import DetectionUsageRow, utc_now
 from db.store import Store
@@ -87,8 +88,6 @@ def charge_in(session: Session, caller: Caller, tokens: int, daily_tokens: int, 
     """``charge`` inside the caller's write transaction (the service charges in the verdict's own, so a
     detection costs no extra commit): one atomic upsert; the charge that reaches ``daily_tokens`` also
     appends the audit event."""
-    from db.audit import append_event  # audit imports the store
-
     if caller.token_id is None:
         return 0
     now = now or utc_now()

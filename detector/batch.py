@@ -45,8 +45,11 @@ from pathlib import Path
 from db.caller import Caller
 from db.verdicts import VerdictRecord, record_verdicts
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
+from detector.service import Detector
 from watermark.config import SpecError, WatermarkSpec
+from watermark.key_binding import keys_bound_to, require_bound
 from watermark.key_info import KeyNotFoundError, KeyringError
+from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 
 TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"
@@ -191,9 +194,6 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     ``keyring`` bound to the record's spec (the order ``provmark detect`` uses); like the detector, a
     key is scored only under its own spec (``watermark.key_binding``; ``bind_keys=False`` only for the
     evaluation harness). Raises BatchError naming the record (1-based)."""
-    from detector.service import Detector
-    from watermark.keys import Keyring
-
     keyring = keyring if keyring is not None else Keyring()
     default_spec = _parse_spec(spec, "watermark") if spec is not None else WatermarkSpec.default()
     default_keys = tuple(dict.fromkeys(keys)) if keys else None
@@ -258,8 +258,6 @@ def _parse_spec(raw, where: str) -> WatermarkSpec:
 
 def _bound_keys(keyring, key_ids: tuple[str, ...], spec: WatermarkSpec, explicit: bool, where: str) -> tuple[str, ...]:
     """Named keys must all be bound to ``spec``; of the detection keys, those bound to it (at least one)."""
-    from watermark.key_binding import keys_bound_to, require_bound
-
     try:
         infos = {info.key_id: info for info in keyring.list()}
         if explicit:
@@ -289,8 +287,6 @@ class ChunkDetector:
     """The worker: a Detector over shipped material; ``__call__`` scores rows (index, task json, text)."""
 
     def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None) -> None:
-        from detector.service import Detector
-
         self._detector = Detector(vocab=vocab, keyring=_SecretsKeyring(secrets),
                                   calibrations=ShippedCalibrations(calibrations or {}))
         self._options = options.as_kwargs()

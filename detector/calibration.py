@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector import human_corpora
+from detector import common_units, human_corpora
 from detector.common_units import FIT_DOMAINS, CommonUnits
 from detector.scoring import score_positions
 from watermark.config import WatermarkSpec
-from watermark.key_info import KeyringIntegrityError
+from watermark.key_info import KeyNotFoundError, KeyringIntegrityError, key_fingerprint, new_secret
+from watermark.paths import write_private_atomic
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
 
@@ -242,8 +243,6 @@ def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, trie
                     progress: bool = False) -> tuple[bytes, Calibration, int]:
     """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
     ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws)."""
-    from watermark.key_info import key_fingerprint, new_secret
-
     best = None
     for attempt in range(1, tries + 1):
         secret = new_secret()
@@ -259,14 +258,10 @@ def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, trie
 def ensure_screened_active_key(keyring, vocab, progress: bool = False):
     """The keyring's active key; when there is none, a first one that passed key screening, with its
     calibration under the default spec stored. Returns (KeyInfo, calibration summary or None)."""
-    from watermark.key_info import KeyNotFoundError, key_fingerprint
-
     try:
         return keyring.active(), None
     except KeyNotFoundError:
         pass
-    from detector import common_units
-
     try:
         secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
                                                 progress=progress)
@@ -370,8 +365,6 @@ class CalibrationStore:
     def put(self, calibration: Calibration) -> None:
         """Add or replace one calibration; concurrent writers (two `keys calibrate`) are serialised by an
         exclusive lock on ``calibrations.lock``, from read to atomic rename, so none is lost."""
-        from watermark.paths import write_private_atomic
-
         with self._lock, _exclusive(self.path.with_suffix(".lock")):
             self._stamp = None  # re-read under the lock: another process may have written since
             keys = {k: dict(v) for k, v in self._read().items()}

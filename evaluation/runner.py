@@ -18,8 +18,15 @@ from evaluation.cache import JsonlCache, cache_key
 from evaluation.corpus import load_documents, prompt_documents
 from evaluation.generations import GenerationSource
 from evaluation.harness import METRIC_DEFINITIONS, EvalConfig
+from evaluation.lm import TeacherForcedLM
+from evaluation.report import write_plots
 from evaluation.scorer import Scorer
+from evaluation.vllm_generator import VLLMGenerator
+from generation.engine import Engine
+from generation.models import load_model
 from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
+from watermark.scheme import generation_watermark
 
 CHARACTER_FAMILY = "character"
 
@@ -28,8 +35,6 @@ class EvaluationRun:
     def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True,
                  detect_backend: tuple = ("inline", None, None), generate_backend: str = "engine",
                  vllm_model: str | None = None):
-        from watermark.keys import Keyring
-
         if generate_backend not in ("engine", "vllm"):
             raise ValueError(f"generate_backend={generate_backend!r}: choose engine or vllm")
         self.config = config
@@ -41,8 +46,6 @@ class EvaluationRun:
         self.keyring = keyring if keyring is not None else Keyring()
         self.key_id = key_id
         if loaded is None:
-            from generation.models import load_model
-
             loaded = load_model()
         self.loaded = loaded
         self.vocab = loaded.vocab
@@ -51,9 +54,6 @@ class EvaluationRun:
 
     # ----------------------------------------------------------------------------- the flow
     def execute(self) -> dict:
-        from evaluation.lm import TeacherForcedLM
-        from generation.engine import Engine
-
         cfg = self.config
         lm = TeacherForcedLM(self.loaded)
         documents = prompt_documents(cfg.n)
@@ -67,8 +67,6 @@ class EvaluationRun:
                         max_model_len=max(len(p) for p in prompts) + cfg.tokens + 8)
         generator, fingerprint = engine, self.vocab.fingerprint
         if self.generate_backend == "vllm":
-            from evaluation.vllm_generator import VLLMGenerator
-
             # its own cache keys: vLLM's sampled tokens differ from our engine's for the same seed
             generator, fingerprint = VLLMGenerator(self.keyring, self.vllm_model), f"{fingerprint}|vllm"
         source = GenerationSource(generator, lm, JsonlCache(self.out / "cache" / "generations.jsonl"),
@@ -100,8 +98,6 @@ class EvaluationRun:
         }
 
     def _watermark(self, spec: WatermarkSpec, delta: float | None = None):
-        from watermark.scheme import generation_watermark
-
         if delta is not None:
             spec = spec.with_(delta=delta)
         wm = generation_watermark(spec, self.vocab.vocab_size, key_id=self.key_id if spec.needs_key else None,
@@ -315,8 +311,6 @@ def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyr
     results = run.execute()
     results["stats"]["seconds"] = round(time.monotonic() - started, 1)
     if make_plots:
-        from evaluation.report import write_plots
-
         results["plots"] = write_plots(results, out)
     (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False), encoding="utf-8")
     return results

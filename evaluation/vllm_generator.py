@@ -24,6 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from generation.models import DEFAULT_MODEL_ALIASES, ensure_default_model
+from watermark.keyring_seal import format_master_key
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 # vLLM on a small CPU (FACTS.md): a bounded KV cache, no core held back for its front end
@@ -70,7 +73,7 @@ def make_llm(model_dir: str):
     """vLLM's engine over ``model_dir`` with the provmark plugin (fp32, eager: no compile warm-up)."""
     from vllm import LLM
 
-    from generation.vllm.plugin import PLUGIN_FQCN
+    from generation.vllm.plugin import PLUGIN_FQCN  # local: vllm is installed only in .venv-vllm
 
     for name, value in VLLM_ENV.items():
         os.environ.setdefault(name, value)
@@ -81,11 +84,7 @@ class VLLMGenerator:
     """``generate(prompts, params, watermarks, use_tqdm)`` through vLLM (see the module docstring)."""
 
     def __init__(self, keyring, model_dir: str | Path | None = None, llm=None) -> None:
-        from generation.models import DEFAULT_MODEL_ALIASES
-
         if model_dir is None or str(model_dir).strip().lower() in DEFAULT_MODEL_ALIASES:
-            from generation.models import ensure_default_model
-
             model_dir = ensure_default_model()
         self.model_dir = str(model_dir)
         self.keyring = keyring
@@ -107,8 +106,6 @@ class VLLMGenerator:
                "PROVMARK_HOME": str(self.keyring.home)}
         master = getattr(self.keyring, "_given_master_key", None)
         if master is not None:
-            from watermark.keyring_seal import format_master_key
-
             env["PROVMARK_MASTER_KEY"] = format_master_key(master)
         with tempfile.TemporaryDirectory() as tmp:
             request, answer = Path(tmp) / "rows.json", Path(tmp) / "out.json"

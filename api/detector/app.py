@@ -45,10 +45,17 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
+from api.detector import routes_audit, routes_detect, routes_page, routes_verdicts
+from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.metrics import count_verdict, install_metrics
+from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import DEFAULT_DAILY_TOKENS, UsageLedger
 from db.store import Store, StoreUnavailable
-from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
+from detector.service import Detector
+from watermark.keys import Keyring
+from watermark.paths import provmark_home
+from watermark.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +96,6 @@ class DetectorSettings:
     @classmethod
     def from_env(cls, overrides: dict[str, Any]) -> DetectorSettings:
         """Environment variables, then ``overrides`` (lower-case names) on top."""
-        from watermark.paths import provmark_home
-
         values: dict[str, Any] = {}
         for name in SETTING_NAMES:
             raw = os.environ.get(ENV_PREFIX + name.upper())
@@ -178,8 +183,6 @@ def services_of(app: Flask) -> DetectorServices:
 
 def _install_metrics(app: Flask) -> None:
     """GET /metrics (api/metrics.py): requests per route and status, latencies, verdicts by verdict."""
-    from api.metrics import count_verdict, install_metrics
-
     metrics = install_metrics(app, SERVICE_NAME)
 
     @app.after_request
@@ -190,24 +193,16 @@ def _install_metrics(app: Flask) -> None:
 
 
 def _make_detector(settings: DetectorSettings, vocab, keyring):
-    from detector.service import Detector
-    from watermark.keys import Keyring
-    from watermark.vocab import load_vocabulary
-
     # Load the tokenizer now, once per process, rather than inside the first request.
     return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home))
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
-    from api.detector import routes_audit, routes_detect, routes_page, routes_verdicts
-
     for module in (routes_page, routes_detect, routes_verdicts, routes_audit):
         app.register_blueprint(module.blueprint(api, services))
 
 
 def _register_meta_routes(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
-    from api.detector.schemas import Health
-
     @api.route(app, "/healthz", methods=["GET"], summary="Liveness and database reachability",
                responses={200: Health}, tags=["meta"])
     def healthz():

@@ -14,6 +14,7 @@ import argparse
 import os
 
 from api.detector.app import create_app, services_of
+from api.serving import InlineWSGI, gunicorn_options, prepare_metrics_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001
@@ -25,17 +26,13 @@ _application = None
 
 
 def __getattr__(name: str):
-    """``application`` is built on first access, so importing this module costs nothing."""
+    """``application`` is built on first access (importing this module builds no app, opens no database)."""
     global _application
     if name == "application":
         if _application is None:
             _application = create_app()
         return _application
     if name == "asgi_application":
-        from api.serving import asgi_app
-
-        from api.serving import InlineWSGI
-
         app = __getattr__("application")
         return InlineWSGI(app, app.config["MAX_CONTENT_LENGTH"])
     raise AttributeError(name)
@@ -49,8 +46,6 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
         raise ValueError(f"port: expected 0..65535, got {port!r}")
     # Tokenizer threads must not be running when gunicorn forks the workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from api.serving import InlineWSGI, gunicorn_options, prepare_metrics_dir
-
     prepare_metrics_dir(workers)  # before the app makes its metrics: /metrics sums over the workers
     from gunicorn.app.base import BaseApplication
 

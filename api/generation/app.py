@@ -42,6 +42,16 @@ from api.generation.engine_worker import DEFAULT_MAX_PENDING, EngineWorker
 from api.generation.routes_common import GenerationService
 from api.generation.routes_models import TOKEN_ID_MARK
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.metrics import EngineCollector, install_metrics
+from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
+from db.receipts import ReceiptSigner
+from db.store import Store
+from detector.calibration import ensure_screened_active_key
+from generation.engine import Engine
+from generation.models import load_model
+from watermark.keys import Keyring
+from watermark.paths import provmark_home
+from watermark.processor import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +92,6 @@ def load_settings(config: dict | None = None) -> Settings:
         if value < minimum:
             raise ValueError(f"{env} ({key}): must be >= {minimum}, got {value!r}")
         return value
-
-    from watermark.paths import provmark_home
 
     home = Path(config["home"]).expanduser() if config.get("home") else provmark_home()
     rate = pick("rate_limit", "PROVMARK_RATE_LIMIT", 600.0, float, minimum=0)
@@ -134,10 +142,6 @@ class PublicKey(BaseModel):
 
 def create_app(config: dict | None = None) -> Flask:
     """The generation service's Flask app; loads the model and starts the engine thread."""
-    from db.receipts import ReceiptSigner
-    from db.store import Store
-    from watermark.keys import Keyring
-
     settings = load_settings(config)
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(url=settings.database_url, home=settings.home)
@@ -177,8 +181,6 @@ def _warm_up_watermark(engine) -> None:
     """Compile the default spec's bias kernel in the background: the first watermarked request would
     otherwise wait for it (about 5 s here). A failure only means that request compiles it instead. Where
     the engine registered its C++ bias (generation/cpu/native.py) this only exercises that, in milliseconds."""
-    from watermark.processor import warm_up
-
     def run() -> None:
         try:
             warm_up(engine.vocab_size, device=engine.runner.device)
@@ -191,8 +193,6 @@ def _warm_up_watermark(engine) -> None:
 
 def _install_metrics(app: Flask, worker: EngineWorker) -> None:
     """GET /metrics (api/metrics.py): requests, latencies, engine occupancy, queue depth, tokens."""
-    from api.metrics import EngineCollector, install_metrics
-
     install_metrics(app, "provmark-generation").add_live_collector(EngineCollector(worker.occupancy, worker.stats))
 
 
@@ -246,16 +246,11 @@ def _bound_token_ids(node, largest: int) -> None:
 
 
 def _load_engine(settings: Settings):
-    from generation.engine import Engine
-    from generation.models import load_model
-
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     return Engine(loaded, max_num_seqs=settings.max_num_seqs)
 
 
 def _bootstrap_admin(home: Path, store) -> None:
-    from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-
     token = ensure_admin_token(home, store)
     if token is not None:
         announce_admin_token("generation", token, home / ADMIN_TOKEN_FILE)
@@ -264,8 +259,6 @@ def _bootstrap_admin(home: Path, store) -> None:
 def _ensure_watermark_key(keyring, store, vocab) -> None:
     """A keyring without an active key gets one that passed key screening (detector.calibration),
     recorded with its calibration in the store's audit log."""
-    from detector.calibration import ensure_screened_active_key
-
     info, calibration = ensure_screened_active_key(keyring, vocab)
     if calibration is not None:
         store.record_key_event(info, "create", SERVICE_ACTOR)

@@ -24,6 +24,9 @@ from db.receipts import ReceiptSigner, issue_receipt
 from db.rows import new_id, text_sha256
 from db.store import Store
 from generation.sample.params import SamplingParams
+from watermark.config import SpecError
+from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, validate_key_id
+from watermark.scheme import generation_watermark
 
 NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)
 UNWATERMARKED_FINGERPRINT = "unwatermarked"  # receipt spec fingerprint when there is no watermark
@@ -121,10 +124,6 @@ class GenerationService:
     def watermark(self, spec, key_id: str | None):
         """The request's Watermark: ``spec`` None/True -> the default spec, False -> none, else a spec
         string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
-        from watermark.config import SpecError
-        from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, validate_key_id
-        from watermark.scheme import generation_watermark
-
         if spec is False:
             if key_id is not None:
                 raise invalid_field("key_id", "nothing to key: the request turns the watermark off")

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from api.generation.routes_common import MAX_LOGPROBS
+from api.generation.routes_common import MAX_LOGPROBS, invalid_field
 from watermark.config import MAX_SPEC_CHARS
 from watermark.key_info import KEY_ID_RULE
 
@@ -91,8 +91,6 @@ def logit_bias_values(bias: dict[str, float] | None, field: str = "logit_bias") 
     """OpenAI sends token ids as JSON object keys (strings); SamplingParams wants ints."""
     if bias is None:
         return None
-    from api.generation.routes_common import invalid_field
-
     try:
         return {int(token): float(value) for token, value in bias.items()}
     except ValueError:

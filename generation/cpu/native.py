@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from watermark.prf import SEED_MULTIPLIER
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "engine_kernels.cpp"
@@ -288,8 +290,6 @@ def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_val
             return False
         args = (1, None, ctx.data_ptr(), ctx.shape[1], salt.data_ptr(), own.data_ptr())
         keep = (ctx, salt, own)
-    from watermark.prf import SEED_MULTIPLIER
-
     rc = lib.provmark_watermark_bias(logits.data_ptr(), batch, vocab, *args, mix.data_ptr(), SEED_MULTIPLIER,
                                      int(threshold), float(delta), int(bool(hard)), torch.get_num_threads())
     del keep

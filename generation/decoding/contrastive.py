@@ -38,22 +38,18 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from generation.decoding.engine_interface import check_watermark_vocab
+from generation.decoding.engine_interface import DecodingEngine, check_watermark_vocab
 from generation.decoding.speculative.cache import CachedLM
 from generation.models import LoadedModel, load_model
 from generation.sample import StepRows
-from generation.sample.sampler import NEG_INF
 from generation.sample.params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
+from generation.sample.sampler import NEG_INF
 from generation.sequence import RequestOutput, TextTracker, request_output
+from watermark.scheme import Watermark
 from watermark.vocab import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_ID
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
 
 DEFAULT_ALPHA = 0.1  # Li et al. 2023 use alpha = 0.1 throughout
 AMATEUR_LOGP_FLOOR = -1e4  # an amateur -inf would make a +inf score; any finite floor keeps the order

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from generation.constraints.masks import ConstraintMasks
 from generation.sample import sampler as sampling
-from generation.sample.watermark_stage import stage_for
+from generation.sample.params import SamplerState
 from generation.sample.sampler import (
     LN2,
     apply_bans_,
@@ -48,11 +48,8 @@ from generation.sample.sampler import (
     rows_where,
     truncate_,
 )
-from generation.sample.params import SamplerState
-
-if TYPE_CHECKING:
-    from generation.constraints.masks import ConstraintMasks
-    from watermark.scheme import Watermark
+from generation.sample.watermark_stage import stage_for
+from watermark.scheme import Watermark
 
 NEG_INF = float("-inf")
 

@@ -35,6 +35,7 @@ from vllm.v1.sample.logits_processor import (
 
 from generation.vllm.rows import RequestWatermarks, WatermarkedBatch, WatermarkRequest
 from watermark.key_info import KeyringError
+from watermark.keys import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ class ProvmarkWatermarkLogitsProcessor(LogitsProcessor):
         request = WatermarkRequest.from_extra_args(sampling_params.extra_args)
         if request.spec is None or not request.spec.needs_key:
             return
-        from watermark.keys import Keyring
-
         keyring = Keyring()
         try:
             if request.key_id is None:

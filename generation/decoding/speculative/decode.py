@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from generation.decoding.engine_interface import check_watermark_vocab
+from generation.decoding.engine_interface import DecodingEngine, check_watermark_vocab
 from generation.decoding.speculative.cache import CachedLM
 from generation.decoding.speculative.drafters import (
     ModelDrafter,
@@ -25,10 +24,7 @@ from generation.decoding.speculative.positions import RequestPositions
 from generation.decoding.speculative.verify import verify_round, verify_round_greedy
 from generation.sample.sampler import SamplingParams
 from generation.sequence import RequestOutput, TextTracker, request_output
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 METHODS = ("prompt_lookup", "draft")
 MAX_SPECULATIVE_TOKENS = 64  # beyond this a rejected round wastes more than any acceptance rate repays

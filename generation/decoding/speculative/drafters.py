@@ -15,6 +15,7 @@ import torch
 from generation.decoding.speculative.cache import CachedLM
 from generation.decoding.speculative.positions import RequestPositions
 from generation.decoding.speculative.verify import draw_token
+from generation.models import load_model
 
 DRAFTER_CACHE_SIZE = 2  # draft models kept loaded per process (a 135M model is ~0.5 GB in float32)
 _drafters: OrderedDict[tuple, object] = OrderedDict()
@@ -94,8 +95,6 @@ class ModelDrafter:
 def load_draft_model(name: str, target) -> torch.nn.Module:
     """The draft model ``name`` (a local HF folder, or "default" for the embedded model) on the target's
     device and dtype, loaded once per process; ValueError unless it shares the target's vocabulary."""
-    from generation.models import load_model
-
     key = (str(name), str(target.device), str(target.dtype))
     with _drafters_lock:
         loaded = _drafters.get(key)

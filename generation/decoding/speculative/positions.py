@@ -8,15 +8,11 @@ context of the committed plus drafted tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from generation.sample import LogitsPipeline, StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
-
-if TYPE_CHECKING:
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 
 def _needs_history(params: SamplingParams) -> bool:

@@ -17,9 +17,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from detector import batch, common_units
+from detector import batch, batch_ray, common_units
 from detector.normalize import normalize as normalize_text
-from detector.service import Detector, tokenize
+from detector.service import Detector
+from detector.tokenizing import tokenize
 from evaluation.metrics import prefix_detection
 from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
@@ -96,8 +97,8 @@ class Scorer:
                                       keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring,
                                       bind_keys=False)
         if self.detect_backend == "ray":
-            self._ray_started = batch.connect_ray(self.ray_address) or self._ray_started
-            found = batch.run_ray(prepared, workers=self.workers)
+            self._ray_started = batch_ray.connect_ray(self.ray_address) or self._ray_started
+            found = batch_ray.run_ray(prepared, workers=self.workers)
         else:
             found = batch.run_local(prepared, workers=self.workers)
         nan = float("nan")  # to_dict() wrote NaN (nothing scored) as None

@@ -10,7 +10,7 @@ import pytest
 from http_fixtures import human_text, shared_vocabulary, watermarked_text
 
 from api.cli import main
-from detector import batch
+from detector import batch, batch_secrets
 from detector.service import Detector
 from db.rows import AuditEventRow, VerdictRow
 from db.store import Store
@@ -146,21 +146,21 @@ def test_bad_input_exits_2_and_writes_nothing(capsys, tmp_path, keyring, lines, 
 
 
 def test_key_secrets_never_show_in_reprs(keyring):
-    secrets = batch.KeySecrets({"alpha": keyring.secret("alpha")})
+    secrets = batch_secrets.KeySecrets({"alpha": keyring.secret("alpha")})
     prepared = batch.prepare_jobs([{"text": "hello there"}], batch.DetectOptions(), vocab=shared_vocabulary())
-    for shown in (repr(secrets), str(secrets), repr(prepared), repr(batch._SecretsKeyring(secrets))):
+    for shown in (repr(secrets), str(secrets), repr(prepared), repr(batch_secrets.SecretsKeyring(secrets))):
         assert keyring.secret("alpha").hex() not in shown and "alpha" in repr(secrets)
     assert prepared.jobs[0].keys == ("alpha", "beta")  # every detection key, in keyring order
 
 
 def test_sealed_secrets_open_only_with_their_transport_key(keyring):
-    secrets = batch.KeySecrets({"alpha": keyring.secret("alpha")})
-    sealed, key = batch.seal_secrets(secrets)
+    secrets = batch_secrets.KeySecrets({"alpha": keyring.secret("alpha")})
+    sealed, key = batch_secrets.seal_secrets(secrets)
     assert keyring.secret("alpha") not in sealed and keyring.secret("alpha").hex().encode() not in sealed
-    assert batch.open_secrets(sealed, key).secret("alpha") == keyring.secret("alpha")
-    _, other_key = batch.seal_secrets(secrets)
+    assert batch_secrets.open_secrets(sealed, key).secret("alpha") == keyring.secret("alpha")
+    _, other_key = batch_secrets.seal_secrets(secrets)
     with pytest.raises(KeyringError, match="does not open"):
-        batch.open_secrets(sealed, other_key)
+        batch_secrets.open_secrets(sealed, other_key)
 
 
 def test_evaluation_scorer_batch_backend_matches_inline(keyring, records):

@@ -97,7 +97,9 @@ def _score(batch, prepared, args) -> list[dict]:
                file=sys.stderr)
     try:
         if args.ray is not None:
-            return batch.run_ray(prepared, address=args.ray or None, workers=args.workers, progress=bar.update)
+            from detector import batch_ray  # local: Ray loads only for --ray
+
+            return batch_ray.run_ray(prepared, address=args.ray or None, workers=args.workers, progress=bar.update)
         return batch.run_local(prepared, workers=args.workers, progress=bar.update)
     except batch.BatchError as exc:
         raise CLIError(_located(str(exc), args.input)) from None

@@ -319,7 +319,7 @@ def _watermark(args, vocab):
 
 def _ensure_key(vocab) -> None:
     """A first key, screened and calibrated like `provmark keys create` makes it, on an empty keyring."""
-    from detector.calibration import ensure_screened_active_key
+    from detector.calibrate import ensure_screened_active_key
     from watermark.keys import Keyring
 
     keyring = Keyring()

@@ -108,16 +108,17 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     calibration under the default spec stored."""
     if args.no_calibrate:
         return make(None), None
+    from detector import calibrate as measuring
     from detector import calibration
 
     vocab, common = _material()
     spec = _spec_to_bind(args)
     try:
-        secret, result, draws = calibration.screened_secret(spec, vocab, common, progress=_progress(args))
+        secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args))
     except RuntimeError as exc:
         raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
     info = make(secret)
-    result = calibration.for_key(result, info.key_id)
+    result = measuring.for_key(result, info.key_id)
     calibration.CalibrationStore(keyring).put(result)
     summary = {**result.summary(), "screening_draws": draws}
     return info, summary
@@ -170,6 +171,7 @@ def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
 
 
 def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    from detector import calibrate as measuring
     from detector import calibration
     from watermark.scheme import Watermark
 
@@ -191,7 +193,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     store = calibration.CalibrationStore(keyring)
     results, changed = [], []
     try:
-        calibration.HumanWindows.for_vocabulary(vocab)
+        measuring.HumanWindows.for_vocabulary(vocab)
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
     for key_id in key_ids:
@@ -199,7 +201,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         secret = keyring.secret(key_id)
         for spec in specs:
             mark = Watermark(spec, secret, vocab.vocab_size, key_id=key_id)
-            result = calibration.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
+            result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
             store.put(result)
             results.append(result)
             changed.append(("calibrate", info, result.summary()))

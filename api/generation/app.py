@@ -46,7 +46,7 @@ from api.metrics import EngineCollector, install_metrics
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptSigner
 from db.store import Store
-from detector.calibration import ensure_screened_active_key
+from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
 from watermark.keys import Keyring
@@ -257,7 +257,7 @@ def _bootstrap_admin(home: Path, store) -> None:
 
 
 def _ensure_watermark_key(keyring, store, vocab) -> None:
-    """A keyring without an active key gets one that passed key screening (detector.calibration),
+    """A keyring without an active key gets one that passed key screening (detector.calibrate),
     recorded with its calibration in the store's audit log."""
     info, calibration = ensure_screened_active_key(keyring, vocab)
     if calibration is not None:

@@ -16,9 +16,10 @@ import json
 import sys
 
 from api.cli.errors import CLIError
-from db.audit import verify
-from db.store import Store, StoreError
 from db.api_tokens import SCOPES, TokenError, create_token, list_tokens, revoke_token
+from db.audit import HEAD_ROW_ID, verify
+from db.rows import AuditHeadRow
+from db.store import Store, StoreError
 
 CLI_ACTOR = "cli"
 TOKEN_COLUMNS = ("TOKEN ID", "NAME", "SCOPES", "CREATED (UTC)", "REVOKED (UTC)")
@@ -83,9 +84,6 @@ def _db_upgrade(store: Store, args) -> int:
 def _audit_verify(store: Store, args) -> int:
     store.upgrade()  # a fresh database verifies as an empty chain
     from tqdm import tqdm
-
-    from db.audit import HEAD_ROW_ID
-    from db.rows import AuditHeadRow
 
     with store.read() as session:
         head = session.get(AuditHeadRow, HEAD_ROW_ID)

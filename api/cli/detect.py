@@ -21,6 +21,7 @@ from api.cli.errors import CLIError
 from watermark.config import SpecError, WatermarkSpec
 from watermark.key_info import KeyringError
 from watermark.stats import Z_THRESHOLD
+from watermark.vocab import ModelAssetError, load_vocabulary
 
 
 def register(subparsers) -> None:
@@ -86,8 +87,8 @@ def _run(args) -> int:
 
 
 def _detector(model: str | None):
+    # local: torch loads only for the commands that score or generate
     from detector.service import Detector
-    from watermark.vocab import ModelAssetError, load_vocabulary
 
     try:
         vocab = load_vocabulary(model)

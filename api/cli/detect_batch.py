@@ -30,8 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from api.cli.errors import CLIError
 from api.cli.detect import add_scoring_options, parse_record
+from api.cli.errors import CLIError
+from db.store import Store, StoreError
+from watermark.vocab import ModelAssetError, load_vocabulary
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -54,6 +56,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # local: torch loads only for the commands that score or generate
     from detector import batch
 
     if args.workers is not None and args.workers < 1:
@@ -121,8 +124,6 @@ def _format(path: str, flag: str) -> str:
 
 
 def _vocabulary(model: str | None):
-    from watermark.vocab import ModelAssetError, load_vocabulary
-
     try:
         return load_vocabulary(model)
     except (ModelAssetError, OSError, ValueError) as exc:
@@ -130,8 +131,6 @@ def _vocabulary(model: str | None):
 
 
 def _open_store():
-    from db.store import Store, StoreError
-
     try:
         store = Store()
         store.upgrade()
@@ -141,8 +140,6 @@ def _open_store():
 
 
 def _store(batch, store, prepared, verdicts) -> list[str]:
-    from db.store import StoreError
-
     try:
         return batch.store_verdicts(store, prepared, verdicts)
     except StoreError as exc:

@@ -18,6 +18,10 @@ import argparse
 import json
 
 from api.cli.errors import CLIError
+from db.budget import DEFAULT_DAILY_TOKENS
+from watermark.key_info import KeyringError
+from watermark.keys import Keyring
+from watermark.vocab import ModelAssetError
 
 
 def register(subparsers) -> None:
@@ -58,6 +62,7 @@ def register(subparsers) -> None:
 
 
 def _register_security(commands) -> None:
+    # local: torch loads only for the commands that score or generate
     from evaluation import security
 
     p = commands.add_parser("security", help="attacks on the watermark's secrecy, before and after the defences",
@@ -77,8 +82,9 @@ def _register_security(commands) -> None:
 
 
 def run_security(args) -> int:
-    from db.budget import DEFAULT_DAILY_TOKENS
-    from evaluation.security import SecurityConfig, run_security as run
+    # local: torch loads only for the commands that score or generate
+    from evaluation.security import SecurityConfig
+    from evaluation.security import run_security as run
 
     try:
         config = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
@@ -121,6 +127,7 @@ def parse_schemes(values: list[str] | None) -> tuple[str, ...]:
 
 
 def _attacks(text: str) -> tuple[str, ...]:
+    # local: torch loads only for the commands that score or generate
     from evaluation.attacks import ATTACK_NAMES, FAST_ATTACKS
 
     if text.strip().lower() == "all":
@@ -131,6 +138,7 @@ def _attacks(text: str) -> tuple[str, ...]:
 
 
 def run_robustness(args) -> int:
+    # local: torch loads only for the commands that score or generate
     from evaluation.harness import EvalConfig
 
     try:
@@ -148,6 +156,7 @@ def run_robustness(args) -> int:
 
         torch.set_num_threads(args.threads)
     loaded, keyring = _load(args)
+    # local: torch loads only for the commands that score or generate
     from evaluation.runner import run_evaluation
 
     if args.detect_workers is not None and args.detect_workers < 1:
@@ -162,10 +171,8 @@ def run_robustness(args) -> int:
 
 
 def _load(args):
+    # local: torch loads only for the commands that score or generate
     from generation.models import load_model
-    from watermark.key_info import KeyringError
-    from watermark.keys import Keyring
-    from watermark.vocab import ModelAssetError
 
     keyring = Keyring()
     try:

@@ -24,6 +24,11 @@ import sys
 from pathlib import Path
 
 from api.cli.errors import CLIError
+from api.cli.keys import _audit
+from watermark.config import SpecError, WatermarkSpec
+from watermark.key_info import KeyringError
+from watermark.keys import Keyring
+from watermark.vocab import load_vocabulary
 
 # (flag, SamplingParams field, type, help); every sampler option of the engine
 SAMPLER_OPTIONS = [
@@ -124,6 +129,7 @@ def register(subparsers) -> None:
 
 
 def _sampling_params(args, tokenizer):
+    # local: torch loads only for the commands that score or generate
     from generation.sample.sampler import SamplingParams
 
     values = {field: getattr(args, field) for _, field, _, _ in SAMPLER_OPTIONS if getattr(args, field) is not None}
@@ -156,6 +162,7 @@ def _sampling_params(args, tokenizer):
 
 def _constraint(args):
     """The ConstraintSpec the constraint flags ask for (None without one); errors name the flag."""
+    # local: torch loads only for the commands that score or generate
     from generation.constraints.constraint import ConstraintError, ConstraintSpec
 
     if args.regex is not None:
@@ -229,6 +236,7 @@ def _decoding_params(args):
     plain = not methods and (args.n is None or args.n == 1) and (args.best_of is None or args.best_of == 1)
     if plain:
         return None
+    # local: torch loads only for the commands that score or generate
     from generation.decoding import DecodingParams
 
     configs = {}
@@ -257,10 +265,12 @@ def _check_decoding(params, decoding) -> None:
     if decoding is None:
         return
     if decoding.method == "beam":
+        # local: torch loads only for the commands that score or generate
         from generation.decoding.beam import check_beam_params
 
         check_beam_params(params)
     elif decoding.method is None:
+        # local: torch loads only for the commands that score or generate
         from generation.decoding.best_of import check_best_of_params
 
         check_best_of_params(params, decoding.num_samples)
@@ -301,8 +311,7 @@ def _option_message(text: str) -> str:
 
 
 def _watermark(args, vocab):
-    from watermark.config import SpecError, WatermarkSpec
-    from watermark.key_info import KeyringError
+    # local: torch loads only for the commands that score or generate
     from watermark.scheme import generation_watermark
 
     if args.no_watermark:
@@ -319,23 +328,21 @@ def _watermark(args, vocab):
 
 def _ensure_key(vocab) -> None:
     """A first key, screened and calibrated like `provmark keys create` makes it, on an empty keyring."""
+    # local: torch loads only for the commands that score or generate
     from detector.calibrate import ensure_screened_active_key
-    from watermark.keys import Keyring
 
     keyring = Keyring()
     info, calibration = ensure_screened_active_key(keyring, vocab)
     if calibration is not None:
-        from api.cli.keys import _audit
-
         print(f"provmark: created watermark key {info.key_id} (active, calibration {calibration['id']})", file=sys.stderr)
         _audit([("create", info), ("calibrate", info, calibration)])
 
 
 def run(args) -> int:
+    # local: torch loads only for the commands that score or generate
     from generation.constraints.constraint import ConstraintError
     from generation.engine import Engine
     from generation.models import load_model
-    from watermark.vocab import load_vocabulary
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():

@@ -13,8 +13,15 @@ import json
 import sys
 
 from api.cli.errors import CLIError
-from watermark.key_info import KeyInfo, KeyringError, STANDBY
+from db.store import Store, StoreError
+from detector import calibration
+from detector.calibration import CalibrationStore, CalibrationStoreError
+from detector.calibration_plot import plot_calibrations
+from watermark.config import SpecError, WatermarkSpec
+from watermark.key_binding import spec_to_bind
+from watermark.key_info import STANDBY, KeyInfo, KeyringError
 from watermark.keys import Keyring
+from watermark.vocab import load_vocabulary
 
 COLUMNS = ("KEY ID", "STATUS", "FINGERPRINT", "CREATED (UTC)", "RETIRED (UTC)")
 
@@ -66,8 +73,6 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _run(handler, args) -> int:
-    from detector.calibration import CalibrationStoreError
-
     try:
         changed = handler(Keyring(), args) or []
     except (KeyringError, CalibrationStoreError) as exc:  # these messages never carry secrets
@@ -82,8 +87,6 @@ def _audit(changed: list[tuple]) -> None:
     if not changed:
         return
     import getpass
-
-    from db.store import Store, StoreError
 
     try:
         store = Store()
@@ -108,8 +111,8 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     calibration under the default spec stored."""
     if args.no_calibrate:
         return make(None), None
+    # local: torch loads only for the commands that score or generate
     from detector import calibrate as measuring
-    from detector import calibration
 
     vocab, common = _material()
     spec = _spec_to_bind(args)
@@ -125,8 +128,8 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
 
 
 def _material():
+    # local: torch loads only for the commands that score or generate
     from detector import common_units
-    from watermark.vocab import load_vocabulary
 
     vocab = load_vocabulary()
     return vocab, common_units.for_vocabulary(vocab)
@@ -147,9 +150,6 @@ def _describe_calibration(summary: dict) -> str:
 
 def _spec_to_bind(args):
     """The spec a new key is bound to: ``--spec`` or the default spec; a clear error for a bad one."""
-    from watermark.config import SpecError, WatermarkSpec
-    from watermark.key_binding import spec_to_bind
-
     try:
         return WatermarkSpec.parse(spec_to_bind(args.spec))
     except SpecError as exc:
@@ -171,8 +171,8 @@ def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
 
 
 def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    # local: torch loads only for the commands that score or generate
     from detector import calibrate as measuring
-    from detector import calibration
     from watermark.scheme import Watermark
 
     infos = {info.key_id: info for info in keyring.list()}
@@ -206,8 +206,6 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
             results.append(result)
             changed.append(("calibrate", info, result.summary()))
     if args.plot:
-        from detector.calibration_plot import plot_calibrations
-
         plot_calibrations(results, args.plot)
     if args.json:
         _print_json([{**r.summary(), "key_id": r.key_id,
@@ -239,8 +237,6 @@ def _list(keyring: Keyring, args) -> None:
 
 def _calibration_column(keyring: Keyring) -> dict[str, list[dict]]:
     """key id -> summaries of its calibrations (an unreadable calibration file is said, not fatal)."""
-    from detector.calibration import CalibrationStore, CalibrationStoreError
-
     store = CalibrationStore(keyring)
     out = {}
     try:
@@ -299,8 +295,6 @@ def format_table(infos: list[KeyInfo], calibrations: dict[str, list[dict]] | Non
 
 
 def _calibration_cell(summaries: list[dict]) -> str:
-    from watermark.config import WatermarkSpec
-
     default = WatermarkSpec.default().format()
     found = next((c for c in summaries if c["spec"] == default), None)
     if found is None:

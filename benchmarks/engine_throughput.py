@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from watermark.config import WatermarkSpec
+from watermark.scheme import Watermark
+
 # OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
 # default (workers spin a while before sleeping), which is what a service gets and how FACTS.md's peers
 # were measured; short kernels pay a thread wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
@@ -54,7 +57,7 @@ from common import write_json
 
 from generation.engine import Engine
 from generation.models import load_model
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
 NEW_TOKENS = 128  # FACTS.md workload
@@ -110,9 +113,6 @@ def run_transformers(model, prompts, sampled: bool, pad_id: int) -> float:
 
 def default_watermark(vocab_size: int):
     """The lead's default spec with a throwaway random key (the keyring is not touched)."""
-    from watermark.config import WatermarkSpec
-    from watermark.scheme import Watermark
-
     return Watermark(WatermarkSpec.default(), secrets.token_bytes(32), vocab_size, key_id="benchmark")
 
 
@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
     parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
-                        help="engine linears through oneDNN-packed weights (generation/packed_linear.py)")
+                        help="engine linears through oneDNN-packed weights (generation/cpu/packed_linear.py)")
     parser.add_argument("--native-kernels", choices=("auto", "on", "off"), default="auto",
-                        help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/native.py)")
+                        help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/cpu/native.py)")
     parser.add_argument("--vllm", action="store_true",
                         help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
     parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",

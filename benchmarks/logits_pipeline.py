@@ -19,7 +19,7 @@ from transformers.generation import logits_process as lp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, time_call, write_json  # noqa: E402
 from generation.sample import LogitsPipeline, StepRows  # noqa: E402
-from generation.sampling import SamplerState, SamplingParams  # noqa: E402
+from generation.sample.sampler import SamplerState, SamplingParams  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.scheme import Watermark  # noqa: E402
 

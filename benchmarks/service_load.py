@@ -32,6 +32,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from watermark.paths import models_dir
+from watermark.vocab import encode, load_vocabulary
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -53,8 +56,6 @@ def free_port() -> int:
 def human_texts(tokens: int, count: int) -> list[str]:
     """``count`` windows of the human corpus, each decoded from ``tokens`` consecutive tokens."""
     import importlib.metadata
-
-    from watermark.vocab import encode, load_vocabulary
 
     vocab = load_vocabulary()
     path = importlib.metadata.distribution("gensim").locate_file(HUMAN_CORPUS)
@@ -123,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16, help="the generation engine's batch size")
     parser.add_argument("--out", help="output JSON path (default benchmarks/results/service_load.json)")
     args = parser.parse_args(argv)
-
-    from watermark.paths import models_dir
 
     home = Path(tempfile.mkdtemp(prefix="provmark-load-"))
     env = {**os.environ, "PROVMARK_HOME": str(home), "PROVMARK_MODELS_DIR": str(models_dir()),

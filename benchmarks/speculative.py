@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, write_json
-from generation.decoding.speculative import speculative_decode
-from generation.decoding.speculative_drafters import (
+from generation.decoding.speculative.decode import speculative_decode
+from generation.decoding.speculative.drafters import (
     ModelDrafter,
     NoDrafter,
     PromptLookupDrafter,
@@ -40,7 +40,7 @@ from generation.decoding.speculative_drafters import (
 )
 from generation.engine import Engine
 from generation.models import load_model
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 
 NEW_TOKENS = 128
 WARMUP_TOKENS = 8  # one short untimed run per arm

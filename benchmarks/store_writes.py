@@ -16,7 +16,7 @@ write (opens its connection), waits on a barrier, then stores ``--n`` verdicts b
 
 Reported per configuration: verdicts/s = all timed writes / (last writer end - first writer start),
 per-write latency p50/p99/max in ms, and ms per write at that rate (the serial cost when writers
-queue on one lock). After each run: ``detector.audit.verify`` must be ok, and the verdict rows,
+queue on one lock). After each run: ``db.audit.verify`` must be ok, and the verdict rows,
 audit events and chain head seq must all equal the writes made. On PostgreSQL a sampler thread reads
 ``pg_stat_activity`` every ``--sample-ms`` ms and reports what the writers' backends were doing
 (waiting on a row lock = the audit head; idle in transaction = waiting for Python mid-transaction).
@@ -45,17 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tests/pg.py: the throwaway PostgreSQL server the tests use
 
-from api.detector_schemas import DetectRequest
+from api.detector.schemas import DetectRequest
 from benchmarks.common import machine, write_json
-from detector import audit
-from detector.store import (
-    AuditEventRow,
-    Caller,
-    Store,
-    VerdictRecord,
-    VerdictRow,
-    text_sha256,
-)
+from db import audit
+from db.caller import Caller
+from db.rows import AuditEventRow, VerdictRow, text_sha256
+from db.store import Store
+from db.verdicts import VerdictRecord
 from watermark.config import WatermarkSpec
 
 BACKENDS = ("sqlite", "postgresql", "postgresql-durable")

@@ -29,11 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from generation.models import ensure_default_model
+from generation.vllm.rows import RequestWatermarks, WatermarkedBatch
+from watermark.keys import Keyring
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_PATH = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SETUP_SCRIPT = "scripts/setup_vllm_venv.sh"
-PLUGIN = "generation.vllm_plugin:ProvmarkWatermarkLogitsProcessor"
+PLUGIN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # FACTS.md, "vLLM on this CPU": a bounded KV cache, no core held back for the front end
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
@@ -96,9 +100,6 @@ def run_child(engine: str, dtype: str, batches: list[int], modes: list[str], run
     from vllm import LLM
 
     from benchmarks.engine_throughput import make_prompts, median_of
-    from generation.models import ensure_default_model
-    from watermark.keys import Keyring
-
     if engine == "plugin":  # a throwaway keyring: the user's is never touched
         home = Path(tempfile.mkdtemp(prefix="provmark-vllm-bench-"))
         os.environ["PROVMARK_HOME"] = str(home)
@@ -149,9 +150,6 @@ def apply_cost_ms(batch: int, steps: int = 50) -> dict:
     import torch
 
     from benchmarks.engine_throughput import make_prompts
-    from generation.vllm_rows import RequestWatermarks, WatermarkedBatch
-    from watermark.keys import Keyring
-
     vocab_size = 49152  # SmolLM2's logits width
     keyring = Keyring(Path(tempfile.mkdtemp(prefix="provmark-vllm-bench-")),
                       master_key=secrets.token_bytes(32))

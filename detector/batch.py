@@ -1,7 +1,7 @@
 """Batch detection: many texts scored on every local core or on a Ray cluster, verdicts in input order.
 
     jobs = prepare_jobs(records, options, vocab=vocab, keyring=keyring)   # validates, resolves keys
-    verdicts = run_local(jobs, workers=4)            # or run_ray(jobs, address="auto")
+    verdicts = run_local(jobs, workers=4)            # or batch_ray.run_ray(jobs, address="auto")
     store_verdicts(store, jobs, verdicts)            # optional: one transaction for the whole batch
 
 Each verdict is exactly ``Detector.detect(text, ...).to_dict()`` for that record (``provmark detect``
@@ -14,10 +14,10 @@ What travels to the workers, and how (key material is never written anywhere in 
     keys nobody asked for stay behind.
   - local workers (``run_local``) are spawned processes; the secrets and the tokenizer reach them
     pickled through the pool's pipe, in memory.
-  - Ray workers (``run_ray``, Ray Data ``map_batches`` over an actor pool): Ray Data ``ray.put``s the
+  - Ray workers (``detector.batch_ray.run_ray``, Ray Data ``map_batches`` over an actor pool): Ray Data ``ray.put``s the
     actors' constructor arguments into the object store, which may spill objects to disk under
     memory pressure. So the secrets travel there only SEALED: AES-256-GCM under a fresh random
-    per-job transport key (``seal_secrets``). The transport key travels apart, as the env var
+    per-job transport key (``detector.batch_secrets.seal_secrets``). The transport key travels apart, as the env var
     ``PROVMARK_BATCH_TRANSPORT_KEY`` of the actors' ``runtime_env`` (held in the GCS's memory and the
     actor process's environment, never in the object store); each actor reads it and removes it from
     its environment. The tokenizer (public) goes through the object store as is. Caveat: whoever can
@@ -25,7 +25,7 @@ What travels to the workers, and how (key material is never written anywhere in 
     memory or submit jobs: cluster access is the trust boundary. Between machines Ray speaks gRPC:
     turn on Ray's TLS (``RAY_USE_TLS=1`` with ``RAY_TLS_SERVER_CERT`` / ``RAY_TLS_SERVER_KEY`` /
     ``RAY_TLS_CA_CERT``) when the cluster spans hosts on an untrusted network.
-  - workers keep the secrets in memory only (``Detector`` with ``_SecretsKeyring``) and never log them.
+  - workers keep the secrets in memory only (``Detector`` with ``SecretsKeyring``) and never log them.
 Ray workers import provmark: install the same version on every node (or ship it with a runtime_env).
 
 Errors: a record the detector rejects (a lone surrogate, forced positions out of range...) stops the
@@ -36,20 +36,21 @@ only after every verdict exists, in one transaction).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from db.caller import Caller
+from db.verdicts import VerdictRecord, record_verdicts
+from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
+from detector.service import Detector
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyNotFoundError, KeyringError
+from watermark.key_binding import keys_bound_to, require_bound
+from watermark.key_info import KeyringError
+from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 
-TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"
-SEAL_CONTEXT = b"provmark/batch-secrets/1"  # AES-GCM associated data: a sealed bundle means only this
-NONCE_BYTES = 12  # AES-GCM's 96-bit nonce (NIST SP 800-38D)
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
 BATCH_ACTOR = "provmark-batch-detect"
 STORE_CALLER = "cli:detect-batch"  # the audit actor of batch verdicts
@@ -114,70 +115,6 @@ class PreparedJobs:
         return len(self.jobs)
 
 
-class KeySecrets:
-    """key id -> 32-byte PRF secret, for the keys a batch tests; repr and str name ids only."""
-
-    __slots__ = ("_secrets",)
-
-    def __init__(self, secrets: dict[str, bytes]) -> None:
-        self._secrets = {str(k): bytes(v) for k, v in secrets.items()}
-
-    def __repr__(self) -> str:
-        return f"KeySecrets(key_ids={sorted(self._secrets)!r})"
-
-    __str__ = __repr__
-
-    def __getstate__(self):
-        return self._secrets
-
-    def __setstate__(self, state) -> None:
-        self._secrets = state
-
-    def secret(self, key_id: str) -> bytes:
-        try:
-            return self._secrets[key_id]
-        except KeyError:
-            raise KeyNotFoundError(f"key {key_id!r} was not sent to this worker") from None
-
-
-def seal_secrets(secrets: KeySecrets) -> tuple[bytes, str]:
-    """(AES-256-GCM sealed bundle, transport key as hex) under a fresh random key."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    key, nonce = os.urandom(32), os.urandom(NONCE_BYTES)
-    plain = json.dumps({k: v.hex() for k, v in secrets.__getstate__().items()}).encode()
-    return nonce + AESGCM(key).encrypt(nonce, plain, SEAL_CONTEXT), key.hex()
-
-
-def open_secrets(sealed: bytes, key_hex: str) -> KeySecrets:
-    from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    try:
-        plain = AESGCM(bytes.fromhex(key_hex)).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], SEAL_CONTEXT)
-    except (InvalidTag, ValueError):
-        raise KeyringError("the sealed key bundle does not open with this job's transport key") from None
-    return KeySecrets({k: bytes.fromhex(v) for k, v in json.loads(plain).items()})
-
-
-class _SecretsKeyring:
-    """What ``Detector`` needs of a keyring, from secrets in memory (no file: it never reloads)."""
-
-    path = Path("/nonexistent/provmark-batch-worker/keyring.json")
-
-    def __init__(self, secrets: KeySecrets) -> None:
-        self._secrets = secrets
-
-    def __repr__(self) -> str:
-        return f"_SecretsKeyring({self._secrets!r})"
-
-    def secret(self, key_id: str) -> bytes:
-        return self._secrets.secret(key_id)
-
-    def detection_keys(self):  # prepare_jobs always names the keys
-        raise KeyringError("batch workers are given explicit key ids")
-
-
 # ----------------------------------------------------------------------------------- preparing
 
 
@@ -189,9 +126,6 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     ``keyring`` bound to the record's spec (the order ``provmark detect`` uses); like the detector, a
     key is scored only under its own spec (``watermark.key_binding``; ``bind_keys=False`` only for the
     evaluation harness). Raises BatchError naming the record (1-based)."""
-    from detector.service import Detector
-    from watermark.keys import Keyring
-
     keyring = keyring if keyring is not None else Keyring()
     default_spec = _parse_spec(spec, "watermark") if spec is not None else WatermarkSpec.default()
     default_keys = tuple(dict.fromkeys(keys)) if keys else None
@@ -256,8 +190,6 @@ def _parse_spec(raw, where: str) -> WatermarkSpec:
 
 def _bound_keys(keyring, key_ids: tuple[str, ...], spec: WatermarkSpec, explicit: bool, where: str) -> tuple[str, ...]:
     """Named keys must all be bound to ``spec``; of the detection keys, those bound to it (at least one)."""
-    from watermark.key_binding import keys_bound_to, require_bound
-
     try:
         infos = {info.key_id: info for info in keyring.list()}
         if explicit:
@@ -287,9 +219,7 @@ class ChunkDetector:
     """The worker: a Detector over shipped material; ``__call__`` scores rows (index, task json, text)."""
 
     def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None) -> None:
-        from detector.service import Detector
-
-        self._detector = Detector(vocab=vocab, keyring=_SecretsKeyring(secrets),
+        self._detector = Detector(vocab=vocab, keyring=SecretsKeyring(secrets),
                                   calibrations=ShippedCalibrations(calibrations or {}))
         self._options = options.as_kwargs()
 
@@ -318,11 +248,11 @@ _worker: ChunkDetector | None = None  # the local pool worker's detector, set by
 
 def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict) -> None:
     global _worker
-    _one_thread_per_process()
+    one_thread_per_process()
     _worker = ChunkDetector(vocab, secrets, options, calibrations)
 
 
-def _one_thread_per_process() -> None:
+def one_thread_per_process() -> None:
     """Workers run one per core: scoring's small tensors and tokenizer calls need no thread pools."""
     import torch
 
@@ -334,11 +264,11 @@ def _detect_chunk(rows: list[tuple[int, str, str]]) -> list[tuple[int, str]]:
     return [(index, _worker.detect(task, text)) for index, task, text in rows]
 
 
-def _rows(prepared: PreparedJobs) -> list[tuple[int, str, str]]:
+def job_rows(prepared: PreparedJobs) -> list[tuple[int, str, str]]:
     return [(i, job.task(), job.text) for i, job in enumerate(prepared.jobs)]
 
 
-def _collect(results: Iterable[tuple[int, str]], total: int) -> list[dict]:
+def collect_results(results: Iterable[tuple[int, str]], total: int) -> list[dict]:
     out: list[dict | None] = [None] * total
     for index, raw in results:
         answer = json.loads(raw)
@@ -368,7 +298,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
-    rows = _rows(prepared)
+    rows = job_rows(prepared)
     chunks = [rows[i:i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)]
     workers = min(workers, max(1, len(chunks)))
     results: list[tuple[int, str]] = []
@@ -385,7 +315,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
                     progress(len(chunk))
         finally:
             torch.set_num_threads(threads)  # the caller may be a longer-lived process
-        return _collect(results, len(rows))
+        return collect_results(results, len(rows))
     context = multiprocessing.get_context("spawn")  # no forked torch / tokenizer thread state
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_local_worker,
                                                 initargs=(prepared.vocab, prepared.secrets, prepared.options,
@@ -402,103 +332,23 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
         finally:
             for future in futures:
                 future.cancel()
-    return _collect(results, len(rows))
-
-
-# ----------------------------------------------------------------------------------------- Ray
-
-
-def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | None = None,
-            progress: Callable | None = None) -> list[dict]:
-    """The same job through Ray Data on the cluster at ``address`` (None: ``ray.init()``'s default,
-    RAY_ADDRESS or a new local instance; already connected: that one). ``workers`` actors (default:
-    the cluster's CPUs), one CPU each. Verdicts in input order."""
-    import ray
-
-    started_here = connect_ray(address)
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # the caller's bar reports progress
-    try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the caller's bar counts rows instead
-        context.execution_options.preserve_order = True
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        actors = max(1, min(workers or cpus, cpus))
-        rows = _rows(prepared)
-        items = [{"index": index, "task": task, "text": text} for index, task, text in rows]
-        dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(rows) // CHUNK_ROWS)))
-        sealed, transport_key = seal_secrets(prepared.secrets)
-        material = [ray.put(prepared.vocab), sealed, prepared.options, prepared.calibrations]
-        scored = dataset.map_batches(_RayChunkDetector, fn_constructor_kwargs={"material": material},
-                                     batch_size=CHUNK_ROWS, batch_format="numpy", num_cpus=1,
-                                     compute=ray.data.ActorPoolStrategy(size=actors),
-                                     runtime_env={"env_vars": {TRANSPORT_KEY_ENV: transport_key}})
-        results = []
-        for batch in scored.iter_batches(batch_size=CHUNK_ROWS, batch_format="numpy"):
-            results += zip(batch["index"].tolist(), batch["result"].tolist())
-            if progress:
-                progress(len(batch["index"]))
-    except ray.exceptions.RayError as exc:
-        raise BatchError(f"the Ray job failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
-    finally:
-        if started_here:
-            ray.shutdown()
-    return _collect(results, len(rows))
-
-
-def connect_ray(address: str | None = None) -> bool:
-    """Connect to (or start) Ray unless already connected; True when this call connected."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}})
-    return True
-
-
-class _RayChunkDetector(ChunkDetector):
-    """Ray Data actor: unpacks the shipped material (the tokenizer by object ref) once per actor."""
-
-    def __init__(self, material) -> None:
-        import ray
-
-        vocab_ref, sealed, options, calibrations = material
-        _one_thread_per_process()
-        transport_key = os.environ.pop(TRANSPORT_KEY_ENV, "")  # gone from the env once read
-        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options, calibrations)
+    return collect_results(results, len(rows))
 
 
 # --------------------------------------------------------------------------------------- store
 
 
 def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], caller=None) -> list[str]:
-    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing);
-    returns the verdict ids in order. Texts are kept only when the store retains text."""
-    from detector.audit import append_event
-    from detector.audit_rows import row_digest
-    from detector.store import Caller, VerdictRecord, VerdictRow, new_id, utc_now
-
+    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing), through
+    the one verdict writer (db.verdicts.record_verdicts); returns the verdict ids in order. Texts are kept
+    only when the store retains text."""
     if len(verdicts) != len(prepared.jobs):
         raise ValueError("verdicts: expected one per job")
-    caller = caller or Caller(name=STORE_CALLER)
-    ids = []
-    with store.write() as session:
-        for job, verdict in zip(prepared.jobs, verdicts):
-            record = _verdict_record(job, verdict, prepared.options, VerdictRecord)
-            verdict_id = new_id()
-            row = VerdictRow(id=verdict_id, created_at=utc_now(), text=job.text if store.retain_text else None,
-                             caller_token_id=caller.token_id, caller_name=caller.name,
-                             **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__})
-            session.add(row)
-            session.flush()  # the verdict row first: a constraint error leaves no audit event behind
-            append_event(session, "detection", caller.actor, verdict_id,
-                         {"verdict": record.verdict, "z": record.z, "key_id": record.key_id,
-                          "spec_fingerprint": record.spec_fingerprint, "row_sha256": row_digest(row)})
-            ids.append(verdict_id)
-    return ids
+    records = [_verdict_record(job, verdict, prepared.options) for job, verdict in zip(prepared.jobs, verdicts)]
+    return record_verdicts(store, records, caller or Caller(name=STORE_CALLER), [job.text for job in prepared.jobs])
 
 
-def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, record_type):
+def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> VerdictRecord:
     """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0."""
     stored_options = {"watermark": job.spec, "keys": list(job.keys) if job.keys else None,
                       "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
@@ -507,7 +357,7 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, recor
                       "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch",
                       "null": null_record(verdict)}
     p_value = verdict["p_value"]
-    return record_type(
+    return VerdictRecord(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,
         p_value=min(1.0, max(0.0, 1.0 if p_value is None else p_value)),
         green_count=int(verdict["num_green_tokens"]), scored_count=int(verdict["num_tokens_scored"]),

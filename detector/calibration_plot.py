@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from detector.calibration import MIN_BUCKET_TEXTS, bucket_label
+
 
 def plot_calibrations(calibrations, path: str | Path) -> Path:
     """One row per calibration: histogram of z with the N(0, 1) density; mean z per scored-length bucket
@@ -15,8 +17,6 @@ def plot_calibrations(calibrations, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from scipy import stats
-
-    from detector.calibration import MIN_BUCKET_TEXTS, bucket_label
 
     rows = len(calibrations)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 3.2 * rows), squeeze=False)

@@ -15,7 +15,7 @@ that unit's colour. So a ``detect``-scope verdict carries:
   rate is never above alpha; the verdict shown is ``z_shown >= z_thr``. A one-unit change moves
   ``z_shown`` with probability ``1 / STEP_UNITS`` at any length: one query no longer reads it, and
   averaging needs about STEP_UNITS^2 fresh texts per unit, each charged to the caller's daily budget
-  (``detector.budget``). The price: a watermarked text is shown as such for certain only from
+  (``db.budget``). The price: a watermarked text is shown as such for certain only from
   ``z >= z_thr + w`` (5.3 at T = 200); between the two, with probability ``(z - z_thr) / w``.
 
 Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdict.to_dict()`` whole):

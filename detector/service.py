@@ -10,9 +10,6 @@ Loads a tokenizer, never model weights (this package does not import ``generatio
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import re
 import secrets
 import threading
 from collections.abc import Iterable
@@ -22,9 +19,9 @@ import numpy as np
 import torch
 
 from detector import common_units
-from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
 from detector import windows as winmax
-from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, dither, disclose
+from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
+from detector.disclosure import dither
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
 from detector.scoring import (
@@ -41,80 +38,21 @@ from detector.scoring import (
     score_positions,
     verdict_of,
 )
+from detector.tokenizing import tokenize
+from detector.verdict import Verdict
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound
-from watermark.keys import KeyNotFoundError, Keyring
+from watermark.key_info import KeyNotFoundError
+from watermark.keys import Keyring
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD
-from watermark.vocab import Vocabulary, encode, encode_with_offsets, load_vocabulary
+from watermark.vocab import Vocabulary, load_vocabulary
 
 # With windows on, the whole text and the window family share alpha half and half (Bonferroni over
 # the two), so asking for windows never raises the false-positive rate above alpha.
 WINDOW_ALPHA_SHARE = 0.5
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
 PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
-
-
-@dataclass(slots=True)
-class Verdict:
-    """One detection result; ``to_dict()`` is JSON-safe (no NaN) and holds no text and no secret."""
-
-    verdict: str  # watermarked | not_watermarked | insufficient_text
-    z_score: float  # whole text, best key (nan when nothing was scored)
-    p_value: float  # whole text, exact binomial, Holm-corrected across the keys tested
-    p_value_normal: float  # the same from the normal approximation (corrected the same way)
-    num_tokens_scored: int  # T: distinct n-grams (dedup) or scorable positions
-    num_green_tokens: int  # G
-    green_fraction: float  # G / T (nan when T = 0)
-    key_id: str | None  # the best key (None for hf specs)
-    watermark: str  # canonical spec string
-    fingerprint: str  # spec fingerprint (spec + V)
-    num_tokens: int  # tokens of the normalised text
-    alpha: float  # false-positive rate the verdict is held to
-    z_threshold: float
-    min_tokens: int  # T below which a non-significant text is insufficient_text
-    dedup: bool
-    correction: str
-    keys: list[dict]  # every key tested: z, p, corrected p
-    normalizations: list[str]  # normalisation stages that changed the text
-    tokenizer_fingerprint: str
-    model_id: str
-    text_sha256: str  # of the original text
-    text_length: int  # characters of the original text
-    decided_by: str | None = None  # "text" | "window" when watermarked
-    # scorable positions left out because the generator had fewer than two tokens to choose from
-    # there (constrained decoding): the watermark could not act on them (see docs/constraints.md)
-    num_forced_positions: int = 0
-    # scored positions left out because their unit is common in human text, for the best key, and the
-    # key-free table that named them (detector.common_units; None for hf specs, which count everything)
-    num_common_positions: int = 0
-    common_units: str | None = None
-    # the best key's calibration (detector.calibration): its id, the length bucket, the null measured
-    # there, and whether that null (rather than N(0, 1)) set the p-value; None when the key has none
-    calibration: dict | None = None
-    windows: dict | None = None
-    explanation: list[dict] | None = None
-    # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
-    dither: float | None = field(default=None, repr=False)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        del out["dither"]
-        for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
-            value = out[name]
-            out[name] = float(value) if value is not None and math.isfinite(value) else None
-        return out
-
-    @property
-    def watermarked(self) -> bool:
-        return self.verdict == WATERMARKED
-
-    def disclose(self, scope: str) -> dict:
-        """What a caller with ``scope`` may see (``detector.disclosure``): everything for ``explain``
-        or ``admin``; for ``detect`` the verdict and a coarse, dithered p-value, no counts."""
-        if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
-            raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
-        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, WatermarkSpec.parse(self.watermark).gamma)
 
 
 @dataclass(slots=True)
@@ -295,63 +233,6 @@ class Detector:
             self._detection_infos = None
             self._all_infos = None
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
-
-
-# ---------------------------------------------------------------------------------- tokenizing
-
-CHUNK_CHARS = 1024  # long texts are tokenized in pieces of about this size, in parallel
-_CHUNK_BOUNDARY = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a space between a non-space and a letter
-_chunkable: dict[int, bool] = {}
-
-
-def tokenize(vocab: Vocabulary, text: str, with_offsets: bool) -> tuple[list[int], list | None]:
-    """Token ids (and offsets) of ``text`` exactly as ``watermark.vocab.encode[_with_offsets]``.
-
-    For byte-level BPE tokenizers (no normaliser, ByteLevel pre-tokenizer without a prefix space)
-    a space followed by a letter always starts a pre-token, and BPE never merges across
-    pre-tokens, so pieces cut there tokenize to the same ids; the tokenizer's batch call encodes
-    them on all cores. Other tokenizers take the plain path."""
-    if len(text) < 2 * CHUNK_CHARS or not _is_chunkable(vocab) or not _valid_utf8(text):
-        if with_offsets:  # (invalid text goes this way too, for vocab's error message)
-            return encode_with_offsets(vocab, text)
-        return encode(vocab, text), None
-    starts = [0]
-    while True:
-        found = _CHUNK_BOUNDARY.search(text, starts[-1] + CHUNK_CHARS)
-        if found is None:
-            break
-        starts.append(found.start())
-    pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
-    backend = vocab.tokenizer.backend_tokenizer
-    if not with_offsets:
-        encodings = backend.encode_batch_fast(pieces, add_special_tokens=False)
-        return [i for e in encodings for i in e.ids], None
-    encodings = backend.encode_batch(pieces, add_special_tokens=False)
-    ids, offsets = [], []
-    for start, e in zip(starts, encodings):
-        ids.extend(e.ids)
-        offsets.extend((a + start, b + start) for a, b in e.offsets)
-    return ids, offsets
-
-
-def _valid_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_chunkable(vocab: Vocabulary) -> bool:
-    key = id(vocab.tokenizer)
-    found = _chunkable.get(key)
-    if found is None:
-        config = json.loads(vocab.tokenizer.backend_tokenizer.to_str())
-        pre = config.get("pre_tokenizer") or {}
-        found = (config.get("normalizer") is None and pre.get("type") == "ByteLevel"
-                 and not pre.get("add_prefix_space") and pre.get("use_regex", True))
-        _chunkable[key] = found
-    return found
 
 
 def _normalize_option(value) -> bool | tuple[str, ...]:

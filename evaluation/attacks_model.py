@@ -19,8 +19,9 @@ import re
 
 import torch
 
-from evaluation.attacks import WORD, AttackContext, choose, text_rng
+from evaluation.attack_context import WORD, AttackContext, choose, text_rng
 from evaluation.corpus import sentence_spans
+from generation.sample.sampler import SamplingParams
 
 PLAUSIBLE_TOP_K = 50  # candidates kept from the model's distribution (top-k sampling's usual k)
 WORD_PIECE = re.compile(r"^( ?)([A-Za-z]{2,})$")  # a token that is a whole word, maybe with its space
@@ -123,8 +124,6 @@ def clean_paraphrase(reply: str) -> str:
 
 def paraphrase(texts: list[str], rate: float, seed: int, context: AttackContext) -> list[str]:
     engine = _need(context, "engine")
-    from generation.sampling import SamplingParams
-
     jobs = []  # (text index, span, prompt ids, params)
     for i, text in enumerate(texts):
         rng = text_rng(seed, "paraphrase", rate, i)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from evaluation.cache import JsonlCache, cache_key
 from evaluation.metrics import perplexity, repetition_rate
+from generation.sample.sampler import SamplingParams
 
 
 @dataclass(slots=True)
@@ -54,8 +55,6 @@ class GenerationSource:
 
         What is missing from the cache runs in shared batches (rows of different watermarks side
         by side), so generating the unwatermarked and watermarked sets costs one pass, not two."""
-        from generation.sampling import SamplingParams
-
         keys = [[self._key(p, i, wm, fp, tokens, temperature, seed) for i, p in enumerate(prompts)] for wm, fp in marks]
         missing = [(s, i) for s, row in enumerate(keys) for i, k in enumerate(row) if k not in self.cache]
         self.reused += sum(len(row) for row in keys) - len(missing)

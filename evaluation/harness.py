@@ -1,4 +1,5 @@
-"""The robustness evaluation: generate, attack, detect, measure; ``run_evaluation(config, out_dir)``.
+"""The robustness evaluation's settings (``EvalConfig``) and what it measures; the run itself is
+``evaluation.runner.run_evaluation(config, out_dir)``: generate, attack, detect, measure.
 
 1. Prompts: the first sentences of the first ``n`` articles of the human corpus
    (``evaluation.corpus``), asked through the chat template ("Continue this news article: ...").
@@ -17,12 +18,10 @@
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from evaluation.attacks import ATTACK_NAMES, check_rate, get_attack
+from evaluation.attack_context import check_rate
+from evaluation.attacks import ATTACK_NAMES, get_attack
 from watermark.config import WatermarkSpec
 
 DEFAULT_RATES = (0.0, 0.1, 0.25, 0.5)
@@ -127,47 +126,3 @@ class EvalConfig:
         out = asdict(self)
         out["specs"] = [s.format() for s in self.specs]
         return out
-
-
-def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyring=None, key_id: str | None = None,
-                   progress: bool = True, make_plots: bool = True, detect_backend: str = "inline",
-                   detect_workers: int | None = None, ray_address: str | None = None,
-                   generate_backend: str = "engine", vllm_model: str | None = None) -> dict:
-    """Run ``config`` and write ``out_dir/results.json`` (and the plots); returns the results.
-
-    ``loaded``: a ``generation.models.LoadedModel`` (default: the embedded model). ``keyring`` and
-    ``key_id``: the key that watermarks (default: the keyring's active key; one is created on an
-    empty keyring). Cached generations under ``out_dir/cache`` are reused. ``detect_backend``:
-    ``inline`` (default, in this process), ``local`` (``detector.batch`` on ``detect_workers``
-    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``).
-    ``generate_backend``: ``engine`` (ours, default) or ``vllm`` (vLLM with our plugin, model folder
-    ``vllm_model``, default the embedded model; ``evaluation.vllm_generator``)."""
-    import json
-
-    from evaluation.runner import EvaluationRun
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    run = EvaluationRun(config, out, loaded=loaded, keyring=keyring, key_id=key_id, progress=progress,
-                        detect_backend=(detect_backend, detect_workers, ray_address),
-                        generate_backend=generate_backend, vllm_model=vllm_model)
-    results = run.execute()
-    results["stats"]["seconds"] = round(time.monotonic() - started, 1)
-    if make_plots:
-        from evaluation.report import write_plots
-
-        results["plots"] = write_plots(results, out)
-    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False), encoding="utf-8")
-    return results
-
-
-def _json_safe(value):
-    """NaN and infinities -> None, so results.json is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value

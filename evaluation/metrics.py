@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from detector.common_units import THRESHOLDS, threshold_for_length
 from detector.scoring import binomial_sf, counted_positions, score_positions
 
 REPETITION_N = 4  # seq-rep-4 of Welleck et al. 2019 ("Neural text generation with unlikelihood training")
@@ -116,8 +117,6 @@ def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, com
         green = np.cumsum(flags & counted)
         scored = np.cumsum(counted)
     else:  # prefix of L tokens (positions < L - h): a unit counts where its frequency is below L's threshold
-        from detector.common_units import THRESHOLDS, threshold_for_length
-
         freq = common.frequency_of(watermark.unit_identities(ids))
         lengths = np.arange(h + 1, total_tokens + 1)
         limits = np.array([threshold_for_length(THRESHOLDS[watermark.spec.scheme], int(n), common.window_tokens)

@@ -49,7 +49,7 @@ class Target:
 
     def view(self, ids: list[int], spec: str | None = None) -> dict | None:
         """What the caller reads for the text of ``ids`` (None: refused, as a 4xx would be)."""
-        from watermark.keys import KeySpecError
+        from watermark.key_info import KeySpecError
 
         self.queries += 1
         text = self.detector.vocab.tokenizer.decode(ids)

@@ -1,20 +1,32 @@
-"""One evaluation run, step by step (see ``evaluation.harness`` for what and why)."""
+"""One evaluation run, step by step, and ``run_evaluation`` that runs one and writes results.json (see
+``evaluation.harness`` for the settings and what is measured)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import time
 from pathlib import Path
 
 import numpy as np
 
 from evaluation import metrics
-from evaluation.attacks import AttackContext, get_attack
+from evaluation.attack_context import AttackContext
+from evaluation.attacks import get_attack
 from evaluation.cache import JsonlCache, cache_key
 from evaluation.corpus import load_documents, prompt_documents
 from evaluation.generations import GenerationSource
 from evaluation.harness import METRIC_DEFINITIONS, EvalConfig
+from evaluation.lm import TeacherForcedLM
+from evaluation.report import write_plots
 from evaluation.scorer import Scorer
+from evaluation.vllm_generator import VLLMGenerator
+from generation.engine import Engine
+from generation.models import load_model
 from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
+from watermark.scheme import generation_watermark
 
 CHARACTER_FAMILY = "character"
 
@@ -23,8 +35,6 @@ class EvaluationRun:
     def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True,
                  detect_backend: tuple = ("inline", None, None), generate_backend: str = "engine",
                  vllm_model: str | None = None):
-        from watermark.keys import Keyring
-
         if generate_backend not in ("engine", "vllm"):
             raise ValueError(f"generate_backend={generate_backend!r}: choose engine or vllm")
         self.config = config
@@ -36,8 +46,6 @@ class EvaluationRun:
         self.keyring = keyring if keyring is not None else Keyring()
         self.key_id = key_id
         if loaded is None:
-            from generation.models import load_model
-
             loaded = load_model()
         self.loaded = loaded
         self.vocab = loaded.vocab
@@ -46,9 +54,6 @@ class EvaluationRun:
 
     # ----------------------------------------------------------------------------- the flow
     def execute(self) -> dict:
-        from evaluation.lm import TeacherForcedLM
-        from generation.engine import Engine
-
         cfg = self.config
         lm = TeacherForcedLM(self.loaded)
         documents = prompt_documents(cfg.n)
@@ -62,8 +67,6 @@ class EvaluationRun:
                         max_model_len=max(len(p) for p in prompts) + cfg.tokens + 8)
         generator, fingerprint = engine, self.vocab.fingerprint
         if self.generate_backend == "vllm":
-            from evaluation.vllm_generator import VLLMGenerator
-
             # its own cache keys: vLLM's sampled tokens differ from our engine's for the same seed
             generator, fingerprint = VLLMGenerator(self.keyring, self.vllm_model), f"{fingerprint}|vllm"
         source = GenerationSource(generator, lm, JsonlCache(self.out / "cache" / "generations.jsonl"),
@@ -95,8 +98,6 @@ class EvaluationRun:
         }
 
     def _watermark(self, spec: WatermarkSpec, delta: float | None = None):
-        from watermark.scheme import generation_watermark
-
         if delta is not None:
             spec = spec.with_(delta=delta)
         wm = generation_watermark(spec, self.vocab.vocab_size, key_id=self.key_id if spec.needs_key else None,
@@ -288,3 +289,39 @@ def _median_or_none(values: list) -> float | None:
     return median if np.isfinite(median) else None
 
 
+def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyring=None, key_id: str | None = None,
+                   progress: bool = True, make_plots: bool = True, detect_backend: str = "inline",
+                   detect_workers: int | None = None, ray_address: str | None = None,
+                   generate_backend: str = "engine", vllm_model: str | None = None) -> dict:
+    """Run ``config`` and write ``out_dir/results.json`` (and the plots); returns the results.
+
+    ``loaded``: a ``generation.models.LoadedModel`` (default: the embedded model). ``keyring`` and
+    ``key_id``: the key that watermarks (default: the keyring's active key; one is created on an
+    empty keyring). Cached generations under ``out_dir/cache`` are reused. ``detect_backend``:
+    ``inline`` (default, in this process), ``local`` (``detector.batch`` on ``detect_workers``
+    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``).
+    ``generate_backend``: ``engine`` (ours, default) or ``vllm`` (vLLM with our plugin, model folder
+    ``vllm_model``, default the embedded model; ``evaluation.vllm_generator``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    run = EvaluationRun(config, out, loaded=loaded, keyring=keyring, key_id=key_id, progress=progress,
+                        detect_backend=(detect_backend, detect_workers, ray_address),
+                        generate_backend=generate_backend, vllm_model=vllm_model)
+    results = run.execute()
+    results["stats"]["seconds"] = round(time.monotonic() - started, 1)
+    if make_plots:
+        results["plots"] = write_plots(results, out)
+    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False), encoding="utf-8")
+    return results
+
+
+def _json_safe(value):
+    """NaN and infinities -> None, so results.json is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value

@@ -17,11 +17,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from detector import common_units
+from detector import batch, batch_ray, common_units
 from detector.normalize import normalize as normalize_text
-from detector.service import Detector, tokenize
+from detector.service import Detector
+from detector.tokenizing import tokenize
 from evaluation.metrics import prefix_detection
 from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
 
 DETECT_BACKENDS = ("inline", "local", "ray")
 
@@ -91,14 +93,12 @@ class Scorer:
             verdicts = (detector.detect(t, keys=keys, spec=spec, normalize=normalize) for t in texts)
             return [{"z": v.z_score, "watermarked": v.watermarked, "p_value": v.p_value, "alpha": v.alpha}
                     for v in verdicts]
-        from detector import batch
-
         prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),
                                       keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring,
                                       bind_keys=False)
         if self.detect_backend == "ray":
-            self._ray_started = batch.connect_ray(self.ray_address) or self._ray_started
-            found = batch.run_ray(prepared, workers=self.workers)
+            self._ray_started = batch_ray.connect_ray(self.ray_address) or self._ray_started
+            found = batch_ray.run_ray(prepared, workers=self.workers)
         else:
             found = batch.run_local(prepared, workers=self.workers)
         nan = float("nan")  # to_dict() wrote NaN (nothing scored) as None
@@ -107,8 +107,6 @@ class Scorer:
 
     def _nulls(self) -> Detector:
         if self._null_detector is None:
-            from watermark.keys import Keyring
-
             self._null_home = Path(tempfile.mkdtemp(prefix="provmark-null-keys-"))
             ring = Keyring(home=self._null_home, master_key=os.urandom(32))
             self._null_ids = [ring.create().key_id for _ in range(self.num_null_keys)]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from detector import budget
+from db import budget
 from evaluation import oracle_attack as oracle
 
 TARGET_ACCURACY = 0.9  # balanced accuracy at which a unit counts as learned

@@ -2,7 +2,7 @@
 
 ``VLLMGenerator`` answers the one call ``GenerationSource`` makes of an engine,
 ``generate(prompts, params, watermarks=..., use_tqdm=False)``, so the robustness evaluation measures
-text exactly as a vLLM fleet running ``generation.vllm_plugin`` would produce it. Each request
+text exactly as a vLLM fleet running ``generation.vllm.plugin`` would produce it. Each request
 carries its watermark as the plugin's ``extra_args`` (spec string and key id; ``"off"`` for the
 unwatermarked set), so green lists come from the same keyring.
 
@@ -23,6 +23,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from generation.models import DEFAULT_MODEL_ALIASES, ensure_default_model
+from watermark.keyring_seal import format_master_key
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -70,7 +73,7 @@ def make_llm(model_dir: str):
     """vLLM's engine over ``model_dir`` with the provmark plugin (fp32, eager: no compile warm-up)."""
     from vllm import LLM
 
-    from generation.vllm_plugin import PLUGIN_FQCN
+    from generation.vllm.plugin import PLUGIN_FQCN  # local: vllm is installed only in .venv-vllm
 
     for name, value in VLLM_ENV.items():
         os.environ.setdefault(name, value)
@@ -81,11 +84,7 @@ class VLLMGenerator:
     """``generate(prompts, params, watermarks, use_tqdm)`` through vLLM (see the module docstring)."""
 
     def __init__(self, keyring, model_dir: str | Path | None = None, llm=None) -> None:
-        from generation.models import DEFAULT_MODEL_ALIASES
-
         if model_dir is None or str(model_dir).strip().lower() in DEFAULT_MODEL_ALIASES:
-            from generation.models import ensure_default_model
-
             model_dir = ensure_default_model()
         self.model_dir = str(model_dir)
         self.keyring = keyring
@@ -107,8 +106,6 @@ class VLLMGenerator:
                "PROVMARK_HOME": str(self.keyring.home)}
         master = getattr(self.keyring, "_given_master_key", None)
         if master is not None:
-            from watermark.keys import format_master_key
-
             env["PROVMARK_MASTER_KEY"] = format_master_key(master)
         with tempfile.TemporaryDirectory() as tmp:
             request, answer = Path(tmp) / "rows.json", Path(tmp) / "out.json"

@@ -21,21 +21,21 @@ import itertools
 import threading
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
 
 import torch
 
-from generation import native
-from generation.constraints import (
+from generation.constraints.constraint import (
     ConstraintCompiler,
     ConstraintError,
     ConstraintMasks,
     start_masks,
 )
+from generation.cpu import native
 from generation.kv_cache import CacheConfig
+from generation.models import LoadedModel, load_model
 from generation.runner import ModelRunner
 from generation.sample import LogitsPipeline, StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
     RequestOutput,
@@ -43,10 +43,8 @@ from generation.sequence import (
     TextTracker,
     request_output,
 )
-
-if TYPE_CHECKING:
-    from generation.models import LoadedModel
-    from watermark.scheme import Watermark
+from watermark.greenlist import set_bias_backend
+from watermark.scheme import Watermark
 
 LONG_JOB_PROMPTS = 16  # generate() shows a progress bar from this many prompts on (use_tqdm=None)
 
@@ -57,9 +55,9 @@ class Engine:
     ``Engine(model=None)`` loads the embedded default model. ``max_num_seqs`` sequences run at once,
     each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` optionally caps the
     tokens held in the cache at once (excess sequences wait or are preempted and recomputed).
-    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/packed_linear.py;
+    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/cpu/packed_linear.py;
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
-    runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/native.py; None = when
+    runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
     they build).
     """
 
@@ -67,8 +65,6 @@ class Engine:
                  max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
                  packed_weights: bool | None = None, native_kernels: bool | None = None) -> None:
         if model is None:
-            from generation.models import load_model
-
             model = load_model()
         self.loaded = model
         self.tokenizer = model.vocab.tokenizer
@@ -82,8 +78,6 @@ class Engine:
         if self.runner.native_attention:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only
-            from watermark.greenlist import set_bias_backend
-
             set_bias_backend(native.watermark_bias)
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
@@ -120,7 +114,7 @@ class Engine:
         """Queue a request (thread-safe); it joins the running batch at a later step. Returns its id.
 
         A ``params.constraint`` is compiled here: a grammar this vocabulary cannot follow raises
-        ValueError (generation.constraints.ConstraintError) before anything is queued."""
+        ValueError (generation.constraints.constraint.ConstraintError) before anything is queued."""
         prompt_ids = self.prompt_ids(prompt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from generation import native
 
 
 @dataclass(slots=True)
@@ -75,11 +74,11 @@ class SlotLayer(CacheLayerMixin):
             self.keys[rows, :, : plan.q_len].copy_(key_states)
             self.values[rows, :, : plan.q_len].copy_(value_states)
             return key_states, value_states
-        # decode: each (row, head) writes its one new key at that row's own position: one native call
-        # (generation/native.py) when the runner enabled it, else index_copy_ on a flat
+        # decode: each (row, head) writes its one new key at that row's own position: one call of the
+        # writer the runner handed over (generation/cpu/native.py's cache_write), else index_copy_ on a flat
         # [slots * heads * positions, head_dim] view (far cheaper than advanced-index assignment)
-        if self.owner.native_write and plan.positions is not None:
-            native.cache_write(self.keys, self.values, key_states, value_states, plan.positions)
+        if self.owner.position_writer is not None and plan.positions is not None:
+            self.owner.position_writer(self.keys, self.values, key_states, value_states, plan.positions)
         else:
             head_dim = key_states.shape[-1]
             self.keys.view(-1, head_dim).index_copy_(0, plan.flat_index, key_states.reshape(-1, head_dim))
@@ -119,7 +118,9 @@ class SlotKVCache(Cache):
         self.config = config
         self.shape = (config.num_slots, kv_heads, config.max_model_len, head_dim)
         self.plan: ForwardPlan | None = None
-        self.native_write = False  # decode writes through native.cache_write (set by the runner)
+        # (keys, values, new_keys, new_values, positions) -> None: decode writes each row at its own position
+        # through it (native.cache_write, handed over by the runner); None = index_copy_
+        self.position_writer = None
         layers = [
             SlotLayer(self, torch.zeros(self.shape, dtype=dtype, device=device), torch.zeros(self.shape, dtype=dtype, device=device))
             for _ in range(num_layers)

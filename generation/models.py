@@ -28,6 +28,7 @@ from watermark.vocab import (
     default_model_dir,
     load_vocabulary,
     publish,
+    read_gguf_tokenizer,
     staging_dir,
 )
 
@@ -109,8 +110,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 def _default_tokenizer(gguf: Path):
     """The default's tokenizer: from the cached files when present (fast), else from the GGUF."""
     from transformers import AutoTokenizer
-
-    from watermark.vocab import read_gguf_tokenizer
 
     folder = default_model_dir()
     if cache_is_trusted(folder, ("tokenizer.json",)):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from generation import native
+from generation.cpu import native
 from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
-from generation.native_layers import use_native_layers_, use_native_linears_
-from generation.packed_linear import packed_view, packing_available
-from generation.slot_attention import (
+from generation.cpu.native_layers import use_native_layers_, use_native_linears_
+from generation.cpu.packed_linear import packing_available
+from generation.cpu.packed_view import packed_view
+from generation.cpu.slot_attention import (
     GROUP_KWARG,
     RowLengths,
     plan_row_groups,
@@ -29,20 +30,20 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
                  native_kernels: bool | None = None) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
-        oneDNN (generation/packed_linear.py); None = whenever this machine supports it.
+        oneDNN (generation/cpu/packed_linear.py); None = whenever this machine supports it.
         ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
-        kernels (generation/native.py); None = whenever they build; True = ValueError if they cannot."""
+        kernels (generation/cpu/native.py); None = whenever they build; True = ValueError if they cannot."""
         if packed_weights is None:
             packed_weights = packing_available(model)
         self.packed_weights = bool(packed_weights)
         self.model = model
         forward_model = packed_view(model) if self.packed_weights else model
-        # grouped decode attention (generation/slot_attention.py), only ever on our own view of the model
+        # grouped decode attention (generation/cpu/slot_attention.py), only ever on our own view of the model
         self.slot_attention = self.packed_weights and use_slot_attention_(forward_model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        # the C++ kernels (generation/native.py) where they build: decode attention (else SDPA over row
-        # groups), the cache write, RMSNorm and silu * up (generation/native_layers.py)
+        # the C++ kernels (generation/cpu/native.py) where they build: decode attention (else SDPA over row
+        # groups), the cache write, RMSNorm and silu * up (generation/cpu/native_layers.py)
         self.native_attention = (native_kernels is not False and self.slot_attention
                                  and native.available(self.dtype, self.device))
         if native_kernels and not self.native_attention:
@@ -56,7 +57,7 @@ class ModelRunner:
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
         self.cache = SlotKVCache(cache_config, model.config, self.device, self.dtype)
-        self.cache.native_write = self.native_attention
+        self.cache.position_writer = native.cache_write if self.native_attention else None
         max_len = cache_config.max_model_len
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(max_len, device=self.device)
@@ -103,7 +104,7 @@ class ModelRunner:
             extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
         elif ragged:
             mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
-        if self.cache.native_write:
+        if self.cache.position_writer is not None:
             plan = ForwardPlan(False, 0, batch, 1, kv_len, positions=positions)
         else:
             plan = ForwardPlan(False, 0, batch, 1, kv_len, self.cache.decode_index(positions))

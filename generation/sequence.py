@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from generation.constraints import FORCED_BELOW, Constraint
-from generation.sampling import SamplerState, SamplingParams
+from generation.constraints.constraint import FORCED_BELOW, Constraint
+from generation.sample.sampler import SamplerState, SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 DECODE_CONTEXT_TOKENS = 5  # tokens decoded before the new ones so merges and spaces resolve (as vLLM/TGI)

@@ -39,7 +39,7 @@ def serve(app, host: str = "127.0.0.1") -> Iterator[str]:
 
 def make_token(store, *scopes: str, name: str = "test") -> str:
     """A new API token with ``scopes`` (default: admin) in ``store``; returns the plaintext."""
-    from detector.tokens import create_token
+    from db.api_tokens import create_token
 
     _, plaintext = create_token(store, list(scopes) or ["admin"], name, actor="test")
     return plaintext

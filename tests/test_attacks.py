@@ -6,11 +6,11 @@ from collections import Counter
 import pytest
 
 from detector.normalize import normalize
+from evaluation.attack_context import AttackContext
 from evaluation.attacks import (
     ATTACK_NAMES,
     ATTACKS,
     FAST_ATTACKS,
-    AttackContext,
     get_attack,
     typo,
 )

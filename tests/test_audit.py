@@ -12,17 +12,10 @@ import pytest
 from sqlalchemy import bindparam, text
 
 from api.cli import main
-from detector.audit import (
-    DELETED,
-    EDITED,
-    GENESIS_HASH,
-    REORDERED,
-    AuditError,
-    append_event,
-    list_events,
-    verify,
-)
-from detector.store import Store, UTCDateTime
+from db.audit import AuditError, GENESIS_HASH, append_event, list_events, verify
+from db.audit_report import DELETED, EDITED, REORDERED
+from db.rows import UTCDateTime
+from db.store import Store
 
 pytest_plugins = ["pg"]
 
@@ -34,8 +27,8 @@ EVENTS = 10
 WORKER_SCRIPT = """
 import sys, time
 from pathlib import Path
-from detector.audit import append_event
-from detector.store import Store
+from db.audit import append_event
+from db.store import Store
 url, name, folder, count = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
 store = Store(url=url)
 (folder / f"ready-{name}").touch()

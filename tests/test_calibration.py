@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.cli import main
+from detector import calibrate as measuring
 from detector import calibration as cal
 from detector import common_units
 from detector.calibration import Bucket, Calibration, CalibrationStore, CalibrationStoreError
@@ -43,7 +44,7 @@ def calibrated(provmark_home, vocab):
     keyring = Keyring()
     info = keyring.create("k1")
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
-    result = cal.calibrate(mark, info.fingerprint, vocab, common_units.for_vocabulary(vocab))
+    result = measuring.calibrate(mark, info.fingerprint, vocab, common_units.for_vocabulary(vocab))
     CalibrationStore(keyring).put(result)
     return keyring, result
 
@@ -148,15 +149,15 @@ def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted
 
 def test_screening_draws_again_until_a_key_passes(monkeypatch, vocab):
     draws = []
-    real = cal.calibrate
+    real = measuring.calibrate
 
     def calibrate(mark, *args, **kwargs):
         result = real(mark, *args, **kwargs)
         draws.append(result)
         return shifted(result, mean=0.8 if len(draws) < 3 else 0.0)  # the third draw measures N(0, 1)
 
-    monkeypatch.setattr(cal, "calibrate", calibrate)
-    secret, result, count = cal.screened_secret(SPEC, vocab, common_units.for_vocabulary(vocab))
+    monkeypatch.setattr(measuring, "calibrate", calibrate)
+    secret, result, count = measuring.screened_secret(SPEC, vocab, common_units.for_vocabulary(vocab))
     assert count == 3 and result.passes_screen() and len(secret) == 32
 
 

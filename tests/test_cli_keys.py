@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from watermark.keys import Keyring, parse_master_key
+from watermark.keyring_seal import parse_master_key
+from watermark.keys import Keyring
 
 
 @pytest.fixture
@@ -157,8 +158,8 @@ def test_console_script_subprocess(home):
 
 def test_key_actions_write_audit_events_that_verify(provmark_home, capsys):
     from api.cli import main
-    from detector.audit import list_events, verify
-    from detector.store import Store
+    from db.audit import list_events, verify
+    from db.store import Store
 
     assert main(["keys", "create", "alpha"]) == 0
     assert main(["keys", "rotate", "beta"]) == 0

@@ -13,7 +13,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from generation.constraints import (
+from generation.constraints.constraint import (
     FORCED_BELOW,
     ConstraintCompiler,
     ConstraintError,
@@ -297,7 +297,7 @@ def test_fully_forced_text_scores_nothing(compiler, vocab):
 
 
 def test_bit_helpers_round_trip_and_odd_vocab(monkeypatch):
-    from generation import constraints_masks as bits
+    from generation.constraints import masks as bits
 
     vocab_size = 70  # not a multiple of 32: the last word has spare bits
     ids = [0, 31, 32, 69]

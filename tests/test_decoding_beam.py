@@ -21,7 +21,7 @@ from generation.decoding.best_of import run_best_of, sibling_seed
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.engine import Engine
 from generation.sample import StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -16,7 +16,7 @@ from generation.decoding.contrastive import (
     run_contrastive,
 )
 from generation.models import LoadedModel
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -247,7 +247,7 @@ def test_request_incompatibilities_name_the_setting(engine, loaded, prompt):
     config = ContrastiveConfig(amateur=loaded)
     with pytest.raises(ValueError, match="mirostat_mode=2"):
         run_contrastive(engine, prompt, SamplingParams(max_new_tokens=4, mirostat_mode=2), config)
-    from generation.constraints import ConstraintSpec
+    from generation.constraints.constraint import ConstraintSpec
 
     with pytest.raises(ValueError, match="constraint"):
         run_contrastive(engine, prompt, SamplingParams(max_new_tokens=4, constraint=ConstraintSpec(regex="[ab]+")), config)

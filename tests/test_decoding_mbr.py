@@ -15,7 +15,7 @@ from generation.decoding.similarity import (
     mean_similarities,
     token_f1,
 )
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from generation.sequence import RequestOutput, Usage
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -10,10 +10,11 @@ import pytest
 from http_fixtures import human_text, shared_vocabulary, watermarked_text
 
 from api.cli import main
-from detector import batch
+from detector import batch, batch_secrets
 from detector.service import Detector
-from detector.store import AuditEventRow, Store, VerdictRow
-from watermark.keys import KeyringError
+from db.rows import AuditEventRow, VerdictRow
+from db.store import Store
+from watermark.key_info import KeyringError
 
 HF_SPEC = "hf:greenlist_ratio=0.25"
 
@@ -95,7 +96,7 @@ def test_per_record_key_and_spec_and_parquet_round_trip(capsys, tmp_path, record
 
 
 def test_store_writes_every_verdict_with_its_audit_event(capsys, tmp_path, records, keyring):
-    from detector.audit import verify
+    from db.audit import verify
 
     source = tmp_path / "in.jsonl"
     write_jsonl(source, records[:6])
@@ -145,21 +146,21 @@ def test_bad_input_exits_2_and_writes_nothing(capsys, tmp_path, keyring, lines, 
 
 
 def test_key_secrets_never_show_in_reprs(keyring):
-    secrets = batch.KeySecrets({"alpha": keyring.secret("alpha")})
+    secrets = batch_secrets.KeySecrets({"alpha": keyring.secret("alpha")})
     prepared = batch.prepare_jobs([{"text": "hello there"}], batch.DetectOptions(), vocab=shared_vocabulary())
-    for shown in (repr(secrets), str(secrets), repr(prepared), repr(batch._SecretsKeyring(secrets))):
+    for shown in (repr(secrets), str(secrets), repr(prepared), repr(batch_secrets.SecretsKeyring(secrets))):
         assert keyring.secret("alpha").hex() not in shown and "alpha" in repr(secrets)
     assert prepared.jobs[0].keys == ("alpha", "beta")  # every detection key, in keyring order
 
 
 def test_sealed_secrets_open_only_with_their_transport_key(keyring):
-    secrets = batch.KeySecrets({"alpha": keyring.secret("alpha")})
-    sealed, key = batch.seal_secrets(secrets)
+    secrets = batch_secrets.KeySecrets({"alpha": keyring.secret("alpha")})
+    sealed, key = batch_secrets.seal_secrets(secrets)
     assert keyring.secret("alpha") not in sealed and keyring.secret("alpha").hex().encode() not in sealed
-    assert batch.open_secrets(sealed, key).secret("alpha") == keyring.secret("alpha")
-    _, other_key = batch.seal_secrets(secrets)
+    assert batch_secrets.open_secrets(sealed, key).secret("alpha") == keyring.secret("alpha")
+    _, other_key = batch_secrets.seal_secrets(secrets)
     with pytest.raises(KeyringError, match="does not open"):
-        batch.open_secrets(sealed, other_key)
+        batch_secrets.open_secrets(sealed, other_key)
 
 
 def test_evaluation_scorer_batch_backend_matches_inline(keyring, records):

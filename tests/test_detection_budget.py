@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
 
-from api.detector_app import DetectorSettings, create_app, services_of
-from detector import budget
-from detector.audit import list_events
-from detector.store import Caller
+from api.detector.app import DetectorSettings, create_app, services_of
+from db import budget
+from db.audit import list_events
+from db.caller import Caller
 from watermark.keys import Keyring
 
 pytest_plugins = ["pg"]
@@ -59,7 +59,7 @@ def test_explain_scope_tokens_are_not_budgeted(provmark_home, keyring):
 
 
 def test_charges_add_up_atomically_and_the_crossing_is_audited_once(database_url):
-    from detector.store import Store
+    from db.store import Store
 
     store = Store(url=database_url)
     store.upgrade()
@@ -87,7 +87,7 @@ def test_budget_setting_is_validated(provmark_home):
 
 
 def test_far_from_the_budget_charges_are_batched_per_process_and_near_it_written_at_once(database_url, monkeypatch):
-    from detector.store import Store
+    from db.store import Store
 
     monkeypatch.setattr(budget, "FLUSH_SECONDS", 3600.0)  # only the token rules apply in this test
 

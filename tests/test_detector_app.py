@@ -19,9 +19,9 @@ from http_fixtures import (
 )
 from sqlalchemy import func, select
 
-from api.detector_app import create_app, services_of
-from detector.receipts import ReceiptSigner, issue_receipt
-from detector.store import AuditEventRow, VerdictRow, text_sha256
+from api.detector.app import create_app, services_of
+from db.receipts import ReceiptSigner, issue_receipt
+from db.rows import AuditEventRow, VerdictRow, text_sha256
 from watermark.keys import Keyring
 
 pytest_plugins = ["pg"]
@@ -285,7 +285,7 @@ def test_audit_pages_follow_the_chain(service):
 
 def test_bootstrap_admin_token_is_kept_private_and_out_of_logs(provmark_home, keyring, capsys):
     """stderr is captured here, as a service log is: the token is not printed, the file is named once.
-    (It is printed only to a terminal: detector.tokens.announce_admin_token.)"""
+    (It is printed only to a terminal: db.api_tokens.announce_admin_token.)"""
     first = make_app(provmark_home)
     token = (provmark_home / "admin.token").read_text().strip()
     assert stat.S_IMODE(os.stat(provmark_home / "admin.token").st_mode) == 0o600

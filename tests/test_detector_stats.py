@@ -26,7 +26,7 @@ from detector.scoring import binomial_sf, counted_positions, green_flags, previo
 from detector.service import Detector
 from detector.windows import window_counts
 from watermark.config import WatermarkSpec
-from watermark.keys import KeyNotFoundError
+from watermark.key_info import KeyNotFoundError
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD, p_value_normal
 from watermark.vocab import encode, load_vocabulary

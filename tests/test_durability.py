@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class DetectorProcess:
-    """``python -m api.detector_wsgi`` in its own process group (so SIGKILL reaches every worker)."""
+    """``python -m api.detector.wsgi`` in its own process group (so SIGKILL reaches every worker)."""
 
     def __init__(self, home: Path, port: int, log_dir: Path):
         self.home, self.port, self.log_dir = home, port, log_dir
@@ -50,7 +50,7 @@ class DetectorProcess:
         env.pop("PROVMARK_DATABASE_URL", None)  # SQLite in the home folder
         with open(self.log_dir / f"server-{self.starts}.log", "wb") as out:  # the child keeps its own copy
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "api.detector_wsgi", "--host", "127.0.0.1", "--port", str(self.port),
+                [sys.executable, "-m", "api.detector.wsgi", "--host", "127.0.0.1", "--port", str(self.port),
                  "--workers", str(WORKERS)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from generation.engine import Engine
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from generation.scheduler import SchedulerConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

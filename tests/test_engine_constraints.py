@@ -15,9 +15,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from generation.constraints import ConstraintSpec
+from generation.constraints.constraint import ConstraintSpec
 from generation.engine import Engine
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark, generation_watermark
 

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from evaluation import metrics
-from evaluation.harness import EvalConfig, parse_scheme, run_evaluation
+from evaluation.harness import EvalConfig, parse_scheme
+from evaluation.runner import run_evaluation
 
 # ------------------------------------------------------------------------------------ metrics (unit)
 

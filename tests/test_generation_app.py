@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 from http_fixtures import call, make_token, serve
 
-from api.generation_app import create_app
-from detector.audit import list_events
-from detector.receipts import get_receipt, verify_receipt
-from detector.store import text_sha256
-from generation.sampling_params import SamplingParams
+from api.generation.app import create_app
+from db.audit import list_events
+from db.receipts import get_receipt, verify_receipt
+from db.rows import text_sha256
+from generation.sample.params import SamplingParams
 from watermark.config import WatermarkSpec
 
 pytestmark = pytest.mark.slow  # loads the embedded model
@@ -187,7 +187,7 @@ def _wait_for(condition, attempts: int = 600) -> None:
 
 
 def test_defaults_match_sampling_params():
-    from api.generation_routes_native import DIRECT_FIELDS, GenerateRequest
+    from api.generation.routes_native import DIRECT_FIELDS, GenerateRequest
 
     defaults = SamplingParams()
     for name in DIRECT_FIELDS:

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow  # the generation service loads the embedded model
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory, loaded):
-    from api.detector_app import create_app as create_detector
-    from api.generation_app import create_app as create_generation
+    from api.detector.app import create_app as create_detector
+    from api.generation.app import create_app as create_generation
     from generation.engine import Engine
     from watermark.keys import Keyring
 

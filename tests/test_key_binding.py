@@ -12,7 +12,8 @@ from api.cli import main
 from watermark import key_binding
 from watermark.config import WatermarkSpec
 from watermark.key_binding import bound_spec, keys_bound_to, require_bound
-from watermark.keys import Keyring, KeyringIntegrityError, KeySpecError
+from watermark.key_info import KeySpecError, KeyringIntegrityError
+from watermark.keys import Keyring
 
 MASTER = bytes(range(32))
 LEFT = "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0,prf=hmac-sha256"

@@ -14,21 +14,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from watermark import keys as keys_module
-from watermark.keys import (
+from watermark import keyring_seal
+from watermark.key_info import (
     InvalidKeyIdError,
     KeyExistsError,
     KeyInfo,
     KeyNotFoundError,
-    Keyring,
     KeyringError,
     KeyringIntegrityError,
     KeyStateError,
     MasterKeyError,
     WrongMasterKeyError,
-    format_master_key,
     key_fingerprint,
 )
+from watermark.keyring_seal import format_master_key
+from watermark.keys import Keyring
 
 MASTER = bytes(range(32))  # a fixed test master key
 OTHER_MASTER = bytes(range(1, 33))
@@ -64,7 +64,7 @@ def resealed(path: Path, master: bytes, edit) -> None:
     doc = json.loads(path.read_text())
     edit(doc)
     body = {name: doc[name] for name in ("format", "master_key_check", "entries")}
-    doc["mac"] = keys_module._document_mac(body, keys_module._MasterKeys(master, "test").mac_key)
+    doc["mac"] = keyring_seal.document_mac(body, keyring_seal.MasterKeys(master, "test").mac_key)
     path.write_text(json.dumps(doc))
 
 
@@ -188,7 +188,7 @@ def test_files_are_private_and_hold_no_secret(home):
     blob = kr.path.read_bytes()
     for info in kr.list():
         assert_absent(kr.secret(info.key_id), blob)
-    master = keys_module.parse_master_key((home / "master.key").read_text())
+    master = keyring_seal.parse_master_key((home / "master.key").read_text())
     assert_absent(master, blob)
     for name in ("keyring.json", "master.key", "keyring.lock"):
         assert mode_of(home / name) == 0o600

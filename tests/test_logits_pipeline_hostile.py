@@ -4,7 +4,7 @@ Hostile: temperature 1e-30 (greedy) and 1e30, repetition penalty 1e-190 (seen po
 past the float range), logit_bias of +-100 on thousands of ids. Each method must finish with valid
 tokens and finite logprobs, and its processed distribution must equal the engine's pipeline on the
 same state. The distributions are compared through shared randomness: every path draws a token by
-inverse CDF from one uniform of the request's seeded generator (generation.sampling.draw_), so two
+inverse CDF from one uniform of the request's seeded generator (generation.sample.sampler.draw_), so two
 paths given the same seed pick the same token at every step exactly when their distributions agree
 at that uniform; a path whose logits overflowed (inf, then NaN probabilities) picks garbage instead.
 Under these inputs the distributions are flat over a set (the tokens that overflowed, or every
@@ -26,13 +26,13 @@ from generation.decoding.beam import BeamConfig, run_beam
 from generation.decoding.best_of import run_best_of
 from generation.decoding.contrastive import ContrastiveConfig, run_contrastive
 from generation.decoding.mbr import MBRConfig, candidate_seed, run_mbr
-from generation.decoding.speculative import speculative_decode
-from generation.decoding.speculative_drafters import (
+from generation.decoding.speculative.decode import speculative_decode
+from generation.decoding.speculative.drafters import (
     ModelDrafter,
     NoDrafter,
     PromptLookupDrafter,
 )
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 
@@ -219,7 +219,7 @@ def test_mbr_candidates_draw_as_the_engine(engine, mark, name):
 
 def test_the_vllm_rows_bias_overflowed_logits_as_the_engines_watermark_stage(fixed_key):
     """The vLLM plugin applies only the watermark stage: on overflowed logits it biases as the engine."""
-    from generation.vllm_rows import RequestWatermarks, WatermarkedBatch
+    from generation.vllm.rows import RequestWatermarks, WatermarkedBatch
     from watermark.processor import WatermarkProcessor
     from watermark.scheme import generation_watermark
 
@@ -256,7 +256,7 @@ class _PublicOnly:
 def test_every_method_runs_over_the_public_engine_interface_alone(engine, amateur, mark):
     from generation.decoding import DecodingParams, run_decoding
     from generation.decoding.contrastive import ContrastiveConfig as Contrastive
-    from generation.decoding.speculative import SpeculativeConfig
+    from generation.decoding.speculative.decode import SpeculativeConfig
 
     public = _PublicOnly(engine)
     sampled = _params("overflow", seed=5)

@@ -16,7 +16,7 @@ from http_fixtures import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.detector_app import create_app, services_of
+from api.detector.app import create_app, services_of
 from watermark.keys import Keyring
 
 KEY = "k-metrics"
@@ -122,7 +122,7 @@ def test_multiprocess_mode_sums_files_of_every_worker(tmp_path, monkeypatch, det
 
 @pytest.mark.slow  # loads the embedded model
 def test_generation_engine_gauges_and_tokens(tmp_path, loaded):
-    from api.generation_app import create_app as create_generation_app
+    from api.generation.app import create_app as create_generation_app
     from generation.engine import Engine
 
     home = tmp_path / "generation-home"

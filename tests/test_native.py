@@ -1,4 +1,4 @@
-"""The C++ engine kernels (generation/native.py) against torch and transformers references.
+"""The C++ engine kernels (generation/cpu/native.py) against torch and transformers references.
 
 Each kernel is checked against the ops it replaces: decode attention against SDPA over each row's own
 keys, the rotary embedding and cache write bit for bit against transformers' apply_rotary_pos_emb,
@@ -16,10 +16,10 @@ from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from generation import native
+from generation.cpu import native
 from generation.kv_cache import CacheConfig
-from generation.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
-from generation.packed_linear import packing_available
+from generation.cpu.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
+from generation.cpu.packed_linear import packing_available
 from generation.runner import ModelRunner
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -233,7 +233,7 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
 def test_attention_blocks_not_swapped_still_decode_through_the_kernels(monkeypatch):
     # an attention class outside ATTENTION_CLASSES keeps transformers' block: its cache update writes
     # through native.cache_write and the attention interface calls native.decode_attention
-    from generation import native_layers
+    from generation.cpu import native_layers
 
     monkeypatch.setattr(native_layers, "ATTENTION_CLASSES", frozenset())
     calls = {"write": 0, "attend": 0}

@@ -8,10 +8,10 @@ import openai
 import pytest
 from http_fixtures import call, make_token, serve
 
-from api.generation_app import create_app
-from detector.receipts import verify_receipt
+from api.generation.app import create_app
+from db.receipts import verify_receipt
 from detector.service import Detector
-from detector.store import text_sha256
+from db.rows import text_sha256
 from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 

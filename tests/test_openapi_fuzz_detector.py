@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from api.detector_app import create_app
+from api.detector.app import create_app
 from watermark.keys import Keyring
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from api.generation_app import create_app
+from api.generation.app import create_app
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 

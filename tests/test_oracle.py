@@ -12,10 +12,11 @@ service with a detect-scope token):
 import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
 
-from api.detector_app import create_app, services_of
+from api.detector.app import create_app, services_of
 from detector.service import Detector
 from watermark.config import WatermarkSpec
-from watermark.keys import Keyring, KeySpecError
+from watermark.key_info import KeySpecError
+from watermark.keys import Keyring
 
 KEY = "k-oracle"
 FIXED_SECRET = bytes.fromhex("0b7e4a1c93d25f8e6a0c1d2b3e4f5a6978a9bacbdcedfe0f1a2b3c4d5e6f7081")

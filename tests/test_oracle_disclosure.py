@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
 
-from api.detector_app import create_app, services_of
+from api.detector.app import create_app, services_of
 from detector.service import Detector
 from watermark.keys import Keyring
 from watermark.vocab import encode

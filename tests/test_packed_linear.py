@@ -7,8 +7,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from generation.fused_linear import FusedMember, FusedProjections
-from generation.packed_linear import PackedLinear, packed_view, packing_available
+from generation.cpu.fused_linear import FusedMember, FusedProjections
+from generation.cpu.packed_linear import PackedLinear, packing_available
+from generation.cpu.packed_view import packed_view
 
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)

@@ -20,7 +20,7 @@ from http_fixtures import (
     watermarked_text,
 )
 
-from api.detector_app import create_app, services_of
+from api.detector.app import create_app, services_of
 from detector.service import Detector
 from watermark.keys import Keyring
 

@@ -7,8 +7,8 @@ import secrets
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from detector.audit import list_events, verify
-from detector.receipts import (
+from db.audit import list_events, verify
+from db.receipts import (
     SIGNED_FIELDS,
     SIGNING_KEY_FILE,
     ReceiptError,
@@ -19,8 +19,9 @@ from detector.receipts import (
     sign_receipt,
     verify_receipt,
 )
-from detector.store import Store, text_sha256
-from watermark.keys import MASTER_KEY_ENV, format_master_key
+from db.rows import text_sha256
+from db.store import Store
+from watermark.keyring_seal import MASTER_KEY_ENV, format_master_key
 
 pytest_plugins = ["pg"]
 

@@ -11,8 +11,8 @@ from scipy.stats import chi2
 from transformers.generation import logits_process as lp
 
 from generation.sample import LogitsPipeline, SampleOutput, StepRows
-from generation.sampling import SamplerState, SamplingParams
-from generation.sampling import apply_bans_, apply_penalties_, mirostat_, mirostat_v1_k, truncate_
+from generation.sample.sampler import SamplerState, SamplingParams
+from generation.sample.sampler import apply_bans_, apply_penalties_, mirostat_, mirostat_v1_k, truncate_
 
 ALPHA = 1e-3  # false-failure rate of each chi-square test (fixed seeds make it deterministic anyway)
 
@@ -442,7 +442,7 @@ def test_mirostat_v1_updates_mu_from_untruncated_surprise():
 
 
 def test_top_p_sorts_everything_when_the_head_bound_falls_short():
-    from generation.sampling import DescendingOrder, top_p_
+    from generation.sample.sampler import DescendingOrder, top_p_
     logits = random_logits(3, 1500, seed=18, scale=1.0)
     ps = [0.3, 0.8, 0.95]
     ours = logits.clone()

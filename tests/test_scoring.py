@@ -16,10 +16,11 @@ from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
 from transformers.generation.logits_process import WatermarkLogitsProcessor
 
 from detector.scoring import Decision, min_scored_tokens, previous_occurrence
-from detector.service import Detector, tokenize
+from detector.service import Detector
+from detector.tokenizing import tokenize
 from detector.windows import window_counts
 from watermark.config import SpecError, WatermarkSpec
-from watermark.keys import KeyNotFoundError
+from watermark.key_info import KeyNotFoundError
 from watermark.scheme import Watermark
 from watermark.vocab import encode, encode_with_offsets, load_vocabulary
 

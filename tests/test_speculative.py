@@ -17,19 +17,19 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from generation.decoding.speculative import (
+from generation.decoding.speculative.decode import (
     SpeculativeConfig,
     run_speculative,
     speculative_decode,
 )
-from generation.decoding.speculative_drafters import load_draft_model, prompt_lookup
-from generation.decoding.speculative_verify import (
+from generation.decoding.speculative.drafters import load_draft_model, prompt_lookup
+from generation.decoding.speculative.verify import (
     draw_token,
     verify_round,
     verify_round_greedy,
     verify_token,
 )
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 
@@ -174,7 +174,7 @@ def test_bad_configs_raise_naming_the_field(kwargs, field):
 def test_inexact_sampling_options_are_refused():
     with pytest.raises(ValueError, match="mirostat_mode"):
         run_speculative(None, [1, 2], SamplingParams(mirostat_mode=2), SpeculativeConfig())
-    from generation.constraints import ConstraintSpec
+    from generation.constraints.constraint import ConstraintSpec
 
     with pytest.raises(ValueError, match="constraint"):
         run_speculative(None, [1, 2], SamplingParams(constraint=ConstraintSpec(regex="[ab]+")), SpeculativeConfig())
@@ -253,7 +253,7 @@ def tiny_watermark():
 
 
 def _drafter(kind: str, model=None):
-    from generation.decoding.speculative_drafters import (
+    from generation.decoding.speculative.drafters import (
         ModelDrafter,
         PromptLookupDrafter,
     )
@@ -293,7 +293,7 @@ def test_tiny_greedy_speculative_equals_engine_greedy(tiny_engine, tiny_drafter_
 
 def _reference_law(engine, model, params: SamplingParams, history: list[int], prompt_len: int, watermark) -> torch.Tensor:
     """The engine's sampling distribution after ``history``, assembled here from the sampler's stages."""
-    from generation.sampling import (
+    from generation.sample.sampler import (
         SamplerState,
         apply_bans_,
         apply_penalties_,
@@ -382,7 +382,7 @@ def test_greedy_speculative_equals_engine_greedy(engine, rewrite_prompt, method)
 @pytest.mark.slow
 def test_watermarked_speculative_output_is_detected(engine, fixed_key):
     from detector.service import Detector
-    from generation.decoding.speculative_drafters import PromptLookupDrafter
+    from generation.decoding.speculative.drafters import PromptLookupDrafter
     from watermark.scheme import generation_watermark
 
     wm = generation_watermark(None, engine.vocab_size)  # fixed_key: this test's own keyring

@@ -11,25 +11,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-import detector.audit
-import detector.store
+from db import audit as audit_module
+from db import verdicts as verdicts_module
 from api.cli import main
-from detector.audit import verify
-from detector.migrations import current_revision, head_revision
-from detector.store import (
-    AuditEventRow,
-    Caller,
-    Store,
-    StoreUnavailable,
-    VerdictRecord,
-    VerdictRow,
-    decode_cursor,
-    text_sha256,
-)
-from detector.store import (
+from db.audit import verify
+from db.migrations import current_revision, head_revision
+from db.caller import Caller
+from db.rows import AuditEventRow, VerdictRow, text_sha256
+from db.store import Store, StoreUnavailable
+from db.verdicts import VerdictRecord, decode_cursor
+from db.store import (
     database_url as default_database_url,
 )
-from watermark.keys import KeyInfo
+from watermark.key_info import KeyInfo
 
 pytest_plugins = ["pg"]
 
@@ -70,7 +64,7 @@ def test_migrations_bring_an_empty_database_to_head_and_are_idempotent(database_
 
 
 def test_workers_starting_together_migrate_once(database_url):
-    script = "import sys; from detector.store import Store; print(Store(url=sys.argv[1]).upgrade())"
+    script = "import sys; from db.store import Store; print(Store(url=sys.argv[1]).upgrade())"
     workers = [subprocess.Popen([sys.executable, "-c", script, database_url], cwd=REPO, stdout=subprocess.PIPE,
                                 text=True) for _ in range(3)]
     outputs = [worker.communicate(timeout=120)[0].strip() for worker in workers]
@@ -84,7 +78,7 @@ def test_workers_starting_together_migrate_once(database_url):
 
 def test_migration_genesis_matches_audit_module(store):
     with store.read() as session:
-        assert session.scalar(text("SELECT hash FROM audit_head WHERE id = 1")) == detector.audit.GENESIS_HASH
+        assert session.scalar(text("SELECT hash FROM audit_head WHERE id = 1")) == audit_module.GENESIS_HASH
 
 
 def test_verdict_round_trip_keeps_hash_not_text(store):
@@ -118,7 +112,7 @@ def test_retention_switch_from_environment(monkeypatch, tmp_path):
 
 def test_verdict_and_its_audit_event_are_written_together(store):
     verdict_id = store.record_verdict(make_record(), CALLER)
-    events = detector.audit.list_events(store)
+    events = audit_module.list_events(store)
     assert [(e.kind, e.subject_id, e.actor) for e in events] == [("detection", verdict_id, "token:tok-1")]
     assert "text" not in events[0].details and events[0].details["verdict"] == "watermarked"
 
@@ -127,7 +121,7 @@ def test_failed_audit_append_leaves_no_verdict(store, monkeypatch):
     def broken_append(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(detector.audit, "append_event", broken_append)
+    monkeypatch.setattr(audit_module, "append_event", broken_append)
     with pytest.raises(RuntimeError):
         store.record_verdict(make_record(), CALLER)
     with store.read() as session:
@@ -136,12 +130,12 @@ def test_failed_audit_append_leaves_no_verdict(store, monkeypatch):
 
 
 def test_failed_verdict_insert_leaves_no_audit_event(store, monkeypatch):
-    monkeypatch.setattr(detector.store, "new_id", lambda: "fixed-id")
+    monkeypatch.setattr(verdicts_module, "new_id", lambda: "fixed-id")
     store.record_verdict(make_record(), CALLER)
     with pytest.raises(Exception) as raised:
         store.record_verdict(make_record(), CALLER)  # same primary key: the insert fails
     assert "IntegrityError" in type(raised.value).__name__
-    assert [e.seq for e in detector.audit.list_events(store)] == [1]
+    assert [e.seq for e in audit_module.list_events(store)] == [1]
     assert verify(store).ok
 
 
@@ -206,7 +200,7 @@ def test_key_metadata_has_no_secret_and_is_audited(store):
     assert store.list_key_records() == [{"key_id": "k-main", "status": "rotated",
                                          "fingerprint": "0123456789abcdef",
                                          "created_at": "2025-01-01T00:00:00Z", "retired_at": None}]
-    assert [e.kind for e in detector.audit.list_events(store)] == ["key.create", "key.rotate"]
+    assert [e.kind for e in audit_module.list_events(store)] == ["key.create", "key.rotate"]
 
 
 @pytest.mark.parametrize(
@@ -262,7 +256,7 @@ def test_cli_db_upgrade_on_fresh_home_is_idempotent(provmark_home, monkeypatch, 
 
 
 def test_decode_cursor_round_trip():
-    page_cursor = detector.store.encode_cursor(BASE_TIME, "v-001")
+    page_cursor = verdicts_module.encode_cursor(BASE_TIME, "v-001")
     assert decode_cursor(page_cursor) == (BASE_TIME, "v-001")
 
 

@@ -11,10 +11,12 @@ import pytest
 from sqlalchemy import text
 
 from api.cli import main
-from detector.audit import verify
-from detector.audit_rows import ROW_DELETED, ROW_EDITED, ROW_UNLOGGED
-from detector.receipts import ReceiptSigner, issue_receipt
-from detector.store import Caller, Store, VerdictRecord
+from db.audit import verify
+from db.audit_rows import ROW_DELETED, ROW_EDITED, ROW_UNLOGGED
+from db.receipts import ReceiptSigner, issue_receipt
+from db.caller import Caller
+from db.store import Store
+from db.verdicts import VerdictRecord
 
 pytest_plugins = ["pg"]
 
@@ -99,8 +101,8 @@ def test_an_edited_audit_event_is_named(filled):
 def test_rows_from_before_row_digests_are_compared_on_the_fields_their_events_carried(filled):
     """An event written before row_sha256 existed (rewritten here with the chain recomputed, as an
     old database would hold it): its row is checked on verdict/z/key/spec, and counted as partly covered."""
-    from detector.audit import GENESIS_HASH, event_hash
-    from detector.store import iso_utc
+    from db.audit import GENESIS_HASH, event_hash
+    from db.rows import iso_utc
 
     store, verdicts, _ = filled
     with store.engine.begin() as connection:
@@ -110,7 +112,7 @@ def test_rows_from_before_row_digests_are_compared_on_the_fields_their_events_ca
         for seq, event_id, kind, actor, subject_id, created_at, details in rows:
             details = json.loads(details)
             details.pop("row_sha256", None)
-            from detector.store import AuditEventRow  # the ORM type reads created_at back as UTC
+            from db.rows import AuditEventRow  # the ORM type reads created_at back as UTC
 
             stamp = connection.execute(
                 AuditEventRow.__table__.select().where(AuditEventRow.seq == seq)).first().created_at

@@ -9,9 +9,10 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from api.cli import main
-from detector.audit import list_events, verify
-from detector.store import ApiTokenRow, Store
-from detector.tokens import (
+from db.audit import list_events, verify
+from db.rows import ApiTokenRow
+from db.store import Store
+from db.api_tokens import (
     ADMIN_TOKEN_FILE,
     SCOPES,
     ScopeError,
@@ -154,7 +155,7 @@ def test_the_bootstrap_token_is_shown_on_a_terminal_and_only_there(tmp_path):
     import io
     import os
 
-    from detector.tokens import announce_admin_token
+    from db.api_tokens import announce_admin_token
 
     path = tmp_path / "admin.token"
     log = io.StringIO()

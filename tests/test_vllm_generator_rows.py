@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 
 from evaluation.vllm_generator import request_rows
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 

@@ -4,7 +4,7 @@ give exactly the bias our own WatermarkProcessor gives for the same histories.""
 import pytest
 import torch
 
-from generation.vllm_rows import (
+from generation.vllm.rows import (
     KEY_ID_ARG,
     WATERMARK_ARG,
     RequestWatermarks,
@@ -12,7 +12,7 @@ from generation.vllm_rows import (
     WatermarkRequest,
 )
 from watermark.config import WatermarkSpec
-from watermark.keys import KeyNotFoundError
+from watermark.key_info import KeyNotFoundError
 from watermark.processor import WatermarkProcessor
 from watermark.scheme import generation_watermark
 

@@ -23,7 +23,7 @@ import torch
 
 from generation.engine import Engine
 from generation.models import load_model
-from generation.sampling import SamplingParams
+from generation.sample.sampler import SamplingParams
 from watermark.scheme import generation_watermark
 
 pytestmark = pytest.mark.slow

@@ -84,7 +84,7 @@ kernels = _Kernels()
 
 
 # An optional faster implementation of the same bias, registered by a caller that has one (the generation
-# engine registers its C++ kernel, generation/native.py); it returns False for inputs it does not take.
+# engine registers its C++ kernel, generation/cpu/native.py); it returns False for inputs it does not take.
 _bias_backend = None
 
 

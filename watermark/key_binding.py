@@ -13,7 +13,7 @@ there (they only move the length below which a negative is ``insufficient_text``
 from __future__ import annotations
 
 from watermark.config import WatermarkSpec
-from watermark.keys import KeyInfo, KeySpecError
+from watermark.key_info import KeyInfo, KeySpecError
 
 
 def spec_to_bind(spec: WatermarkSpec | str | None) -> str:

@@ -34,305 +34,58 @@ copy made by provmark itself, or deleting it (the keyring then reads as empty).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
-import hashlib
-import hmac
 import json
 import os
-import re
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from watermark import key_binding
+from watermark.key_info import (
+    ACTIVE,
+    KEY_ID_RE,
+    KEY_ID_RULE,
+    RETIRED,
+    ROTATED,
+    SECRET_BYTES,
+    STANDBY,
+    KeyExistsError,
+    KeyInfo,
+    KeyNotFoundError,
+    KeyringError,
+    KeyStateError,
+    MasterKeyError,
+    key_fingerprint,
+    new_secret,
+    validate_key_id,
+)
+from watermark.keyring_seal import (
+    MASTER_KEY_BYTES,
+    MASTER_KEY_ENV,
+    MasterKeys,
+    SealedEntry,
+    document_body,
+    document_mac,
+    format_master_key,
+    open_secret,
+    parse_document,
+    parse_master_key,
+    seal,
+)
+from watermark.paths import PRIVATE_MODE, fsync_dir, provmark_home, write_private_atomic
 
-from watermark.paths import provmark_home
-
-MASTER_KEY_ENV = "PROVMARK_MASTER_KEY"
 KEYRING_FILE = "keyring.json"
 LOCK_FILE = "keyring.lock"
 MASTER_KEY_FILE = "master.key"
-FORMAT = "provmark-keyring/1"
-SECRET_BYTES = 32  # a 256-bit PRF key (ARCHITECTURE.md, "The PRF contract")
-MASTER_KEY_BYTES = 32  # AES-256 and HMAC-SHA256 strength
-NONCE_BYTES = 12  # AES-GCM's 96-bit nonce (NIST SP 800-38D, 8.2.2 random construction)
-FINGERPRINT_HEX = 16  # 64 bits: tells keys apart, says nothing usable about the secret
-PRIVATE_MODE = 0o600
-KEY_ID_RULE = "[a-z0-9][a-z0-9_-]{0,31}"
-_KEY_ID_RE = re.compile(KEY_ID_RULE)
-
-ACTIVE, STANDBY, ROTATED, RETIRED = "active", "standby", "rotated", "retired"
-STATUSES = (ACTIVE, STANDBY, ROTATED, RETIRED)
-DETECTION_STATUSES = frozenset({ACTIVE, STANDBY, ROTATED})
-
-
-class KeyringError(Exception):
-    """Any keyring failure. Messages never contain secret material."""
-
-
-class KeyNotFoundError(KeyringError, KeyError):
-    """No usable key under that id (or no active key)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class KeyExistsError(KeyringError):
-    """A key id is already taken (ids are never reused: verdicts refer to them)."""
-
-
-class InvalidKeyIdError(KeyringError, ValueError):
-    """A key id that does not match ``KEY_ID_RULE``."""
-
-
-class KeyStateError(KeyringError):
-    """The operation does not fit the key's status (e.g. retiring the active key)."""
-
-
-class MasterKeyError(KeyringError):
-    """The master key is missing, malformed or stored unsafely."""
-
-
-class KeyringIntegrityError(KeyringError):
-    """The keyring file was edited, truncated or reordered outside provmark."""
-
-
-class WrongMasterKeyError(KeyringIntegrityError):
-    """The master key given is not the one that sealed this keyring."""
-
-
-class KeySpecError(KeyringError, ValueError):
-    """A key was asked for under a spec other than the one it is bound to (or an hf spec, which has no key)."""
-
-
-@dataclass(slots=True, frozen=True)
-class KeyInfo:
-    """Public facts about one key; deliberately has no secret field."""
-
-    key_id: str
-    status: str
-    created_at: str  # ISO 8601 UTC, e.g. 2025-01-31T12:00:00Z
-    retired_at: str | None
-    fingerprint: str  # first 16 hex of HMAC-SHA256(secret, "provmark/key-fingerprint")
-    purged: bool = False  # retired and its secret erased
-    spec: str | None = None  # the canonical kgw spec it watermarks with; None: made before specs were recorded
-
-    @property
-    def used_for_detection(self) -> bool:
-        return self.status in DETECTION_STATUSES
-
-    @property
-    def usable_for_generation(self) -> bool:
-        return self.status in (ACTIVE, STANDBY)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def sealed_fields(self) -> dict:
-        """The metadata sealed with the secret; ``spec`` only when recorded, so keys made before it
-        existed keep their original associated data and MAC."""
-        out = asdict(self)
-        if out["spec"] is None:
-            del out["spec"]
-        return out
-
-
-def new_secret() -> bytes:
-    """A fresh key secret: SECRET_BYTES from the operating system's CSPRNG."""
-    return secrets.token_bytes(SECRET_BYTES)
-
-
-def key_fingerprint(secret: bytes) -> str:
-    """Public, non-reversible short name of a secret so users can tell keys apart."""
-    return hmac.new(secret, b"provmark/key-fingerprint", hashlib.sha256).hexdigest()[:FINGERPRINT_HEX]
-
-
-def parse_master_key(text: str, source: str = MASTER_KEY_ENV) -> bytes:
-    """32 bytes from 64 hex digits or 43 base64url characters; the error never echoes the value."""
-    text = text.strip()
-    if re.fullmatch(r"[0-9a-fA-F]{64}", text):
-        return bytes.fromhex(text)
-    if re.fullmatch(r"[A-Za-z0-9_-]{43}=?", text):
-        return base64.urlsafe_b64decode(text[:43] + "=")
-    raise MasterKeyError(
-        f"{source} is malformed: expected {MASTER_KEY_BYTES} bytes as 64 hex digits or 43 base64url "
-        f"characters (got {len(text)} characters)"
-    )
-
-
-def format_master_key(master_key: bytes) -> str:
-    """The text form written to ``master.key`` (base64url, no padding)."""
-    return base64.urlsafe_b64encode(master_key).decode().rstrip("=")
-
-
-def _hkdf(master_key: bytes, purpose: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(master_key)
-
-
-class _MasterKeys:
-    """Subkeys derived from the master key, one per purpose so none is used twice."""
-
-    __slots__ = ("_master_key", "aead", "check", "mac_key", "source")
-
-    def __init__(self, master_key: bytes, source: str):
-        self._master_key = master_key
-        self.aead = AESGCM(_hkdf(master_key, b"provmark/keyring/aes-gcm"))
-        self.mac_key = _hkdf(master_key, b"provmark/keyring/file-mac")
-        self.check = _hkdf(master_key, b"provmark/keyring/master-check").hex()[:FINGERPRINT_HEX]
-        self.source = source
-
-    def __repr__(self) -> str:
-        return f"<master key from {self.source}>"
-
-    def derive(self, purpose: bytes) -> bytes:
-        if purpose.startswith(b"provmark/keyring/"):
-            raise ValueError("purpose: the provmark/keyring/ labels are the keyring's own")
-        return _hkdf(self._master_key, purpose)
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One stored key: public info + its sealed secret (None once purged)."""
-
-    info: KeyInfo
-    nonce: str | None
-    ciphertext: str | None
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _canonical(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def _associated_data(info: KeyInfo) -> bytes:
-    return _canonical({"format": FORMAT, **info.sealed_fields()})
-
-
-def _seal(keys: _MasterKeys, info: KeyInfo, secret: bytes) -> _Entry:
-    nonce = secrets.token_bytes(NONCE_BYTES)
-    return _Entry(info, _b64(nonce), _b64(keys.aead.encrypt(nonce, secret, _associated_data(info))))
-
-
-def _open(keys: _MasterKeys, entry: _Entry) -> bytes:
-    key_id = entry.info.key_id
-    if entry.info.purged or entry.nonce is None or entry.ciphertext is None:
-        raise KeyNotFoundError(f"key {key_id} was retired with purge: its secret no longer exists")
-    try:
-        secret = keys.aead.decrypt(
-            base64.b64decode(entry.nonce, validate=True),
-            base64.b64decode(entry.ciphertext, validate=True),
-            _associated_data(entry.info),
-        )
-    except (InvalidTag, ValueError) as exc:
-        raise KeyringIntegrityError(
-            f"key {key_id}: sealed secret does not match its metadata (file tampered)"
-        ) from exc
-    if len(secret) != SECRET_BYTES or key_fingerprint(secret) != entry.info.fingerprint:
-        raise KeyringIntegrityError(f"key {key_id}: secret does not match its fingerprint (file tampered)")
-    return secret
-
-
-def _document_body(entries: list[_Entry], keys: _MasterKeys) -> dict:
-    return {
-        "format": FORMAT,
-        "master_key_check": keys.check,
-        "entries": [{**e.info.sealed_fields(), "nonce": e.nonce, "ciphertext": e.ciphertext} for e in entries],
-    }
-
-
-def _document_mac(body: dict, mac_key: bytes) -> str:
-    return hmac.new(mac_key, _canonical(body), hashlib.sha256).hexdigest()
-
-
-def _parse_entry(raw: dict) -> _Entry:
-    fields = ("key_id", "status", "created_at", "retired_at", "fingerprint", "purged")
-    if not isinstance(raw, dict) or set(raw) - {"spec"} != {*fields, "nonce", "ciphertext"}:
-        raise KeyringIntegrityError("keyring file has a malformed entry")
-    if not (raw.get("spec") is None or isinstance(raw["spec"], str)):
-        raise KeyringIntegrityError("keyring file has an entry with an invalid spec")
-    info = KeyInfo(**{name: raw[name] for name in fields}, spec=raw.get("spec"))
-    valid_id = isinstance(info.key_id, str) and _KEY_ID_RE.fullmatch(info.key_id)
-    if not valid_id or info.status not in STATUSES:
-        raise KeyringIntegrityError("keyring file has an entry with an invalid id or status")
-    return _Entry(info, raw["nonce"], raw["ciphertext"])
-
-
-def _parse_document(data: bytes, keys: _MasterKeys, path: Path) -> list[_Entry]:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise KeyringIntegrityError(f"{path} is not valid JSON (damaged or edited)") from exc
-    if not isinstance(doc, dict) or set(doc) != {"format", "master_key_check", "entries", "mac"}:
-        raise KeyringIntegrityError(f"{path} is not a provmark keyring")
-    if doc["format"] != FORMAT:
-        raise KeyringIntegrityError(f"{path} has unknown format {str(doc['format'])[:40]!r}")
-    if not hmac.compare_digest(str(doc["master_key_check"]), keys.check):
-        raise WrongMasterKeyError(
-            f"the master key from {keys.source} does not open {path} (wrong master key)"
-        )
-    body = {name: doc[name] for name in ("format", "master_key_check", "entries")}
-    if not hmac.compare_digest(str(doc["mac"]), _document_mac(body, keys.mac_key)):
-        raise KeyringIntegrityError(
-            f"{path} failed authentication: entries were edited, removed or reordered"
-        )
-    if not isinstance(doc["entries"], list):
-        raise KeyringIntegrityError(f"{path} is not a provmark keyring")
-    entries = [_parse_entry(raw) for raw in doc["entries"]]
-    for entry in entries:
-        if not entry.info.purged:
-            _open(keys, entry)  # proves every sealed secret still matches its metadata
-    duplicate_ids = len({e.info.key_id for e in entries}) != len(entries)
-    if duplicate_ids or sum(e.info.status == ACTIVE for e in entries) > 1:
-        raise KeyringIntegrityError(f"{path} has duplicate ids or several active keys")
-    return entries
-
-
-def write_private_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a 0600 temp file, fsync, rename, fsync of the folder."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), PRIVATE_MODE)  # in case a strange umask removed owner bits
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-
-def validate_key_id(key_id: str) -> str:
-    """The id itself, or InvalidKeyIdError (which does not echo the bad value: it may be a pasted secret)."""
-    if not isinstance(key_id, str) or not _KEY_ID_RE.fullmatch(key_id):
-        raise InvalidKeyIdError(
-            f"invalid key id: it must match {KEY_ID_RULE} (lowercase, at most 32 characters)"
-        )
-    return key_id
 
 
 class Keyring:
@@ -352,7 +105,7 @@ class Keyring:
         self.home = Path(home).expanduser() if home is not None else provmark_home()
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._given_master_key = master_key
-        self._keys: _MasterKeys | None = None
+        self._keys: MasterKeys | None = None
 
     def __repr__(self) -> str:
         return f"Keyring(home={str(self.home)!r})"
@@ -410,7 +163,7 @@ class Keyring:
                 return info
             if purge:
                 retired = replace(info, status=RETIRED, retired_at=info.retired_at or _now(), purged=True)
-                entries[i] = _Entry(retired, None, None)
+                entries[i] = SealedEntry(retired, None, None)
             else:
                 entries[i] = self._restatus(entries[i], status=RETIRED, retired_at=_now())
             return entries[i].info
@@ -434,7 +187,7 @@ class Keyring:
     def secret(self, key_id: str) -> bytes:
         """The 32-byte secret of any non-purged key (retired ones included, for audits)."""
         entries = self._read()
-        return _open(self._master_keys(create=False), entries[_find(entries, key_id)])
+        return open_secret(self._master_keys(create=False), entries[_find(entries, key_id)])
 
     def ensure_active(self, secret: bytes | None = None) -> KeyInfo:
         """The active key, creating a first one (from ``secret`` when given) when there is none."""
@@ -446,11 +199,9 @@ class Keyring:
 
     # --- storage -------------------------------------------------------------------------------
 
-    def _add(self, entries: list[_Entry], key_id: str | None, status: str, secret: bytes | None = None,
+    def _add(self, entries: list[SealedEntry], key_id: str | None, status: str, secret: bytes | None = None,
              spec=None) -> KeyInfo:
-        from watermark.key_binding import spec_to_bind
-
-        bound = spec_to_bind(spec)  # checked before anything is drawn or written
+        bound = key_binding.spec_to_bind(spec)  # checked before anything is drawn or written
         taken = {e.info.key_id for e in entries}
         if key_id is None:
             key_id = next(k for k in iter(lambda: f"k-{secrets.token_hex(4)}", None) if k not in taken)
@@ -463,7 +214,7 @@ class Keyring:
         elif any(e.info.fingerprint == key_fingerprint(secret) for e in entries):
             raise KeyExistsError("that secret is already in the keyring")
         info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret), spec=bound)
-        entries.append(_seal(self._master_keys(create=True), info, secret))
+        entries.append(seal(self._master_keys(create=True), info, secret))
         return info
 
     def derive_key(self, purpose: bytes) -> bytes:
@@ -472,20 +223,20 @@ class Keyring:
         first use like any keyring write."""
         return self._master_keys(create=True).derive(purpose)
 
-    def _restatus(self, entry: _Entry, **changes) -> _Entry:
+    def _restatus(self, entry: SealedEntry, **changes) -> SealedEntry:
         keys = self._master_keys(create=True)
-        return _seal(keys, replace(entry.info, **changes), _open(keys, entry))  # new metadata -> new AD
+        return seal(keys, replace(entry.info, **changes), open_secret(keys, entry))  # new metadata -> new AD
 
-    def _master_keys(self, create: bool) -> _MasterKeys | None:
+    def _master_keys(self, create: bool) -> MasterKeys | None:
         if self._keys is None:
             if self._given_master_key is not None:
-                self._keys = _MasterKeys(self._given_master_key, "Keyring(master_key=...)")
+                self._keys = MasterKeys(self._given_master_key, "Keyring(master_key=...)")
             elif os.environ.get(MASTER_KEY_ENV):
-                self._keys = _MasterKeys(parse_master_key(os.environ[MASTER_KEY_ENV]), MASTER_KEY_ENV)
+                self._keys = MasterKeys(parse_master_key(os.environ[MASTER_KEY_ENV]), MASTER_KEY_ENV)
             else:
                 master_key = self._master_key_from_file(create)
                 if master_key is not None:
-                    self._keys = _MasterKeys(master_key, str(self.home / MASTER_KEY_FILE))
+                    self._keys = MasterKeys(master_key, str(self.home / MASTER_KEY_FILE))
         return self._keys
 
     def _master_key_from_file(self, create: bool) -> bytes | None:
@@ -506,7 +257,7 @@ class Keyring:
                     os.link(tmp, path)  # appears complete or not at all, never overwrites
             finally:
                 tmp.unlink(missing_ok=True)
-            _fsync_dir(self.home)
+            fsync_dir(self.home)
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
             raise MasterKeyError(
@@ -523,7 +274,7 @@ class Keyring:
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
-    def _load(self) -> list[_Entry]:
+    def _load(self) -> list[SealedEntry]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -534,14 +285,14 @@ class Keyring:
                 f"{self.path} exists but its master key is missing: set {MASTER_KEY_ENV} or restore "
                 f"{self.home / MASTER_KEY_FILE}"
             )
-        return _parse_document(data, keys, self.path)
+        return parse_document(data, keys, self.path)
 
-    def _read(self) -> list[_Entry]:
+    def _read(self) -> list[SealedEntry]:
         with self._locked(exclusive=False):
             return self._load()
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[list[_Entry]]:
+    def _transaction(self) -> Iterator[list[SealedEntry]]:
         """Read, let the caller change the entry list, write it back if changed; all under the lock."""
         with self._locked(exclusive=True):
             entries = self._load()
@@ -549,15 +300,16 @@ class Keyring:
             yield entries
             if entries != before:
                 keys = self._master_keys(create=True)
-                body = _document_body(entries, keys)
-                document = {**body, "mac": _document_mac(body, keys.mac_key)}
+                body = document_body(entries, keys)
+                document = {**body, "mac": document_mac(body, keys.mac_key)}
                 write_private_atomic(self.path, json.dumps(document, indent=2).encode() + b"\n")
 
 
-def _find(entries: list[_Entry], key_id: str) -> int:
-    if not isinstance(key_id, str) or not _KEY_ID_RE.fullmatch(key_id):
+def _find(entries: list[SealedEntry], key_id: str) -> int:
+    if not isinstance(key_id, str) or not KEY_ID_RE.fullmatch(key_id):
         raise KeyNotFoundError(f"no such key: key ids match {KEY_ID_RULE}")
     for i, entry in enumerate(entries):
         if entry.info.key_id == key_id:
             return i
     raise KeyNotFoundError(f"no key {key_id} in the keyring (see `provmark keys list`)")
+

@@ -12,8 +12,10 @@ import torch
 from watermark.config import WatermarkSpec
 from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
-from watermark.seeding import SeedTables, secret_digest
+from watermark.key_info import KeyNotFoundError
+from watermark.keys import Keyring
 from watermark.prf import green_threshold, mix64, vocab_mix_table
+from watermark.seeding import SeedTables, secret_digest
 from watermark.units import anchor_values, identities
 
 _TABLES_CACHE_SIZE = 32  # keys x schemes kept warm per process (tables are ~400 KB each)
@@ -167,10 +169,8 @@ def generation_watermark(spec: WatermarkSpec | str | None, vocab_size: int, key_
     """The Watermark a generation request uses: ``spec`` (default spec when None) bound to the
     named key, or to the keyring's active key. hf specs need no key.
 
-    Raises ``watermark.keys.KeyNotFoundError`` for an unknown key or one not usable for
+    Raises ``watermark.key_info.KeyNotFoundError`` for an unknown key or one not usable for
     generation (retired); ``create_if_missing`` makes a first key on an empty keyring."""
-    from watermark.keys import Keyring, KeyNotFoundError
-
     spec = WatermarkSpec.parse(spec) if spec is not None else WatermarkSpec.default()
     if not spec.needs_key:
         if key_id is not None:

@@ -9,15 +9,11 @@ the engine's one LogitsPipeline. Plain sampling with n = 1 goes through ``engine
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from generation.decoding.engine_interface import DecodingEngine
 from generation.decoding.params import DecodingParams
-
-if TYPE_CHECKING:
-    from generation.sampling import SamplingParams
-    from generation.sequence import RequestOutput
-    from watermark.scheme import Watermark
+from generation.sample.sampler import SamplingParams
+from generation.sequence import RequestOutput
+from watermark.scheme import Watermark
 
 __all__ = ["DecodingEngine", "DecodingParams", "run_decoding"]
 

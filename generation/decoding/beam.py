@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from generation.decoding.engine_interface import generation_room
+from generation.decoding.engine_interface import DecodingEngine, generation_room
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, request_output
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 CANDIDATES_PER_BEAM = 2  # transformers keeps 2 x num_beams candidates so num_beams survive even if all top ones end
 SAMPLING_ONLY = {  # SamplingParams field: its "off" value; beam search has no draw for these to shape

@@ -15,18 +15,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
-from typing import TYPE_CHECKING
 
 from generation.decoding.beam import ends_on_token
-from generation.decoding.engine_interface import generation_room
+from generation.decoding.engine_interface import DecodingEngine, generation_room
 from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
-from generation.sampling import SamplerState, SamplingParams
+from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, TextTracker, request_output
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 SEED_SPACE = 2**63  # torch.Generator.manual_seed takes any int below 2**64; stay in signed range
 

@@ -27,7 +27,7 @@ Every stage is the engine's LogitsPipeline: penalties, logit bias and bans on th
 watermark stage where ``watermark_before_cut`` puts it, then temperature, truncation and the draw on
 the contrastive scores. Temperature 0 takes the argmax (the paper's search); temperature > 0 samples
 from softmax(score / temperature) after the request's truncation (top-k, top-p, ...), seeded by
-``params.seed``. Expert and amateur each run with their own batch-1 cache (speculative_cache.CachedLM):
+``params.seed``. Expert and amateur each run with their own batch-1 cache (speculative/cache.py, CachedLM):
 the engine's slot cache and scheduler are never touched.
 """
 
@@ -38,22 +38,18 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from generation.decoding.engine_interface import check_watermark_vocab
-from generation.decoding.speculative_cache import CachedLM
+from generation.decoding.engine_interface import DecodingEngine, check_watermark_vocab
+from generation.decoding.speculative.cache import CachedLM
 from generation.models import LoadedModel, load_model
 from generation.sample import StepRows
-from generation.sampling import NEG_INF
-from generation.sampling_params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
+from generation.sample.params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
+from generation.sample.sampler import NEG_INF
 from generation.sequence import RequestOutput, TextTracker, request_output
+from watermark.scheme import Watermark
 from watermark.vocab import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_ID
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
 
 DEFAULT_ALPHA = 0.1  # Li et al. 2023 use alpha = 0.1 throughout
 AMATEUR_LOGP_FLOOR = -1e4  # an amateur -inf would make a +inf score; any finite floor keeps the order

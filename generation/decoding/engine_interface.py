@@ -7,15 +7,14 @@ Decoding depends on this protocol only, and the engine never imports decoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from generation.models import LoadedModel
-    from generation.sample import LogitsPipeline
-    from generation.sampling_params import SamplingParams
-    from generation.sequence import RequestOutput
+from generation.models import LoadedModel
+from generation.sample import LogitsPipeline
+from generation.sample.params import SamplingParams
+from generation.sequence import RequestOutput
 
 
 class DecodingEngine(Protocol):

@@ -14,8 +14,8 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from generation.decoding.engine_interface import DecodingEngine
 from generation.decoding.similarity import (
     CHRF_BETA,
     CHRF_ORDER,
@@ -24,12 +24,9 @@ from generation.decoding.similarity import (
     make_similarity,
     mean_similarities,
 )
-from generation.sampling_params import SamplingParams
+from generation.sample.params import SamplingParams
 from generation.sequence import RequestOutput, Usage
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 MAX_CANDIDATES = 256  # pairwise similarities grow as N^2; beyond this MBR costs more than it can gain
 SEED_DOMAIN = b"provmark/mbr-candidate-seed/v1"  # candidate seeds never collide with other derived seeds

@@ -8,20 +8,16 @@ beams. Combinations that make no sense fail here, at the door, with the fields n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from generation.decoding.beam import BeamConfig, run_beam
 from generation.decoding.best_of import run_best_of
 from generation.decoding.contrastive import ContrastiveConfig, run_contrastive
-from generation.decoding.engine_interface import check_watermark_vocab
+from generation.decoding.engine_interface import DecodingEngine, check_watermark_vocab
 from generation.decoding.mbr import MBRConfig, run_mbr
-from generation.decoding.speculative import SpeculativeConfig, run_speculative
-from generation.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from generation.decoding.engine_interface import DecodingEngine
-    from generation.sequence import RequestOutput
-    from watermark.scheme import Watermark
+from generation.decoding.speculative.decode import SpeculativeConfig, run_speculative
+from generation.sample.params import SamplingParams
+from generation.sequence import RequestOutput
+from watermark.scheme import Watermark
 
 METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
 

@@ -3,7 +3,7 @@
 Stages, in order; each runs only on the rows that use it, and a row with a stage off is left
 bit-for-bit untouched:
 
-1. constraint mask   -inf outside each constrained row's allowed set (generation.constraints_masks)
+1. constraint mask   -inf outside each constrained row's allowed set (generation.constraints.masks)
 2. penalties         repetition (CTRL, over prompt + generated), presence / frequency (OpenAI, generated)
 3. logit bias        added in the penalties' sparse scatter, so before the bans
 4. bans              -inf on no-repeat n-grams, bad words, EOS / stop ids before min_new_tokens
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from generation import sampling
-from generation.sample.watermark_stage import stage_for
-from generation.sampling import (
+from generation.constraints.masks import ConstraintMasks
+from generation.sample import sampler as sampling
+from generation.sample.params import SamplerState
+from generation.sample.sampler import (
     LN2,
     apply_bans_,
     apply_penalties_,
@@ -48,11 +48,8 @@ from generation.sampling import (
     rows_where,
     truncate_,
 )
-from generation.sampling_params import SamplerState
-
-if TYPE_CHECKING:
-    from generation.constraints_masks import ConstraintMasks
-    from watermark.scheme import Watermark
+from generation.sample.watermark_stage import stage_for
+from watermark.scheme import Watermark
 
 NEG_INF = float("-inf")
 

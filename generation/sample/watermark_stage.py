@@ -10,14 +10,12 @@ Every call gets each row's context (its last ``context_width`` tokens, computed 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from watermark.processor import WatermarkProcessor
-
-if TYPE_CHECKING:
-    from watermark.scheme import Watermark
+from watermark.scheme import Watermark
 
 
 class WatermarkStage(Protocol):

@@ -17,8 +17,8 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-from generation.vllm_plugin import PLUGIN_FQCN, ProvmarkWatermarkLogitsProcessor
-from generation.vllm_rows import KEY_ID_ARG, WATERMARK_ARG
+from generation.vllm.plugin import PLUGIN_FQCN, ProvmarkWatermarkLogitsProcessor
+from generation.vllm.rows import KEY_ID_ARG, WATERMARK_ARG
 from watermark.keys import Keyring
 from watermark.processor import WatermarkProcessor
 from watermark.scheme import generation_watermark
@@ -136,7 +136,7 @@ def test_the_evaluation_generates_through_vllm_with_our_keys(llm, home_keyring):
     watermark to the plugin; the watermarked row detects, the unwatermarked one does not."""
     from detector.service import Detector
     from evaluation.vllm_generator import VLLMGenerator
-    from generation.sampling import SamplingParams as OurParams
+    from generation.sample.sampler import SamplingParams as OurParams
 
     tokenizer = llm.get_tokenizer()
     prompt = tokenizer(PROMPT)["input_ids"]

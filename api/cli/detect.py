@@ -1,0 +1,186 @@
+"""``provmark detect``: score text for a watermark.
+
+    provmark detect [FILE|-] [--key ID ... | --all-keys] [--watermark SPEC] [--windows] [--explain]
+                    [--model DIR] [--json]
+    provmark detect --jsonl IN.jsonl [...]      one {"text": ...} per line in, one verdict per line out
+
+A JSON line may carry ``forced_positions`` (as ``provmark generate --json`` prints for constrained
+output): those tokens had fewer than two allowed choices, carry no watermark, and are not scored.
+
+Without --key every detection key of the keyring is tested (Holm-corrected); an ``hf:`` spec is
+public and needs no key. The exit status is 0 whatever the verdict; user errors (unknown key,
+unreadable file, bad spec) exit 2 with a message. Output never contains a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from api.cli.errors import CLIError
+from watermark.config import SpecError, WatermarkSpec
+from watermark.key_info import KeyringError
+from watermark.stats import Z_THRESHOLD
+from watermark.vocab import ModelAssetError, load_vocabulary
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "detect", help="score text for a watermark",
+        description="Score text for a watermark (exit 0 whatever the verdict).")
+    parser.add_argument("file", nargs="?", default="-", metavar="FILE",
+                        help="text file to score, or - for standard input (default)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--jsonl", metavar="IN.jsonl", help='score every {"text": ...} line; JSON lines out')
+    add_scoring_options(parser)
+    parser.set_defaults(func=run)
+
+
+def add_scoring_options(parser) -> None:
+    """Keys, spec, windows, explain, tokenizer, normalisation, dedup and threshold (detect, detect-batch)."""
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--key", action="append", dest="keys", metavar="ID",
+                      help="test this key (repeat for several); default: every detection key")
+    keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
+    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
+    parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
+    parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
+    parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
+    parser.add_argument("--no-normalize", action="store_true", help="score the text exactly as given")
+    parser.add_argument("--no-dedup", action="store_true", help="count repeated n-grams every time")
+    threshold = parser.add_mutually_exclusive_group()
+    threshold.add_argument("--z-threshold", type=float, default=Z_THRESHOLD, metavar="Z",
+                           help=f"verdict threshold (default {Z_THRESHOLD})")
+    threshold.add_argument("--fpr", type=float, metavar="P", help="target false-positive rate instead of a z")
+
+
+def run(args) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # scoring works on small tensors: a thread pool only adds contention
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # the CLI may run inside a longer-lived process (tests)
+
+
+def _run(args) -> int:
+    try:
+        spec = WatermarkSpec.parse(args.watermark) if args.watermark else WatermarkSpec.default()
+    except SpecError as exc:
+        raise CLIError(f"bad --watermark: {exc}") from None
+    if args.keys and not spec.needs_key:
+        raise CLIError("--key: an hf spec is public and takes no key")
+    detector = _detector(args.model)
+    options = dict(keys=args.keys if spec.needs_key else None, spec=spec, windows=args.windows,
+                   explain=args.explain, normalize=not args.no_normalize, dedup=not args.no_dedup,
+                   z_threshold=args.z_threshold, fpr=args.fpr)
+    if args.jsonl:
+        return _run_jsonl(detector, args.jsonl, options)
+    verdict = _detect(detector, _read_text(args.file), options)
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2))
+    else:
+        print(format_verdict(verdict))
+    return 0
+
+
+def _detector(model: str | None):
+    # local: torch loads only for the commands that score or generate
+    from detector.service import Detector
+
+    try:
+        vocab = load_vocabulary(model)
+    except (ModelAssetError, OSError, ValueError) as exc:
+        raise CLIError(f"cannot load the tokenizer: {exc}") from None
+    return Detector(vocab=vocab)
+
+
+def _detect(detector, text: str, options: dict):
+    try:
+        return detector.detect(text, **options)
+    except KeyringError as exc:  # keyring messages never carry secrets
+        raise CLIError(str(exc)) from None
+    except (SpecError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _read_text(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise CLIError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _run_jsonl(detector, path: str, options: dict) -> int:
+    """One verdict per input line, in order; a malformed line stops the run with its line number."""
+    try:
+        handle = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    except OSError as exc:
+        raise CLIError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                record = parse_record(line, path, number)
+                record_options = options
+                if record.get("forced_positions"):  # e.g. `provmark generate --json` output of a constrained run
+                    record_options = {**options, "forced_positions": record["forced_positions"]}
+                verdict = _detect(detector, record["text"], record_options).to_dict()
+                if "id" in record:
+                    verdict = {"id": record["id"], **verdict}
+                print(json.dumps(verdict, separators=(",", ":")), flush=False)
+        except UnicodeDecodeError as exc:
+            raise CLIError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    sys.stdout.flush()
+    return 0
+
+
+def parse_record(line: str, path: str, number: int) -> dict:
+    """One JSONL line as a record with a string "text"; a CLIError names the file and line otherwise."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise CLIError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise CLIError(f'{path}:{number}: expected an object with a string "text" field')
+    return record
+
+
+def format_verdict(verdict) -> str:
+    """A few lines for people."""
+    d = verdict.to_dict()
+    z = "n/a" if d["z_score"] is None else f"{d['z_score']:.2f}"
+    lines = [
+        f"verdict: {d['verdict']}" + (f" (decided by the best {d['decided_by']})" if d["decided_by"] == "window" else ""),
+        f"z = {z}, p = {d['p_value']:.3g} (exact binomial, {d['correction']} over {len(d['keys'])} key(s)); "
+        f"green {d['num_green_tokens']} of {d['num_tokens_scored']} scored tokens",
+        f"key: {d['key_id'] or '-'}; watermark: {d['watermark']}",
+    ]
+    if d["normalizations"]:
+        lines.append("normalised: " + ", ".join(d["normalizations"]))
+    windows = d["windows"]
+    if windows is not None:
+        best = windows["best"]
+        if best is None:
+            lines.append("windows: text too short for windows")
+        else:
+            lines.append(
+                f"best window: characters {best['char_start']}-{best['char_end']}, z = {best['z_score']:.2f}, "
+                f"p = {best['p_value_corrected']:.3g} corrected over {windows['num_windows_tested']} windows"
+                + (" (watermarked passage)" if windows["detected"] else ""))
+    if d["explanation"] is not None:
+        marks = {True: "G", False: "r", None: "."}
+        lines.append("tokens (G green, r red, . unscored, * repeat not counted):")
+        for token in d["explanation"]:
+            repeat = "*" if token["scored"] and not token["counted"] else " "
+            lines.append(f"  {marks[token['green']]}{repeat} {token['char_start']:>6}-{token['char_end']:<6} "
+                         f"{token['text']!r}")
+    return "\n".join(lines)

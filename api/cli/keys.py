@@ -1,0 +1,308 @@
+"""``provmark keys``: create, list, rotate and retire watermark keys.
+
+Output is a table for people or, with ``--json``, JSON for programs (one object per key; ``list``
+prints an array). Only public facts are shown: id, status, fingerprint and times, never a secret.
+The keyring lives in ``$PROVMARK_HOME``; its master key comes from ``PROVMARK_MASTER_KEY`` or
+``$PROVMARK_HOME/master.key`` (see ``watermark.keys``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from api.cli.errors import CLIError
+from db.store import Store, StoreError
+from detector import calibration
+from detector.calibration import CalibrationStore, CalibrationStoreError
+from detector.calibration_plot import plot_calibrations
+from watermark.config import SpecError, WatermarkSpec
+from watermark.key_binding import spec_to_bind
+from watermark.key_info import STANDBY, KeyInfo, KeyringError
+from watermark.keys import Keyring
+from watermark.vocab import load_vocabulary
+
+COLUMNS = ("KEY ID", "STATUS", "FINGERPRINT", "CREATED (UTC)", "RETIRED (UTC)")
+
+
+def register(subparsers) -> None:
+    keys = subparsers.add_parser(
+        "keys",
+        help="manage watermark keys",
+        description="Manage watermark keys (stored encrypted in $PROVMARK_HOME/keyring.json).",
+    )
+    keys.set_defaults(func=lambda args: _usage(keys))
+    actions = keys.add_subparsers(dest="keys_action", metavar="ACTION")
+
+    create = _action(actions, "create", "create a key (active if none is active, else standby)", _create)
+    create.add_argument("key_id", nargs="?", metavar="KEY_ID", help="public name; default k-<8 hex>")
+    _calibration_options(create)
+
+    _action(actions, "list", "list keys, oldest first", _list)
+
+    rotate_help = "make a new (or a standby) key active; the old one stays for detection"
+    rotate = _action(actions, "rotate", rotate_help, _rotate)
+    rotate.add_argument("new_id", nargs="?", metavar="NEW_ID", help="new key id or an existing standby key")
+    _calibration_options(rotate)
+
+    calibrate_help = "measure keys' null on human text (mean and spread of z per length, realised vs stated FPR)"
+    calibrate = _action(actions, "calibrate", calibrate_help, _calibrate)
+    calibrate.add_argument("key_ids", nargs="*", metavar="KEY_ID", help="default: every detection key")
+    calibrate.add_argument("--spec", action="append", metavar="SPEC",
+                           help="watermark spec to calibrate under (repeatable; default: the default spec)")
+    calibrate.add_argument("--plot", metavar="PNG", help="also plot each key's null against N(0, 1) into this file")
+    calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    retire_help = "stop using a key for detection (the active key: rotate first)"
+    retire = _action(actions, "retire", retire_help, _retire)
+    retire.add_argument("key_id", metavar="KEY_ID")
+    retire.add_argument("--purge", action="store_true", help="also erase the secret for good (irreversible)")
+
+
+def _action(actions, name: str, help_text: str, handler) -> argparse.ArgumentParser:
+    parser = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=lambda args: _run(handler, args))
+    return parser
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _run(handler, args) -> int:
+    try:
+        changed = handler(Keyring(), args) or []
+    except (KeyringError, CalibrationStoreError) as exc:  # these messages never carry secrets
+        raise CLIError(str(exc)) from None
+    _audit(changed)
+    return 0
+
+
+def _audit(changed: list[tuple]) -> None:
+    """Every key action writes a ``key.<action>`` audit event (and the key's public metadata) to the store;
+    a calibration's event carries its summary."""
+    if not changed:
+        return
+    import getpass
+
+    try:
+        store = Store()
+        store.upgrade()
+        for action, info, *details in changed:
+            store.record_key_event(info, action, actor=f"cli:{getpass.getuser()}", details=details[0] if details else None)
+    except StoreError as exc:
+        raise CLIError(f"the key change is saved in the keyring, but its audit event was not written: {exc}") from None
+
+
+def _calibration_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", metavar="SPEC", default=None,
+                        help="the kgw spec the new key watermarks with; the detector scores the key only under "
+                             "it (default: the default spec)")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="skip key screening and calibration (run `provmark keys calibrate` later)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
+    """``make(secret or None) -> KeyInfo``; unless --no-calibrate, with a screened secret and its
+    calibration under the default spec stored."""
+    if args.no_calibrate:
+        return make(None), None
+    # local: torch loads only for the commands that score or generate
+    from detector import calibrate as measuring
+
+    vocab, common = _material()
+    spec = _spec_to_bind(args)
+    try:
+        secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args))
+    except RuntimeError as exc:
+        raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
+    info = make(secret)
+    result = measuring.for_key(result, info.key_id)
+    calibration.CalibrationStore(keyring).put(result)
+    summary = {**result.summary(), "screening_draws": draws}
+    return info, summary
+
+
+def _material():
+    # local: torch loads only for the commands that score or generate
+    from detector import common_units
+
+    vocab = load_vocabulary()
+    return vocab, common_units.for_vocabulary(vocab)
+
+
+def _progress(args) -> bool:
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def _describe_calibration(summary: dict) -> str:
+    factor = summary["worst_guarded_fpr"] / summary["stated_fpr"]
+    state = "passes screening" if summary["passes_screen"] else "FAILS screening"
+    worst = summary["max_abs_mean_z"]
+    worst = "-" if worst is None else f"{worst:.3f}"
+    return (f"calibration {summary['id']} ({summary['spec']}): max |mean z| {worst} over length buckets; "
+            f"false-positive rate at most {factor:.2f}x the stated {summary['stated_fpr']:.2g}; {state}")
+
+
+def _spec_to_bind(args):
+    """The spec a new key is bound to: ``--spec`` or the default spec; a clear error for a bad one."""
+    try:
+        return WatermarkSpec.parse(spec_to_bind(args.spec))
+    except SpecError as exc:
+        raise CLIError(f"--spec: {exc}") from None
+
+
+def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    spec = _spec_to_bind(args)
+    info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec))
+    if args.json:
+        _print_json({**info.to_dict(), "calibration": summary})
+    else:
+        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint}, spec {info.spec})")
+        if summary is not None:
+            print(_describe_calibration(summary))
+        if info.status == STANDBY:
+            print(f"used for detection now; make it the active key with `provmark keys rotate {info.key_id}`")
+    return [("create", info)] + ([("calibrate", info, summary)] if summary else [])
+
+
+def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    # local: torch loads only for the commands that score or generate
+    from detector import calibrate as measuring
+    from watermark.scheme import Watermark
+
+    infos = {info.key_id: info for info in keyring.list()}
+    key_ids = args.key_ids or [info.key_id for info in keyring.detection_keys()]
+    if not key_ids:
+        raise CLIError("no keys to calibrate: create one with `provmark keys create`")
+    unknown = [k for k in key_ids if k not in infos]
+    if unknown:
+        raise CLIError(f"no key {unknown[0]} in the keyring")
+    try:
+        specs = [calibration.spec_for(text) for text in (args.spec or [None])]
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    keyless = [spec.format() for spec in specs if not spec.needs_key]
+    if keyless:
+        raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
+    vocab, common = _material()
+    store = calibration.CalibrationStore(keyring)
+    results, changed = [], []
+    try:
+        measuring.HumanWindows.for_vocabulary(vocab)
+    except RuntimeError as exc:
+        raise CLIError(str(exc)) from None
+    for key_id in key_ids:
+        info = infos[key_id]
+        secret = keyring.secret(key_id)
+        for spec in specs:
+            mark = Watermark(spec, secret, vocab.vocab_size, key_id=key_id)
+            result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
+            store.put(result)
+            results.append(result)
+            changed.append(("calibrate", info, result.summary()))
+    if args.plot:
+        plot_calibrations(results, args.plot)
+    if args.json:
+        _print_json([{**r.summary(), "key_id": r.key_id,
+                      "buckets": [b.to_dict(r.z_threshold) for b in r.buckets], "domains": r.domains}
+                     for r in results])
+    else:
+        for r in results:
+            print(f"key {r.key_id}: {_describe_calibration(r.summary())}")
+            for b in r.buckets:
+                d = b.to_dict(r.z_threshold)
+                fpr = "-" if d["realised_fpr"] is None else f"{d['realised_fpr']:.2g}"
+                print(f"  T {d['bucket']:>9}: {d['n']:4d} texts, mean z {d['mean_z']:+.3f}, sd {d['sd_z']:.3f}, "
+                      f"realised FPR at z={r.z_threshold:g}: {fpr}")
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return changed
+
+
+def _list(keyring: Keyring, args) -> None:
+    infos = keyring.list()
+    column = _calibration_column(keyring)
+    if args.json:
+        return _print_json([{**info.to_dict(), "calibrations": column.get(info.key_id, [])} for info in infos])
+    if not infos:
+        print("no keys yet: create one with `provmark keys create`")
+        return
+    print(format_table(infos, column))
+
+
+def _calibration_column(keyring: Keyring) -> dict[str, list[dict]]:
+    """key id -> summaries of its calibrations (an unreadable calibration file is said, not fatal)."""
+    store = CalibrationStore(keyring)
+    out = {}
+    try:
+        for info in keyring.list():
+            out[info.key_id] = [c.summary() for c in store.for_key(info.key_id)]
+    except CalibrationStoreError as exc:
+        print(f"warning: {exc}", file=sys.stderr)
+    return out
+
+
+def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    before = {k.key_id: k.status for k in keyring.list()}
+    if args.new_id is not None and args.new_id in before:  # an existing standby key: already screened or not
+        info, summary = keyring.rotate(args.new_id), None
+    else:
+        spec = _spec_to_bind(args)
+        info, summary = _screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret, spec=spec))
+    after = keyring.list()
+    if args.json:
+        _print_json({**info.to_dict(), "calibration": summary})
+    else:
+        print(f"key {info.key_id} is now active (fingerprint {info.fingerprint})")
+        if summary is not None:
+            print(_describe_calibration(summary))
+        print("earlier keys stay in detection until retired:")
+        print(format_table(after, _calibration_column(keyring)))
+    demoted = [("rotate_out", k) for k in after if k.key_id != info.key_id and before.get(k.key_id) != k.status]
+    return [("rotate", info), *demoted] + ([("calibrate", info, summary)] if summary else [])
+
+
+def _retire(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    info = keyring.retire(args.key_id, purge=args.purge)
+    if args.json:
+        _print_json(info.to_dict())
+    else:
+        kept = "its secret was erased" if info.purged else "its secret is kept for audits (--purge erases it)"
+        print(f"retired key {info.key_id}: no longer used for detection; {kept}")
+    return [("retire", info)]
+
+
+def format_table(infos: list[KeyInfo], calibrations: dict[str, list[dict]] | None = None) -> str:
+    """A fixed-width table of public key facts (and, given, each key's calibration under the default spec)."""
+    columns = COLUMNS + (("CALIBRATION (default spec)",) if calibrations is not None else ())
+    rows = [columns] + [
+        (
+            info.key_id,
+            info.status + (" (purged)" if info.purged else ""),
+            info.fingerprint,
+            info.created_at,
+            info.retired_at or "-",
+        ) + ((_calibration_cell(calibrations.get(info.key_id, [])),) if calibrations is not None else ())
+        for info in infos
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _calibration_cell(summaries: list[dict]) -> str:
+    default = WatermarkSpec.default().format()
+    found = next((c for c in summaries if c["spec"] == default), None)
+    if found is None:
+        return "none (provmark keys calibrate)"
+    factor = found["worst_guarded_fpr"] / found["stated_fpr"]
+    worst = "-" if found["max_abs_mean_z"] is None else f"{found['max_abs_mean_z']:.2f}"
+    return f"{found['id']} max|mean z| {worst}, FPR <= {factor:.1f}x stated"
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2))

@@ -1,0 +1,262 @@
+"""The detector service: a Flask app factory (no model weights, one tokenizer per process).
+
+Routes (``/openapi.json`` documents them from the same pydantic models that validate requests):
+
+    GET  /                    the paste-text page (api/detector/templates, api/detector/static; no external resource)
+    GET  /healthz             liveness + database reachability (503 when the database is down)
+    GET  /openapi.json        the OpenAPI 3.1 document
+    POST /v1/detect           scope ``detect`` (``explain=true`` also needs ``explain``)
+    GET  /v1/verdicts         scope ``audit``; filters, cursor pages, CSV export
+    GET  /v1/verdicts/<id>    scope ``audit``
+    GET  /v1/audit            scope ``audit``; the hash-chained audit events, paged
+    GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
+    GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
+
+Configuration: environment variables, overridden by the ``config`` dict given to ``create_app``
+(same meaning, lower-case names without the ``PROVMARK_`` prefix):
+
+    PROVMARK_HOME            state folder: keyring, SQLite file, admin.token (default ~/.local/share/provmark)
+    PROVMARK_DATABASE_URL    database (default: SQLite in PROVMARK_HOME, WAL mode)
+    PROVMARK_MAX_TEXT_CHARS  longest text /v1/detect accepts, in characters (default 100000; above -> 413)
+    PROVMARK_RATE_LIMIT      requests per minute per token and process (default 600)
+    PROVMARK_RATE_BURST      requests a token may make at once (default: the per-minute rate)
+    PROVMARK_RETAIN_TEXT     1 to store detected texts with their verdicts (default off: hashes only)
+    PROVMARK_DETECT_BUDGET   text tokens a token without the explain scope may have scored per UTC day, shared
+                             by every worker (default 40000; 0: no budget; above it -> 429, see db/budget.py)
+
+Config-only keys: ``store`` (a ``db.store.Store``), ``detector`` (a ``Detector``), ``keyring``,
+``vocab`` (shares an already loaded tokenizer), ``bootstrap`` (False skips migrations and the
+bootstrap admin token, for apps whose database is prepared elsewhere).
+
+On start the app applies migrations and, the first time, creates an admin token, writes it to
+``$PROVMARK_HOME/admin.token`` (0600) and prints it once on stderr. If the database is unreachable
+at start the app still starts, answers 503, and retries the bootstrap on the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, jsonify, request
+from sqlalchemy import text as sql_text
+
+from api.detector import routes_audit, routes_detect, routes_page, routes_verdicts
+from api.detector.schemas import Health
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.metrics import count_verdict, install_metrics
+from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
+from db.budget import DEFAULT_DAILY_TOKENS, UsageLedger
+from db.store import Store, StoreUnavailable
+from detector.service import Detector
+from watermark.keys import Keyring
+from watermark.paths import provmark_home
+from watermark.vocab import load_vocabulary
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "provmark-detector"
+API_VERSION = "1.0.0"
+DEFAULT_MAX_TEXT_CHARS = 100_000
+DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
+# A JSON string spends at most 6 bytes per character (\uXXXX), plus room for the other fields.
+ENV_PREFIX = "PROVMARK_"
+SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text", "detect_budget")
+OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
+EXTENSION = "provmark_detector"
+PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics"})  # need no database
+
+
+@dataclass(slots=True)
+class DetectorSettings:
+    """The service's configuration, validated at the door (errors name the setting)."""
+
+    home: Path
+    database_url: str | None = None
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    rate_limit: float = DEFAULT_RATE_LIMIT
+    rate_burst: int | None = None
+    retain_text: bool | None = None
+    detect_budget: int = DEFAULT_DAILY_TOKENS
+
+    def __post_init__(self) -> None:
+        self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
+        self.home = Path(self.home).expanduser()
+        self.max_text_chars = _as_int("max_text_chars", self.max_text_chars, minimum=1)
+        self.rate_limit = _as_float("rate_limit", self.rate_limit, minimum=0.0)
+        if self.rate_burst is not None:
+            self.rate_burst = _as_int("rate_burst", self.rate_burst, minimum=1)
+        if isinstance(self.retain_text, str):
+            self.retain_text = self.retain_text.strip().lower() in ("1", "true", "yes", "on")
+
+    @classmethod
+    def from_env(cls, overrides: dict[str, Any]) -> DetectorSettings:
+        """Environment variables, then ``overrides`` (lower-case names) on top."""
+        values: dict[str, Any] = {}
+        for name in SETTING_NAMES:
+            raw = os.environ.get(ENV_PREFIX + name.upper())
+            if raw not in (None, ""):
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if k in SETTING_NAMES})
+        values.setdefault("home", provmark_home())
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class DetectorServices:
+    """What the routes share in one process: settings, store, detector, auth."""
+
+    settings: DetectorSettings
+    store: Store
+    detector: Any  # detector.service.Detector
+    auth: Auth
+    # One detection at a time per process: the fast tokenizer is not safe to call from several
+    # threads at once, and scoring is CPU-bound anyway (gunicorn workers give the parallelism).
+    detect_lock: threading.Lock = field(default_factory=threading.Lock)
+    bootstrapped: bool = False
+    usage: Any = None  # db.budget.UsageLedger of this process
+    bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ensure_bootstrapped(self) -> None:
+        """Migrations + the first admin token, once; StoreUnavailable while the database is down."""
+        if self.bootstrapped:
+            return
+        with self.bootstrap_lock:
+            if self.bootstrapped:
+                return
+            self.store.upgrade()
+            token = ensure_admin_token(self.settings.home, self.store)
+            if token is not None:
+                path = self.settings.home / ADMIN_TOKEN_FILE
+                announce_admin_token("detector", token, path)
+            self.bootstrapped = True
+
+
+def create_app(config: dict | None = None) -> Flask:
+    """The detector service app; ``config`` keys override environment variables (module docstring)."""
+    config = dict(config or {})
+    unknown = sorted(set(config) - set(SETTING_NAMES) - set(OBJECT_NAMES))
+    if unknown:
+        raise ValueError(f"unknown detector config keys: {', '.join(unknown)}")
+    settings = DetectorSettings.from_env(config)
+    store = config.get("store") or Store(settings.database_url, home=settings.home,
+                                          retain_text=settings.retain_text)
+    detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"))
+    limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
+    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store))
+
+    app = Flask(__name__, static_folder="static", template_folder="templates")
+    install_body_limit(app, settings.max_text_chars)
+    app.json.sort_keys = False
+    app.extensions[EXTENSION] = services
+    install_error_handlers(app)
+    _install_metrics(app)
+    api = OpenAPI("provmark detector", API_VERSION,
+                  "Scores text for provmark watermarks, keeps verdicts and an audit trail.")
+    _register_blueprints(app, api, services)
+    _register_meta_routes(app, api, services)
+
+    if config.get("bootstrap", True):
+        try:
+            services.ensure_bootstrapped()
+        except StoreUnavailable as error:
+            log.warning("database unavailable at start; answering 503 until it is back: %s", error)
+        # No pooled connection outlives the start: a server that forks workers now shares none.
+        store.engine.dispose()
+
+        @app.before_request
+        def _bootstrap_when_back():
+            if request.endpoint not in PAGE_ENDPOINTS:  # the page itself needs no database
+                services.ensure_bootstrapped()
+    else:
+        services.bootstrapped = True
+    return app
+
+
+def services_of(app: Flask) -> DetectorServices:
+    return app.extensions[EXTENSION]
+
+
+def _install_metrics(app: Flask) -> None:
+    """GET /metrics (api/metrics.py): requests per route and status, latencies, verdicts by verdict."""
+    metrics = install_metrics(app, SERVICE_NAME)
+
+    @app.after_request
+    def _count_verdicts(response):
+        if request.endpoint == "detect.detect_text":
+            count_verdict(metrics, response)
+        return response
+
+
+def _make_detector(settings: DetectorSettings, vocab, keyring):
+    # Load the tokenizer now, once per process, rather than inside the first request.
+    return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home))
+
+
+def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
+    for module in (routes_page, routes_detect, routes_verdicts, routes_audit):
+        app.register_blueprint(module.blueprint(api, services))
+
+
+def _register_meta_routes(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
+    @api.route(app, "/healthz", methods=["GET"], summary="Liveness and database reachability",
+               responses={200: Health}, tags=["meta"])
+    def healthz():
+        with services.store.read() as session:
+            session.execute(sql_text("SELECT 1"))
+        return jsonify(Health(status="ok", service=SERVICE_NAME, database=services.store.dialect,
+                              model_id=services.detector.vocab.model_id).model_dump())
+
+    document: dict = {}
+
+    @app.get("/openapi.json")
+    def openapi_json():
+        if not document:
+            document.update(_with_csv_export(api.document()))
+        return jsonify(document)
+
+    @app.after_request
+    def _security_headers(response):
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if response.mimetype == "text/html":
+            response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+        return response
+
+
+# The page loads only its own script and style sheet and talks only to this service.
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+            "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+
+
+def _with_csv_export(document: dict) -> dict:
+    """GET /v1/verdicts also answers text/csv (``?format=csv`` or ``Accept: text/csv``)."""
+    operation = document["paths"].get("/v1/verdicts", {}).get("get")
+    if operation is not None:
+        content = operation["responses"]["200"].setdefault("content", {})
+        content["text/csv"] = {"schema": {"type": "string"}}
+    return document
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+    if isinstance(value, bool) or number < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _as_float(name: str, value, minimum: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not number >= minimum or number == float("inf"):
+        raise ValueError(f"{name}: expected a finite number >= {minimum}, got {value!r}")
+    return number

@@ -1,0 +1,33 @@
+"""GET /v1/audit (events in chain order, paged) and GET /v1/audit/verify; scope ``audit``."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+
+from api.detector.schemas import AuditList, AuditQuery, AuditReportBody
+from api.http import parse_query
+from db.audit import list_events, verify
+
+
+def blueprint(api, services) -> Blueprint:
+    bp = Blueprint("audit", __name__)
+    store = services.store
+
+    @api.route(bp, "/v1/audit", methods=["GET"], summary="Audit events in chain order",
+               query=AuditQuery, responses={200: AuditList}, scope="audit", tags=["audit"])
+    @services.auth.require("audit")
+    def list_audit_events():
+        query: AuditQuery = parse_query(AuditQuery)
+        events = list_events(store, after_seq=query.after_seq, limit=query.limit, kind=query.kind,
+                             subject_id=query.subject_id)
+        # A full page may have more behind it; a short page is the end of the chain (for now).
+        next_after = events[-1].seq if len(events) == query.limit else None
+        return jsonify({"items": [e.to_dict() for e in events], "next_after_seq": next_after})
+
+    @api.route(bp, "/v1/audit/verify", methods=["GET"], summary="Check the whole audit hash chain",
+               responses={200: AuditReportBody}, scope="audit", tags=["audit"])
+    @services.auth.require("audit")
+    def verify_audit_chain():
+        return jsonify(verify(store).to_dict())
+
+    return bp

@@ -1,0 +1,229 @@
+"""Request and response models of the detector service: they validate requests and, through
+``api.http.OpenAPI``, are the schemas of ``/openapi.json``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+)
+
+from api.http import StrictModel
+from db.verdicts import MAX_PAGE_SIZE, VERDICTS
+from watermark.config import MAX_SPEC_CHARS
+from watermark.key_info import KEY_ID_RULE
+
+MAX_FORCED_POSITIONS = 100_000  # more than any text under the character limit tokenizes to
+MAX_TOKEN_INDEX = 2**31 - 1  # a token position; larger ones cannot index any text this service accepts
+MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistake, not a detection
+MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
+MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
+MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
+
+KeyId = Annotated[StrictStr, Field(pattern=f"^{KEY_ID_RULE}$")]
+VerdictName = Literal["watermarked", "not_watermarked", "insufficient_text"]
+assert set(VerdictName.__args__) == set(VERDICTS)
+
+
+class DetectRequest(StrictModel):
+    """POST /v1/detect: the text and how to score it."""
+
+    text: StrictStr = Field(description="the text to score, as pasted (length limit: 413 above it)")
+    keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
+                                     description="key ids to test (default: every detection key)")
+    all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
+    watermark: StrictStr | None = Field(None, min_length=1, max_length=MAX_SPEC_CHARS,
+                                        description="watermark spec string (default: the default kgw spec)")
+    windows: StrictBool = Field(False, description="also search for a watermarked passage (WinMax)")
+    explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")
+    normalize: StrictBool = Field(True, description="undo homoglyphs, invisible characters, odd spaces first")
+    dedup: StrictBool = Field(True, description="count each distinct (h+1)-gram once")
+    z_threshold: float = Field(4.0, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
+                               description="verdict threshold (ignored when fpr is given)")
+    fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
+                              description="target false-positive rate; wins over z_threshold")
+    forced_positions: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_INDEX, strict=True)]] | None = Field(
+        None, max_length=MAX_FORCED_POSITIONS,
+        description="token indices where a constrained generator had fewer than two allowed tokens "
+                    "(its forced_positions): left out of scoring")
+
+    @field_validator("text")
+    @classmethod
+    def _valid_unicode(cls, value: str) -> str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"contains a lone surrogate code point at index {error.start}") from None
+        return value
+
+
+class Provenance(BaseModel):
+    """The signed generation receipt of this exact text (``match``: how the text was matched)."""
+
+    match: Literal["exact", "normalized"]
+    receipt_id: str
+    text_sha256: str
+    token_count: int
+    model_id: str
+    spec_fingerprint: str
+    key_id: str
+    created_at: str
+    signature: str
+    signer_id: str
+    algorithm: str
+
+
+class DetectResponse(BaseModel):
+    """The verdict, the id it is stored under and the matching generation receipt, if any.
+
+    A token with the ``explain`` (or ``admin``) scope gets every field; a ``detect`` token gets the verdict,
+    a coarse, dithered z / p-value (none for insufficient_text) and ``disclosure`` naming that rule, and no
+    counts: the fields marked "explain scope" are absent (see docs/security.md, detector/disclosure.py)."""
+
+    model_config = ConfigDict(extra="allow")  # further Verdict fields pass through
+
+    id: str
+    verdict: VerdictName
+    z_score: float | None
+    p_value: float | None = Field(description="exact for explain; for detect an upper bound on it, coarse and dithered")
+    key_id: str | None
+    watermark: str
+    fingerprint: str
+    text_sha256: str
+    common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
+    windows: dict[str, Any] | None
+    provenance: Provenance | None
+    disclosure: str | None = Field(None, description="detect scope: the rule that coarsened the scores")
+    num_tokens_scored: int | None = Field(None, description="explain scope")
+    num_green_tokens: int | None = Field(None, description="explain scope")
+    green_fraction: float | None = Field(None, description="explain scope")
+    num_forced_positions: int | None = Field(None, description="explain scope")
+    num_common_positions: int | None = Field(
+        None, description="explain scope: scored positions left out: their unit is common in human text")
+    calibration: dict[str, Any] | None = Field(
+        None, description="explain scope: the best key's calibration: id, length bucket, its measured null, and "
+                          "whether that null set the p-value (guarded); None when the key has no calibration")
+    explanation: list[dict[str, Any]] | None = None
+
+
+class VerdictItem(BaseModel):
+    """One stored verdict."""
+
+    id: str
+    created_at: str
+    text_sha256: str
+    verdict: VerdictName
+    z: float
+    p_value: float
+    green_count: int
+    scored_count: int
+    green_fraction: float
+    spec: str
+    spec_fingerprint: str
+    tokenizer_fingerprint: str
+    key_id: str | None
+    options: dict[str, Any]
+    windows: dict[str, Any] | None
+    receipt_id: str | None
+    caller_token_id: str | None
+    caller_name: str | None
+    text: str | None
+
+
+class VerdictList(BaseModel):
+    """A page of verdicts, newest first; pass ``next_cursor`` as ``cursor`` for the next one."""
+
+    items: list[VerdictItem]
+    next_cursor: str | None
+
+
+class VerdictQuery(StrictModel):
+    since: datetime | None = Field(None, description="inclusive, ISO 8601 (naive times are UTC)")
+    until: datetime | None = Field(None, description="exclusive, ISO 8601 (naive times are UTC)")
+    verdict: VerdictName | None = None
+    key_id: str | None = Field(None, max_length=32)
+    min_z: float | None = Field(None, allow_inf_nan=False)
+    text_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
+    cursor: str | None = Field(None, min_length=1, max_length=200, pattern="^[A-Za-z0-9_-]+$",
+                               description="opaque: the next_cursor of the previous page, as given (422 otherwise)")
+    limit: int = Field(100, ge=1, le=MAX_PAGE_SIZE)
+    format: Literal["json", "csv"] | None = Field(None, description="csv: the whole filtered list as CSV")
+
+    @field_validator("since", "until")
+    @classmethod
+    def _as_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("out of range once converted to UTC") from None
+
+    def filters(self) -> dict[str, Any]:
+        """Keyword arguments for ``Store.list_verdicts`` / ``verdicts_csv``."""
+        return self.model_dump(exclude={"format"})
+
+
+class AuditEventItem(BaseModel):
+    """One hash-chained audit event."""
+
+    seq: int
+    event_id: str
+    kind: str
+    actor: str
+    subject_id: str | None
+    created_at: str
+    details: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class AuditList(BaseModel):
+    """Audit events in chain order; pass ``next_after_seq`` as ``after_seq`` for the next page."""
+
+    items: list[AuditEventItem]
+    next_after_seq: int | None
+
+
+class AuditQuery(StrictModel):
+    after_seq: int = Field(0, ge=0, le=MAX_SEQ)
+    limit: int = Field(100, ge=1, le=MAX_PAGE_SIZE)
+    kind: str | None = Field(None, max_length=40)
+    subject_id: str | None = Field(None, max_length=64)
+
+
+class AuditProblemItem(BaseModel):
+    seq: int | None
+    event_id: str | None
+    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged"]
+    message: str
+
+
+class AuditReportBody(BaseModel):
+    """The audit chain check: ok, or every edited, deleted or reordered event, and every verdict or
+    receipt row that was edited, deleted or added outside the service."""
+
+    ok: bool
+    events: int
+    head_seq: int
+    head_hash: str
+    rows_checked: int = Field(description="verdict and receipt rows compared with their audit events")
+    rows_partly_covered: int = Field(description="of those, rows whose event predates row digests: "
+                                                 "only the fields it carried were compared")
+    problems: list[AuditProblemItem]
+
+
+class Health(BaseModel):
+    """The service is up and its database answers."""
+
+    status: Literal["ok"]
+    service: str
+    database: str
+    model_id: str

@@ -1,0 +1,275 @@
+"""The generation service: ``create_app(config=None) -> Flask``.
+
+Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
+GET /v1/models (OpenAI-compatible), GET /v1/receipts/public-key (no auth), GET /healthz (no auth),
+GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py). The model loads
+once at start; one engine runs in a background thread (``api.generation.engine_worker``) and concurrent
+requests share its continuous batches.
+
+Configuration: ``config`` keys override environment variables, which override the defaults:
+
+    key              environment variable       default
+    home             PROVMARK_HOME              ~/.local/share/provmark (keyring, database, admin.token)
+    database_url     PROVMARK_DATABASE_URL      SQLite in home
+    model            PROVMARK_MODEL             the embedded SmolLM2-135M-Instruct; else a local HF folder
+    device           PROVMARK_DEVICE            cuda when present, else cpu
+    dtype            PROVMARK_DTYPE             float32 on CPU
+    max_num_seqs     PROVMARK_MAX_NUM_SEQS      16 sequences per engine step
+    max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503
+    rate_limit       PROVMARK_RATE_LIMIT        600 requests/minute per token (0 = no limit)
+    rate_burst       PROVMARK_RATE_BURST        = rate_limit
+    max_text_chars   PROVMARK_MAX_TEXT_CHARS    100000 prompt characters before 413
+
+``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model).
+On first start an admin token is created, written to ``home/admin.token`` (0600) and printed once;
+an empty keyring gets a first (active) watermark key so the default watermark works.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from flask import Blueprint, Flask, jsonify
+from pydantic import BaseModel
+
+from api.generation import openai_compat, routes_native
+from api.generation.engine_worker import DEFAULT_MAX_PENDING, EngineWorker
+from api.generation.routes_common import GenerationService
+from api.generation.routes_models import TOKEN_ID_MARK
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.metrics import EngineCollector, install_metrics
+from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
+from db.receipts import ReceiptSigner
+from db.store import Store
+from detector.calibrate import ensure_screened_active_key
+from generation.engine import Engine
+from generation.models import load_model
+from watermark.keys import Keyring
+from watermark.paths import provmark_home
+from watermark.processor import warm_up
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACTOR = "generation-service"
+STREAMING_OPERATIONS = ("/v1/generate", "/v1/completions", "/v1/chat/completions")
+# OpenAPI 3.1: the schema of an event-stream response describes one event
+SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {
+    "data": {"type": "string", "description": "one JSON chunk, or [DONE] at the end"},
+    "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
+
+
+@dataclass(slots=True)
+class Settings:
+    home: Path
+    database_url: str | None
+    model: str | None
+    device: str | None
+    dtype: str | None
+    max_num_seqs: int
+    max_pending: int
+    rate_limit: float
+    rate_burst: int | None
+    max_text_chars: int
+
+
+def load_settings(config: dict | None = None) -> Settings:
+    """Settings from ``config``, the environment and the defaults; ValueError names a bad one."""
+    config = dict(config or {})
+
+    def pick(key: str, env: str, default, kind=str, minimum=1):
+        value = config.get(key, os.environ.get(env) or default)
+        if value is None or kind is str:
+            return value
+        try:
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{env} ({key}): expected {kind.__name__}, got {value!r}") from None
+        if value < minimum:
+            raise ValueError(f"{env} ({key}): must be >= {minimum}, got {value!r}")
+        return value
+
+    home = Path(config["home"]).expanduser() if config.get("home") else provmark_home()
+    rate = pick("rate_limit", "PROVMARK_RATE_LIMIT", 600.0, float, minimum=0)
+    return Settings(
+        home=home,
+        database_url=pick("database_url", "PROVMARK_DATABASE_URL", None),
+        model=pick("model", "PROVMARK_MODEL", None),
+        device=pick("device", "PROVMARK_DEVICE", None),
+        dtype=pick("dtype", "PROVMARK_DTYPE", None),
+        max_num_seqs=pick("max_num_seqs", "PROVMARK_MAX_NUM_SEQS", 16, int),
+        max_pending=pick("max_pending", "PROVMARK_MAX_PENDING", DEFAULT_MAX_PENDING, int),
+        rate_limit=rate,
+        rate_burst=pick("rate_burst", "PROVMARK_RATE_BURST", None, int),
+        max_text_chars=pick("max_text_chars", "PROVMARK_MAX_TEXT_CHARS", 100_000, int),
+    )
+
+
+class HealthEngine(BaseModel):
+    steps: int
+    max_batch_size: int
+    shared_steps: int
+    requests_submitted: int
+    requests_finished: int
+    tokens_generated: int
+    in_flight: int
+    failures: int
+    alive: bool
+    broken: bool
+
+
+class Health(BaseModel):
+    """Service health and engine counters (max_batch_size > 1 shows requests shared a step)."""
+
+    status: str
+    model: str
+    max_num_seqs: int
+    engine: HealthEngine
+
+
+class PublicKey(BaseModel):
+    """The Ed25519 public key that verifies this service's receipts."""
+
+    algorithm: str
+    signer_id: str
+    public_key_pem: str
+    public_key_b64: str
+
+
+def create_app(config: dict | None = None) -> Flask:
+    """The generation service's Flask app; loads the model and starts the engine thread."""
+    settings = load_settings(config)
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = Store(url=settings.database_url, home=settings.home)
+    store.upgrade()
+    _bootstrap_admin(settings.home, store)
+    keyring = Keyring(settings.home)
+    signer = ReceiptSigner(settings.home)
+    engine = (config or {}).get("engine") or _load_engine(settings)
+    _ensure_watermark_key(keyring, store, engine.loaded.vocab)
+    worker = EngineWorker(engine, max_pending=settings.max_pending).start()
+    atexit.register(worker.stop)
+    _warm_up_watermark(engine)
+    service = GenerationService(worker, store, keyring, signer, model_id=engine.loaded.model_id,
+                                max_prompt_chars=settings.max_text_chars)
+
+    app = Flask("provmark.generation")
+    install_body_limit(app, settings.max_text_chars)
+    app.json.sort_keys = False
+    app.extensions["provmark.generation"] = service
+    app.extensions["provmark.store"] = store
+    install_error_handlers(app)
+    _install_metrics(app, worker)
+    api = OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
+    auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
+
+    generate_bp, openai_bp, meta_bp = Blueprint("generate", __name__), Blueprint("openai", __name__), Blueprint(
+        "meta", __name__)
+    routes_native.register(generate_bp, api, auth)
+    openai_compat.register(openai_bp, api, auth)
+    _register_meta(meta_bp, api, service, engine.config.max_num_seqs)
+    for bp in (generate_bp, openai_bp, meta_bp):
+        app.register_blueprint(bp)
+    return app
+
+
+def _warm_up_watermark(engine) -> None:
+    """Compile the default spec's bias kernel in the background: the first watermarked request would
+    otherwise wait for it (about 5 s here). A failure only means that request compiles it instead. Where
+    the engine registered its C++ bias (generation/cpu/native.py) this only exercises that, in milliseconds."""
+    def run() -> None:
+        try:
+            warm_up(engine.vocab_size, device=engine.runner.device)
+        except Exception:  # best effort: the request path compiles, or falls back to eager, by itself
+            log.warning("watermark kernel warm-up failed; the first watermarked request will compile it",
+                        exc_info=True)
+
+    threading.Thread(target=run, name="provmark-watermark-warm-up", daemon=True).start()
+
+
+def _install_metrics(app: Flask, worker: EngineWorker) -> None:
+    """GET /metrics (api/metrics.py): requests, latencies, engine occupancy, queue depth, tokens."""
+    install_metrics(app, "provmark-generation").add_live_collector(EngineCollector(worker.occupancy, worker.stats))
+
+
+def _register_meta(bp: Blueprint, api: OpenAPI, service: GenerationService, max_num_seqs: int) -> None:
+    @api.route(bp, "/healthz", methods=["GET"], summary="Health and engine counters",
+               responses={200: Health}, tags=["meta"])
+    def healthz():
+        stats = service.worker.stats()
+        ok = stats["alive"] and not stats["broken"]
+        body = {"status": "ok" if ok else "unavailable", "model": service.model_id, "max_num_seqs": max_num_seqs,
+                "engine": stats}
+        return jsonify(body), 200 if ok else 503
+
+    @api.route(bp, "/v1/receipts/public-key", methods=["GET"], summary="The receipt-signing public key",
+               responses={200: PublicKey}, tags=["receipts"])
+    def public_key():
+        signer = service.signer
+        return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
+                        "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
+
+    @bp.get("/openapi.json")
+    def openapi():
+        return jsonify(_served_specifics(api.document(), sorted(service.model_names), service.vocab_size))
+
+
+def _served_specifics(document: dict, model_names: list[str], vocab_size: int) -> dict:
+    """What the static models cannot say: streaming routes answer 200 as JSON or, with ``stream: true``,
+    as server-sent events; the OpenAI ``model`` field takes the names this process serves; token ids
+    lie below the model's vocabulary size."""
+    _bound_token_ids(document["components"]["schemas"], vocab_size - 1)
+    for path in STREAMING_OPERATIONS:
+        ok = document["paths"].get(path, {}).get("post", {}).get("responses", {}).get("200")
+        if ok is not None:
+            ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT_SCHEMA}
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        field = document["components"]["schemas"].get(name, {}).get("properties", {}).get("model")
+        if field is not None:
+            field["enum"] = model_names
+    return document
+
+
+def _bound_token_ids(node, largest: int) -> None:
+    if isinstance(node, dict):
+        if node.get(TOKEN_ID_MARK):
+            node["maximum"] = largest
+        for child in node.values():
+            _bound_token_ids(child, largest)
+    elif isinstance(node, list):
+        for child in node:
+            _bound_token_ids(child, largest)
+
+
+def _load_engine(settings: Settings):
+    loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
+    return Engine(loaded, max_num_seqs=settings.max_num_seqs)
+
+
+def _bootstrap_admin(home: Path, store) -> None:
+    token = ensure_admin_token(home, store)
+    if token is not None:
+        announce_admin_token("generation", token, home / ADMIN_TOKEN_FILE)
+
+
+def _ensure_watermark_key(keyring, store, vocab) -> None:
+    """A keyring without an active key gets one that passed key screening (detector.calibrate),
+    recorded with its calibration in the store's audit log."""
+    info, calibration = ensure_screened_active_key(keyring, vocab)
+    if calibration is not None:
+        store.record_key_event(info, "create", SERVICE_ACTOR)
+        store.record_key_event(info, "calibrate", SERVICE_ACTOR, details=calibration)
+        log.info("created watermark key %s (active, calibration %s)", info.key_id, calibration["id"])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("provmark")
+    except PackageNotFoundError:
+        return "0.0.0"

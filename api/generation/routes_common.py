@@ -1,0 +1,239 @@
+"""What every generation route shares: prompts to token ids, request fields to SamplingParams and a
+Watermark (with errors that name the field the caller sent), the engine worker, signed receipts, and
+server-sent events.
+
+A finished generation gets an Ed25519-signed receipt (``db.receipts``) stored with its
+``generation`` audit event in one transaction. Receipts require a key id and a spec fingerprint, so an
+unwatermarked generation (or one under a public hf spec, which has no key) is signed with the
+placeholders ``NO_KEY_ID`` / ``UNWATERMARKED_FINGERPRINT``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
+from api.http import ApiError
+from db.receipts import ReceiptSigner, issue_receipt
+from db.rows import new_id, text_sha256
+from db.store import Store
+from generation.sample.params import SamplingParams
+from watermark.config import SpecError
+from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, validate_key_id
+from watermark.scheme import generation_watermark
+
+NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)
+UNWATERMARKED_FINGERPRINT = "unwatermarked"  # receipt spec fingerprint when there is no watermark
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this (as vLLM does)
+MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's documented maximum for top_logprobs
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_SAMPLING_FIELD_RE = re.compile(r"^SamplingParams\.(\w+)=")
+_PLAIN_FIELD_RE = re.compile(r"^(\w+):")
+
+
+def invalid_field(field: str, message: str) -> ApiError:
+    """422 naming one request field, shaped like the validation errors of ``api.http.validate``."""
+    return ApiError(422, "invalid_fields", f"invalid fields: {field} ({message})",
+                    details=[{"field": field, "message": message}])
+
+
+def error_from_value_error(exc: Exception, rename: dict[str, str] | None = None) -> ApiError:
+    """SamplingParams / Engine.submit ValueErrors name a field first; answer 422 naming it (as the caller spelled it)."""
+    text = str(exc)
+    match = _SAMPLING_FIELD_RE.match(text) or _PLAIN_FIELD_RE.match(text)
+    if match is None:
+        return invalid_field("(body)", text)
+    field = (rename or {}).get(match.group(1), match.group(1))
+    if match.re is _SAMPLING_FIELD_RE:  # "SamplingParams.top_p=1.5: must be ..." -> "top_p=1.5: must be ..."
+        return invalid_field(field, f"{field}={text[match.end():]}")
+    return invalid_field(field, text[match.end():].strip())
+
+
+@dataclass(slots=True)
+class Started:
+    """A request the engine accepted: its handle and what its receipt will say."""
+
+    handle: object  # api.generation.engine_worker.GenerationHandle
+    receipt_id: str
+    created: int  # unix seconds (OpenAI's `created`)
+    prompt_tokens: int
+
+
+class GenerationService:
+    """The engine worker plus what a route needs around it; one per app."""
+
+    def __init__(self, worker: EngineWorker, store: Store, keyring, signer: ReceiptSigner, *,
+                 model_id: str, max_prompt_chars: int) -> None:
+        self.worker = worker
+        self.store = store
+        self.keyring = keyring
+        self.signer = signer
+        self.model_id = model_id
+        self.model_names = frozenset({model_id, "default"})  # what the OpenAI `model` field may say
+        self.started_at = int(time.time())  # OpenAI's model `created`
+        self.max_prompt_chars = max_prompt_chars
+        self.engine = worker.engine
+        self.tokenizer = self.engine.tokenizer
+        self.vocab_size = self.engine.vocab_size
+        self._tokenizer_lock = threading.Lock()  # one Rust tokenizer shared by request threads
+
+    # ------------------------------------------------------------------ request -> engine inputs
+    def prompt_ids(self, prompt, field: str = "prompt") -> list[int]:
+        """Token ids of a text prompt (with the tokenizer's special tokens) or of given ids."""
+        if isinstance(prompt, str):
+            self._check_size(len(prompt), field)
+            if not prompt:
+                raise invalid_field(field, "empty prompt")
+            with self._tokenizer_lock:
+                return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if not prompt:
+            raise invalid_field(field, "empty prompt")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise invalid_field(field, f"token ids {bad[:5]} outside [0, {self.vocab_size})")
+        return list(prompt)
+
+    def chat_prompt_ids(self, messages: list[dict], field: str = "messages") -> list[int]:
+        """Token ids of a chat by the model's own chat template, ready for the assistant's turn."""
+        self._check_size(sum(len(m["content"]) for m in messages), field)
+        try:
+            with self._tokenizer_lock:
+                return self.engine.apply_chat_template(messages)
+        except Exception as exc:  # noqa: BLE001 - a template rejecting a conversation is the caller's error
+            raise invalid_field(field, f"the chat template rejected these messages ({type(exc).__name__})") from None
+
+    def _check_size(self, chars: int, field: str) -> None:
+        if chars > self.max_prompt_chars:
+            raise ApiError(413, "too_large", f"{field}: {chars} characters, above the limit of {self.max_prompt_chars}")
+
+    def sampling_params(self, values: dict, rename: dict[str, str] | None = None) -> SamplingParams:
+        """SamplingParams from field values; a bad one is a 422 naming the caller's field."""
+        try:
+            params = SamplingParams(**values)
+            params.validate_for_vocab(self.vocab_size)
+        except ValueError as exc:
+            raise error_from_value_error(exc, rename) from None
+        return params
+
+    def watermark(self, spec, key_id: str | None):
+        """The request's Watermark: ``spec`` None/True -> the default spec, False -> none, else a spec
+        string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
+        if spec is False:
+            if key_id is not None:
+                raise invalid_field("key_id", "nothing to key: the request turns the watermark off")
+            return None
+        if key_id is not None:
+            try:
+                validate_key_id(key_id)
+            except InvalidKeyIdError as exc:  # its message does not echo the value (it may be a pasted secret)
+                raise invalid_field("key_id", str(exc)) from None
+        try:
+            return generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
+                                        keyring=self.keyring)
+        except SpecError as exc:
+            raise invalid_field("watermark", str(exc)) from None
+        except KeyNotFoundError as exc:
+            raise ApiError(404, "key_not_found", str(exc)) from None
+        except ValueError as exc:  # an hf spec with a key id
+            raise invalid_field("key_id", str(exc).removeprefix("key: ")) from None
+
+    # ------------------------------------------------------------------ running
+    def start(self, prompt_ids: list[int], params: SamplingParams, watermark, *, streaming: bool,
+              rename: dict[str, str] | None = None) -> Started:
+        try:
+            handle = self.worker.submit(prompt_ids, params, watermark, streaming=streaming)
+        except WorkerUnavailable as exc:
+            raise ApiError(503, "engine_unavailable", str(exc), headers={"Retry-After": "5"}) from None
+        except ValueError as exc:
+            raise error_from_value_error(exc, rename) from None
+        return Started(handle, new_id(), int(time.time()), len(prompt_ids))
+
+    def finish(self, started: Started):
+        """Wait for the finished output (non-streaming requests)."""
+        try:
+            return started.handle.result()
+        except WorkerUnavailable as exc:
+            raise ApiError(503, "engine_unavailable", str(exc), headers={"Retry-After": "5"}) from None
+        except GenerationFailed as exc:
+            raise ApiError(500, "generation_failed", str(exc)) from None
+
+    def receipt(self, out, started: Started, actor: str) -> dict:
+        """Sign and store the receipt of a finished output (with its audit event, one transaction)."""
+        mark = out.watermark
+        return issue_receipt(
+            self.store, self.signer, actor,
+            text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,
+            spec_fingerprint=mark.fingerprint if mark is not None else UNWATERMARKED_FINGERPRINT,
+            key_id=(mark.key_id if mark is not None else None) or NO_KEY_ID,
+            receipt_id=started.receipt_id)
+
+    # ------------------------------------------------------------------ output pieces
+    @staticmethod
+    def watermark_info(out) -> dict | None:
+        mark = out.watermark
+        return None if mark is None else {"spec": mark.spec, "key_id": mark.key_id, "fingerprint": mark.fingerprint}
+
+    @staticmethod
+    def usage(out) -> dict:
+        return {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens,
+                "total_tokens": out.usage.total_tokens}
+
+    def token_text(self, token_id: int) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def token_logprobs(self, out, start: int = 0) -> list[dict]:
+        """Per generated token from ``start``: its id, text, logprob and the top alternatives (pre-watermark)."""
+        if out.logprobs is None:
+            return []
+        items = []
+        for token_id, logprob, top in zip(out.token_ids[start:], out.logprobs[start:], out.top_logprobs[start:]):
+            items.append({"token_id": token_id, "token": self.token_text(token_id), "logprob": finite(logprob),
+                          "top_logprobs": [{"token_id": t, "token": self.token_text(t), "logprob": finite(lp)}
+                                           for t, lp in top]})
+        return items
+
+
+def finite(value: float) -> float:
+    return float(value) if math.isfinite(value) else LOGPROB_FLOOR
+
+
+def sse(data) -> str:
+    """One server-sent event carrying ``data`` (JSON, or a literal such as ``[DONE]``)."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+def sse_error(exc: Exception) -> str:
+    if isinstance(exc, WorkerUnavailable):
+        code = "engine_unavailable"
+    elif isinstance(exc, GenerationFailed):
+        code = "generation_failed"
+    else:
+        code = "internal_error"
+    message = str(exc) if isinstance(exc, (WorkerUnavailable, GenerationFailed)) else "internal error"
+    return sse({"error": {"code": code, "message": message}})
+
+
+def stream_outputs(started: Started) -> Iterator:
+    """The request's outputs; closing the iterator (client gone) cancels the request."""
+    finished = False
+    try:
+        for out in started.handle.outputs():
+            finished = out.finished
+            yield out
+    finally:
+        if not finished:
+            started.handle.cancel()
+
+
+def stop_list(stop: str | Iterable[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    return [stop] if isinstance(stop, str) else list(stop)

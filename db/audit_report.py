@@ -1,0 +1,37 @@
+"""What ``audit verify`` reports: each problem found in the chain or in the rows it covers, and the totals."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# problems in the chain itself (db/audit.py); the row problems are named in db/audit_rows.py
+EDITED, DELETED, REORDERED, HEAD_MISMATCH = "edited", "deleted", "reordered", "head_mismatch"
+
+
+@dataclass(slots=True, frozen=True)
+class AuditProblem:
+    """One thing wrong with the chain: where (seq, event id) and what (``problem`` + message)."""
+
+    seq: int | None
+    event_id: str | None
+    problem: str  # edited | deleted | reordered | head_mismatch
+    message: str
+
+
+@dataclass(slots=True)
+class AuditReport:
+    events: int
+    head_seq: int
+    head_hash: str
+    problems: list[AuditProblem] = field(default_factory=list)
+    rows_checked: int = 0  # verdict and receipt rows compared with their events (db.audit_rows)
+    rows_partly_covered: int = 0  # of those, rows whose event predates row digests: only some fields compared
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "events": self.events, "head_seq": self.head_seq, "head_hash": self.head_hash,
+                "rows_checked": self.rows_checked, "rows_partly_covered": self.rows_partly_covered,
+                "problems": [asdict(p) for p in self.problems]}

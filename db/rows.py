@@ -1,0 +1,189 @@
+"""The database's tables as SQLAlchemy 2.0 typed models, and the helpers every row uses (UTC times, ids,
+the text hash). The schema itself is owned by the Alembic migrations in ``db/migrations``."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso_utc(moment: datetime) -> str:
+    """Fixed-width ISO 8601 UTC with microseconds, e.g. 2025-01-31T12:00:00.000000Z."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def text_sha256(text: str) -> str:
+    """SHA-256 of the text's UTF-8 bytes: the one hash verdicts and receipts are matched by."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes in, aware UTC datetimes out, on SQLite (naive storage) and PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given: store times as aware UTC datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class VerdictRow(Base):
+    """One detection: the text's hash and scores, never the text unless retention is on."""
+
+    __tablename__ = "verdicts"
+    __table_args__ = (Index("ix_verdicts_created_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    text_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    verdict: Mapped[str] = mapped_column(String(32), index=True)
+    z: Mapped[float] = mapped_column(Float)
+    p_value: Mapped[float] = mapped_column(Float)
+    green_count: Mapped[int] = mapped_column(Integer)
+    scored_count: Mapped[int] = mapped_column(Integer)
+    green_fraction: Mapped[float] = mapped_column(Float)
+    spec: Mapped[str] = mapped_column(String(200))
+    spec_fingerprint: Mapped[str] = mapped_column(String(64))
+    tokenizer_fingerprint: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    options: Mapped[dict] = mapped_column(JSONDocument)
+    windows: Mapped[dict | None] = mapped_column(JSONDocument)
+    receipt_id: Mapped[str | None] = mapped_column(String(36))
+    caller_token_id: Mapped[str | None] = mapped_column(String(36))
+    caller_name: Mapped[str | None] = mapped_column(String(100))
+    text: Mapped[str | None] = mapped_column(Text)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "created_at": iso_utc(self.created_at),
+            "text_sha256": self.text_sha256,
+            "verdict": self.verdict,
+            "z": self.z,
+            "p_value": self.p_value,
+            "green_count": self.green_count,
+            "scored_count": self.scored_count,
+            "green_fraction": self.green_fraction,
+            "spec": self.spec,
+            "spec_fingerprint": self.spec_fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "key_id": self.key_id,
+            "options": self.options,
+            "windows": self.windows,
+            "receipt_id": self.receipt_id,
+            "caller_token_id": self.caller_token_id,
+            "caller_name": self.caller_name,
+            "text": self.text,
+        }
+
+
+class ReceiptRow(Base):
+    """A signed generation receipt (see ``db.receipts``)."""
+
+    __tablename__ = "receipts"
+
+    receipt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    created_at: Mapped[str] = mapped_column(String(32))  # the exact signed ISO string
+    text_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    token_count: Mapped[int] = mapped_column(Integer)
+    model_id: Mapped[str] = mapped_column(String(200))
+    spec_fingerprint: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str] = mapped_column(String(32))
+    signer_id: Mapped[str] = mapped_column(String(32))
+    signature: Mapped[str] = mapped_column(String(100))
+    stored_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AuditEventRow(Base):
+    """One hash-chained audit event (see ``db.audit``)."""
+
+    __tablename__ = "audit_events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    event_id: Mapped[str] = mapped_column(String(36), unique=True)
+    kind: Mapped[str] = mapped_column(String(40), index=True)
+    actor: Mapped[str] = mapped_column(String(120))
+    subject_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    details: Mapped[str] = mapped_column(Text)  # canonical JSON, exactly the hashed bytes
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AuditHeadRow(Base):
+    """The chain's last sequence number and hash: the row appenders lock, and the tail's witness."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class ApiTokenRow(Base):
+    """An API token: its SHA-256 only (see ``db.api_tokens``)."""
+
+    __tablename__ = "api_tokens"
+
+    token_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(200))  # space-separated, sorted
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class KeyRecordRow(Base):
+    """Public metadata of a watermark key (id, status, fingerprint, times); never its secret."""
+
+    __tablename__ = "watermark_keys"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[str] = mapped_column(String(32))
+    retired_at: Mapped[str | None] = mapped_column(String(32))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DetectionUsageRow(Base):
+    """Tokens an API token had scored on one UTC day (``db.budget``): one row per token and day,
+    shared by every worker and both services."""
+
+    __tablename__ = "detection_usage"
+
+    token_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
+    tokens: Mapped[int] = mapped_column(Integer)
+    exhausted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

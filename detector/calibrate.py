@@ -1,0 +1,146 @@
+"""Measuring a key's null on human text (``calibrate`` -> ``Calibration``, see detector/calibration.py for
+what it is and how verdicts use it) and screening new keys by it: ``screened_secret`` draws secrets until
+one's null passes, ``ensure_screened_active_key`` gives a keyring with no key a first, screened one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+from detector import common_units, human_corpora
+from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore, bucket_of
+from detector.common_units import FIT_DOMAINS, CommonUnits
+from detector.scoring import score_positions
+from watermark.config import WatermarkSpec
+from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
+from watermark.scheme import Watermark
+from watermark.stats import Z_THRESHOLD, z_score
+
+log = logging.getLogger(__name__)
+
+WINDOW_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)  # tokens of the human windows scored
+WINDOWS_PER_LENGTH = 120  # per domain and length, at most ...
+TOKENS_PER_LENGTH = 150_000  # ... and at most this many tokens per domain and length
+SCREEN_TRIES = 8  # fresh secrets drawn at most, per key created (about 1 in 4 random keys fails)
+
+
+class HumanWindows:
+    """The fit half of the human corpora, tokenized once per tokenizer and cut into windows."""
+
+    _cache: dict[str, HumanWindows] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, vocab) -> None:
+        docs = human_corpora.documents(FIT_DOMAINS, human_corpora.FIT)
+        if not docs:
+            raise RuntimeError("no human corpus is installed to calibrate on (pip install gensim)")
+        encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast([d.text for d in docs], add_special_tokens=False)
+        self.corpus: dict[str, int] = {}
+        self.windows: list[tuple[str, torch.Tensor]] = []
+        by_domain: dict[str, list[np.ndarray]] = {}
+        for doc, enc in zip(docs, encoded):
+            by_domain.setdefault(doc.domain, []).append(np.asarray(enc.ids, dtype=np.int64))
+            self.corpus[doc.domain] = self.corpus.get(doc.domain, 0) + 1
+        seen: set[bytes] = set()
+        for domain, streams in by_domain.items():
+            for length in WINDOW_LENGTHS:
+                cut = [s[i:i + length] for s in streams for i in range(0, s.shape[0] - length + 1, length)]
+                cut = [w for w in cut if not (w.tobytes() in seen or seen.add(w.tobytes()))]  # a licence
+                # shipped by twenty packages is one text, not twenty
+                limit = min(WINDOWS_PER_LENGTH, max(1, TOKENS_PER_LENGTH // length))
+                if len(cut) > limit:  # an even spread over the corpus, the same on every machine
+                    cut = [cut[int(j)] for j in np.linspace(0, len(cut) - 1, limit)]
+                self.windows.extend((domain, torch.from_numpy(w)) for w in cut)
+
+    @classmethod
+    def for_vocabulary(cls, vocab) -> HumanWindows:
+        with cls._lock:
+            found = cls._cache.get(vocab.fingerprint)
+            if found is None:
+                found = cls._cache[vocab.fingerprint] = cls(vocab)
+            return found
+
+
+def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonUnits | None,
+              z_threshold: float = Z_THRESHOLD, progress: bool = False) -> Calibration:
+    """Score every human window under ``watermark`` (one key, one spec) as the detector would."""
+    windows = HumanWindows.for_vocabulary(vocab)
+    gamma = watermark.gamma
+    per_bucket: dict[int, list[float]] = {}
+    per_domain: dict[str, list[float]] = {}
+    items = windows.windows
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, desc=f"calibrating {watermark.key_id}", unit="text")
+    for domain, ids in items:
+        flags, prev = score_positions(watermark, ids, common)
+        counted = prev < 0
+        total = int(counted.sum())
+        if total == 0:
+            continue
+        z = z_score(int((flags & counted).sum()), total, gamma)
+        per_bucket.setdefault(bucket_of(total), []).append(z)
+        per_domain.setdefault(domain, []).append(z)
+    buckets = tuple(_bucket(i, per_bucket.get(i, [])) for i in range(len(BUCKET_EDGES)))
+    domains = {d: {"n": len(v), "mean_z": round(float(np.mean(v)), 4), "sd_z": round(float(np.std(v, ddof=1)), 4)}
+               for d, v in sorted(per_domain.items()) if len(v) > 1}
+    spec = watermark.spec
+    return Calibration(watermark.key_id or "", key_fingerprint, spec.format(), watermark.fingerprint,
+                       common.digest if common is not None else None,
+                       datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), buckets, domains,
+                       dict(sorted(windows.corpus.items())), float(z_threshold),
+                       tuple(z for values in per_bucket.values() for z in values))
+
+
+def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
+                    progress: bool = False) -> tuple[bytes, Calibration, int]:
+    """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
+    ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws)."""
+    best = None
+    for attempt in range(1, tries + 1):
+        secret = new_secret()
+        mark = Watermark(spec, secret, vocab.vocab_size, key_id="candidate")
+        result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
+        if result.passes_screen():
+            return secret, result, attempt
+        if best is None or result.worst_guarded_fpr() < best[1].worst_guarded_fpr():
+            best = (secret, result)
+    return best[0], best[1], tries
+
+
+def ensure_screened_active_key(keyring, vocab, progress: bool = False):
+    """The keyring's active key; when there is none, a first one that passed key screening, with its
+    calibration under the default spec stored. Returns (KeyInfo, calibration summary or None)."""
+    try:
+        return keyring.active(), None
+    except KeyNotFoundError:
+        pass
+    try:
+        secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
+                                                progress=progress)
+    except RuntimeError as exc:  # no human corpus installed: a key all the same, said loudly
+        log.warning("watermark key created without screening or calibration (%s)", exc)
+        return keyring.ensure_active(), None
+    info = keyring.ensure_active(secret)
+    if info.fingerprint != key_fingerprint(secret):  # another process made the first key meanwhile
+        return info, None
+    CalibrationStore(keyring).put(for_key(result, info.key_id))
+    return info, {**result.summary(), "screening_draws": draws}
+
+
+def for_key(calibration: Calibration, key_id: str) -> Calibration:
+    """The calibration of a screened candidate, named after the key it became."""
+    return replace(calibration, key_id=key_id)
+
+
+def _bucket(index: int, values: list[float]) -> Bucket:
+    if len(values) < 2:
+        return Bucket(index, len(values), 0.0, 1.0)
+    arr = np.asarray(values, dtype=np.float64)
+    return Bucket(index, int(arr.size), float(arr.mean()), float(arr.std(ddof=1)))

@@ -1,0 +1,72 @@
+"""``Verdict``: one detection result, its JSON form and what each API scope may see of it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose
+from detector.scoring import WATERMARKED
+from watermark.config import WatermarkSpec
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One detection result; ``to_dict()`` is JSON-safe (no NaN) and holds no text and no secret."""
+
+    verdict: str  # watermarked | not_watermarked | insufficient_text
+    z_score: float  # whole text, best key (nan when nothing was scored)
+    p_value: float  # whole text, exact binomial, Holm-corrected across the keys tested
+    p_value_normal: float  # the same from the normal approximation (corrected the same way)
+    num_tokens_scored: int  # T: distinct n-grams (dedup) or scorable positions
+    num_green_tokens: int  # G
+    green_fraction: float  # G / T (nan when T = 0)
+    key_id: str | None  # the best key (None for hf specs)
+    watermark: str  # canonical spec string
+    fingerprint: str  # spec fingerprint (spec + V)
+    num_tokens: int  # tokens of the normalised text
+    alpha: float  # false-positive rate the verdict is held to
+    z_threshold: float
+    min_tokens: int  # T below which a non-significant text is insufficient_text
+    dedup: bool
+    correction: str
+    keys: list[dict]  # every key tested: z, p, corrected p
+    normalizations: list[str]  # normalisation stages that changed the text
+    tokenizer_fingerprint: str
+    model_id: str
+    text_sha256: str  # of the original text
+    text_length: int  # characters of the original text
+    decided_by: str | None = None  # "text" | "window" when watermarked
+    # scorable positions left out because the generator had fewer than two tokens to choose from
+    # there (constrained decoding): the watermark could not act on them (see docs/constraints.md)
+    num_forced_positions: int = 0
+    # scored positions left out because their unit is common in human text, for the best key, and the
+    # key-free table that named them (detector.common_units; None for hf specs, which count everything)
+    num_common_positions: int = 0
+    common_units: str | None = None
+    # the best key's calibration (detector.calibration): its id, the length bucket, the null measured
+    # there, and whether that null (rather than N(0, 1)) set the p-value; None when the key has none
+    calibration: dict | None = None
+    windows: dict | None = None
+    explanation: list[dict] | None = None
+    # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
+    dither: float | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        del out["dither"]
+        for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
+            value = out[name]
+            out[name] = float(value) if value is not None and math.isfinite(value) else None
+        return out
+
+    @property
+    def watermarked(self) -> bool:
+        return self.verdict == WATERMARKED
+
+    def disclose(self, scope: str) -> dict:
+        """What a caller with ``scope`` may see (``detector.disclosure``): everything for ``explain``
+        or ``admin``; for ``detect`` the verdict and a coarse, dithered p-value, no counts."""
+        if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
+            raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
+        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, WatermarkSpec.parse(self.watermark).gamma)

@@ -1,0 +1,91 @@
+"""provmark's keyed watermark as a vLLM (V1 engine) logits processor. Needs the ``[vllm]`` extra.
+
+Load it by name::
+
+    LLM(model, logits_processors=["generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"])
+    vllm serve MODEL --logits-processors generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor
+
+Per request, through ``SamplingParams(extra_args={...})`` (``vllm_xargs`` in the OpenAI server):
+
+* ``provmark_watermark``: a spec string (``kgw:...`` or ``hf:...``); absent, None or True -> the
+  default spec; False or ``"off"`` -> this request is not watermarked.
+* ``provmark_key_id``: a keyring key id (active or standby); absent -> the keyring's active key.
+
+So an engine built with the plugin watermarks every request by default, like provmark's own
+generation service: opting out is explicit. Keys come from the keyring of the process's
+environment (``PROVMARK_HOME``, ``PROVMARK_MASTER_KEY``), which vLLM's workers inherit; a request
+naming an unknown or retired key, or arriving while the keyring has no active key, is rejected
+at admission (``validate_params``, HTTP 400 in the server). The bias reads the same token history
+(prompt and output ids) with the same PRF as provmark's engine, so ``provmark detect`` scores the
+text exactly as text from ``provmark generate``. vLLM applies it to raw logits, before penalties
+and temperature; the green lists, hence detection, do not depend on that order.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import (
+    BatchUpdate,
+    LogitsProcessor,
+    MoveDirectionality,
+)
+
+from generation.vllm.rows import RequestWatermarks, WatermarkedBatch, WatermarkRequest
+from watermark.key_info import KeyringError
+from watermark.keys import Keyring
+
+log = logging.getLogger(__name__)
+
+PLUGIN_FQCN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"  # what LLM()/--logits-processors take
+
+
+class ProvmarkWatermarkLogitsProcessor(LogitsProcessor):
+    """Biases each request's logits with its keyed watermark; rows without one are left untouched."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Reject a bad spec or key id, an unknown or retired key, or a missing active key, at admission."""
+        request = WatermarkRequest.from_extra_args(sampling_params.extra_args)
+        if request.spec is None or not request.spec.needs_key:
+            return
+        keyring = Keyring()
+        try:
+            if request.key_id is None:
+                keyring.active()
+            else:
+                info = next((k for k in keyring.list() if k.key_id == request.key_id), None)
+                if info is None or not info.usable_for_generation:
+                    state = "unknown" if info is None else info.status
+                    raise ValueError(f"provmark_key_id: key {request.key_id!r} cannot be used for "
+                                     f"generation ({state})")
+        except KeyringError as exc:
+            raise ValueError(f"provmark keyring: {exc}") from None
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        vocab_size = int(vllm_config.model_config.get_vocab_size())
+        self.batch = WatermarkedBatch(RequestWatermarks(vocab_size), on_error=_unresolved)
+
+    def is_argmax_invariant(self) -> bool:
+        """The bias moves green logits up (or red ones to -inf), so greedy choices change."""
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if not batch_update:
+            return
+        self.batch.update(
+            batch_update.removed,
+            [(index, params.extra_args, prompt_ids, output_ids)
+             for index, params, prompt_ids, output_ids in batch_update.added],
+            [(a, b, direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved],
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.batch.apply(logits)
+
+
+def _unresolved(index: int, exc: Exception) -> None:
+    # admission checked the key; it was retired or the keyring changed since: keep the engine serving
+    log.error("provmark: batch row %d left unwatermarked: %s", index, exc)

@@ -29,7 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from detector import human_corpora
+from watermark.paths import models_dir
 from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, window_identities
+from watermark.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +182,6 @@ def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> 
     """Count, per fit domain and per collection of at least MIN_COLLECTION_WINDOWS windows, the share
     of ``window_tokens``-token windows that contain each identity; keep those at FLOOR or more in some
     domain or collection (and in at least MIN_WINDOWS windows of it), with the largest share."""
-    from detector import human_corpora
-
     docs = human_corpora.documents(FIT_DOMAINS, human_corpora.FIT)
     if not docs:
         raise RuntimeError("no human corpus is installed to build a common-unit table from (pip install gensim)")
@@ -247,8 +248,6 @@ def for_vocabulary(vocab) -> CommonUnits:
 
 
 def _load_or_build(vocab) -> CommonUnits:
-    from watermark.paths import models_dir
-
     name = file_name(vocab.fingerprint)
     for path in (SHIPPED / name, models_dir() / "common-units" / name):
         if path.is_file():
@@ -265,8 +264,6 @@ def _load_or_build(vocab) -> CommonUnits:
 def main(argv: list[str] | None = None) -> int:
     """``python -m detector.common_units [OUT_DIR]``: (re)build the embedded tokenizer's table."""
     import sys
-
-    from watermark.vocab import load_vocabulary
 
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0]) if args else SHIPPED

@@ -118,3 +118,14 @@ def test_bad_options_are_a_clear_cli_error(tmp_path, capsys, flags, needle):
     assert main(["eval", "security", *flags, "--out", str(tmp_path / "x")]) != 0
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before anything ran
+
+
+def test_attack_names_select_what_runs():
+    from evaluation.security_attacks import ATTACKS
+    from evaluation.security_cli import wanted_attacks
+
+    assert wanted_attacks("oracle") == (True, ())
+    assert wanted_attacks("all") == (True, ATTACKS)
+    assert wanted_attacks("scrubbing, stealing") == (False, ("stealing", "scrubbing"))  # run in dependency order
+    with pytest.raises(ValueError, match="known"):
+        wanted_attacks("oracle,steal")

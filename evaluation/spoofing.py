@@ -87,7 +87,16 @@ def _edit(estimate: ColourEstimate, ids: list[int], logits: torch.Tensor, positi
         top = top[top != ids[p]]
         cand = np.concatenate([np.repeat(np.array(ids[p - w: p], dtype=np.int64)[None], len(top), 0), top[:, None]], 1)
         cand_scores, _ = estimate.unit_scores(cand)
-        pick = int(np.argmax(cand_scores)) if greener else int(np.argmin(cand_scores))  # ties: most probable
+        if greener or (cand_scores < 0).any():
+            pick = int(np.argmax(cand_scores)) if greener else int(np.argmin(cand_scores))  # ties: most probable
+        else:
+            # nothing believed red: draw like a blind edit among the candidates not believed green (the most
+            # probable one is often a common unit the detector does not count, which costs it less than a red)
+            allowed = np.flatnonzero(cand_scores <= 0)
+            if allowed.size == 0:
+                continue
+            weights = torch.softmax(logits[k][torch.as_tensor(top[allowed])].double(), dim=-1).tolist()
+            pick = int(rng.choices(list(allowed), weights=weights)[0])
         ids[p] = int(top[pick])
     return ids
 

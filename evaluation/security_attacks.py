@@ -185,7 +185,9 @@ class AttackRun:
         from evaluation import stealing
 
         mark = self.marks[label]
-        path = self.out / "cache" / f"stolen-{cache_key(label=label, key=self.key_fingerprints[label], n=tokens, seed=self.config.seed, t=self.config.tokens, rounds=self.config.rounds)[:20]}.npz"
+        digest = cache_key(label=label, key=self.key_fingerprints[label], n=tokens, seed=self.config.seed,
+                           t=self.config.tokens, rounds=self.config.rounds)
+        path = self.out / "cache" / f"stolen-{digest[:20]}.npz"
         if path.exists():
             return stealing.StolenCounts.load(path)
         sequences, starts, left = [], [], tokens

@@ -141,10 +141,12 @@ class ColourEstimate:
             context = ngrams[:, -1 - back]
             fresh = np.ones(len(tokens), dtype=bool) if not previous else ~np.any(np.stack(previous) == context, axis=0)
             previous.append(context)
+            if not len(self.keys):
+                continue
             key = context * self.vocab_size + tokens
-            at = np.clip(np.searchsorted(self.keys, key), 0, max(len(self.keys) - 1, 0))
-            hit = fresh & (len(self.keys) > 0) & (self.keys[at] == key) if len(self.keys) else np.zeros(len(key), bool)
-            total += np.where(hit, self.scores[at] if len(self.keys) else 0.0, 0.0)
+            at = np.clip(np.searchsorted(self.keys, key), 0, len(self.keys) - 1)
+            hit = fresh & (self.keys[at] == key)
+            total += np.where(hit, self.scores[at], 0.0)
             count += hit
         known = count > 0
         return np.where(known, total / np.maximum(count, 1), 0.0), known

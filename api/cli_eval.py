@@ -83,20 +83,26 @@ def _register_security(commands) -> None:
 def run_security(args) -> int:
     from detector.budget import DEFAULT_DAILY_TOKENS
     from evaluation.security import SecurityConfig, run_security as run
-    from evaluation.security_cli import run_stealing_attacks, wanted_attacks
+    from evaluation.security_cli import run_stealing_attacks, stealing_config, wanted_attacks
 
     try:
         oracle, stolen = wanted_attacks(args.attack)
     except ValueError as exc:
         raise CLIError(f"--attack: {exc}") from None
-    if stolen:
-        return run_stealing_attacks(args, stolen, run_oracle=oracle)
     try:
         config = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
                                 power_texts=args.power_texts, seed=args.seed,
                                 daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
     except ValueError as exc:
         raise CLIError("--" + str(exc).replace("_", "-")) from None
+    if stolen:
+        try:
+            attack_config = stealing_config(args, stolen)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        if args.threads is not None and args.threads < 1:
+            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
+        return run_stealing_attacks(args, attack_config, oracle_config=config if oracle else None)
     results = run(config, args.out, progress=not args.no_progress)
     print(json.dumps(results["summary"], indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")

@@ -42,42 +42,43 @@ def _numbers(flag: str, text: str, kind):
         raise ValueError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
 
 
-def run_stealing_attacks(args, attacks: tuple[str, ...], run_oracle: bool = False) -> int:
-    """Validate, then run; with ``run_oracle`` the oracle attack first (its own results in OUT/oracle)."""
-    from api.cli import CLIError
-    from evaluation.security_attacks import AttackConfig, run_attacks
+def stealing_config(args, attacks: tuple[str, ...]):
+    """The AttackConfig the flags ask for; ValueError naming the flag (the CLI turns it into its error)."""
+    from evaluation.security_attacks import AttackConfig
 
     try:
         steal = _numbers("--steal-tokens", args.steal_tokens, int)
         if any(float(p) != int(float(p)) for p in args.steal_tokens.split(",") if p.strip()):
             raise ValueError(f"--steal-tokens: expected whole numbers, got {args.steal_tokens!r}")
-        config = AttackConfig(attacks=attacks, steal_tokens=steal,
-                              schemes=tuple(s.strip() for s in args.schemes.split(";") if s.strip()),
-                              tokens=args.tokens, eval_texts=args.eval_texts, rates=_numbers("--rates", args.rates, float),
-                              spoof_delta=args.spoof_delta, seed=args.seed)
+        return AttackConfig(attacks=attacks, steal_tokens=steal,
+                            schemes=tuple(s.strip() for s in args.schemes.split(";") if s.strip()),
+                            tokens=args.tokens, eval_texts=args.eval_texts, rates=_numbers("--rates", args.rates, float),
+                            spoof_delta=args.spoof_delta, seed=args.seed)
     except ValueError as exc:
         message = str(exc)
         for name in ("steal_tokens", "eval_texts", "spoof_delta", "max_num_seqs"):
             message = message.replace(name, "--" + name.replace("_", "-"))
         if message.startswith(("schemes", "tokens", "rates")):
             message = "--" + message
-        raise CLIError(message) from None
+        raise ValueError(message) from None
+
+
+def run_stealing_attacks(args, config, oracle_config=None) -> int:
+    """Run ``config`` (from ``stealing_config``); with an ``oracle_config`` (an ``evaluation.security.SecurityConfig``)
+    the oracle attack first, into OUT/oracle. ``--threads`` must have been checked by the caller."""
+    from evaluation.security_attacks import run_attacks
+
     if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
-    if run_oracle:
+    if oracle_config is not None:
         from pathlib import Path
 
-        from detector.budget import DEFAULT_DAILY_TOKENS
-        from evaluation.security import SecurityConfig, run_security
+        from evaluation.security import run_security
 
-        oracle = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
-                                power_texts=args.power_texts, seed=args.seed,
-                                daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
-        print(json.dumps(run_security(oracle, Path(args.out) / ORACLE, progress=not args.no_progress)["summary"], indent=1))
+        found = run_security(oracle_config, Path(args.out) / ORACLE, progress=not args.no_progress)
+        print(json.dumps(found["summary"], indent=1))
     results = run_attacks(config, args.out, progress=not args.no_progress)
     print(json.dumps(headline(results), indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")

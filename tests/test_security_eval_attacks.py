@@ -129,3 +129,8 @@ def test_attack_names_select_what_runs():
     assert wanted_attacks("scrubbing, stealing") == (False, ("stealing", "scrubbing"))  # run in dependency order
     with pytest.raises(ValueError, match="known"):
         wanted_attacks("oracle,steal")
+
+
+def test_bad_oracle_options_are_refused_with_all_too(tmp_path, capsys):
+    assert main(["eval", "security", "--attack", "all", "--units", "1", "--out", str(tmp_path / "x")]) != 0
+    assert "--units" in capsys.readouterr().err and not (tmp_path / "x").exists()

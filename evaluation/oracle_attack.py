@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from watermark.config import WatermarkSpec
+from watermark.key_info import KeySpecError
 from watermark.scheme import Watermark
+from watermark.vocab import encode
 
 SWITCH_SPEC = "kgw:scheme=selfhash,h=1,gamma=0.25,delta=2.0"
 GAMMA_STEPS = 6  # bisection steps: the boundary to 1/64
@@ -49,7 +51,6 @@ class Target:
 
     def view(self, ids: list[int], spec: str | None = None) -> dict | None:
         """What the caller reads for the text of ``ids`` (None: refused, as a 4xx would be)."""
-        from watermark.key_info import KeySpecError
 
         self.queries += 1
         text = self.detector.vocab.tokenizer.decode(ids)
@@ -72,7 +73,6 @@ class Target:
 
 def word_tokens(vocab) -> list[int]:
     """Whole lowercase words with their leading space: every sequence of them re-tokenizes to itself."""
-    from watermark.vocab import encode
 
     pieces = vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.vocab_size)))
     words = [i for i, p in enumerate(pieces) if p.startswith("Ġ") and p[1:].isalpha() and p[1:].islower() and len(p) > 4]

@@ -23,7 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from db import budget
+from detector.service import Detector
 from evaluation import oracle_attack as oracle
+from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
+from watermark.vocab import load_vocabulary
 
 TARGET_ACCURACY = 0.9  # balanced accuracy at which a unit counts as learned
 OLD_RATE_PER_DAY = 600 * 60 * 24 * 2  # the old limit: 600/min per token per worker, `make serve` runs 2 workers
@@ -50,9 +54,6 @@ class SecurityConfig:
 def run_security(config: SecurityConfig, out_dir: str | Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from detector.service import Detector
-    from watermark.keys import Keyring
-    from watermark.vocab import load_vocabulary
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,7 +97,6 @@ def run_security(config: SecurityConfig, out_dir: str | Path, progress: bool = T
 
 
 def _default_spec():
-    from watermark.config import WatermarkSpec
 
     return WatermarkSpec.default()
 

@@ -67,8 +67,9 @@ def _register_security(commands) -> None:
 
     p = commands.add_parser("security", help="attacks on the watermark's secrecy, before and after the defences",
                             description=security.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attack", choices=("oracle",), default="oracle",
-                   help="oracle: a detect-token client learning colours from verdicts (the only one so far)")
+    p.add_argument("--attack", default="oracle", metavar="NAME",
+                   help="oracle (default; a detect-token client learning colours from verdicts), stealing, spoofing, "
+                        "scrubbing (from watermarked text; evaluation.security_attacks), or all")
     p.add_argument("--units", type=int, default=40, help="target units per attack, half green (default 40)")
     p.add_argument("--max-pairs", type=int, default=64, help="paired-difference pairs per unit, at most (default 64)")
     p.add_argument("--prefix-tokens", type=int, default=200, help="tokens of each query text (default 200)")
@@ -78,6 +79,9 @@ def _register_security(commands) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval-security", metavar="DIR", help="output folder (default eval-security)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from evaluation.security_cli import add_stealing_options
+
+    add_stealing_options(p)
     p.set_defaults(func=run_security)
 
 
@@ -85,13 +89,26 @@ def run_security(args) -> int:
     # local: torch loads only for the commands that score or generate
     from evaluation.security import SecurityConfig
     from evaluation.security import run_security as run
+    from evaluation.security_cli import run_stealing_attacks, stealing_config, wanted_attacks
 
+    try:
+        oracle, stolen = wanted_attacks(args.attack)
+    except ValueError as exc:
+        raise CLIError(f"--attack: {exc}") from None
     try:
         config = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
                                 power_texts=args.power_texts, seed=args.seed,
                                 daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
     except ValueError as exc:
         raise CLIError("--" + str(exc).replace("_", "-")) from None
+    if stolen:
+        try:
+            attack_config = stealing_config(args, stolen)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        if args.threads is not None and args.threads < 1:
+            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
+        return run_stealing_attacks(args, attack_config, oracle_config=config if oracle else None)
     results = run(config, args.out, progress=not args.no_progress)
     print(json.dumps(results["summary"], indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")

@@ -1,0 +1,179 @@
+"""The measurements of ``evaluation.security_attacks``, one function per attack, and their plots.
+
+Each takes the run, the scheme's label, the attacker's ``ColourEstimate`` from N stolen tokens and the
+held-out generations, and returns a JSON-able section of results.json.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from evaluation.attacks import AttackContext, get_attack
+from evaluation.metrics import summary
+from evaluation.spoofing import SpoofMark, scrub_edit, spoof_edit
+from evaluation.stealing import colour_accuracy
+
+Z_SUCCESS = 4.0  # the detector's default threshold: a spoof succeeds at z >= 4
+
+
+def _truth_units(mark, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    units = mark.ngrams(ids).numpy()
+    return units, mark.green_flags(ids).numpy()
+
+
+def stealing(run, label: str, estimate, held: dict, n: int) -> dict:
+    """Accuracy of the stolen colours on the units of held-out texts, unwatermarked and watermarked."""
+
+    mark = run.marks[label]
+    out = {"tokens": estimate.counts.tokens, "pairs_supported": int(len(estimate.keys))}
+    for name in ("unwatermarked", label):
+        units, truth = zip(*(_truth_units(mark, run.encode(g.text)) for g in held[name]))
+        out["on_" + ("unwatermarked" if name == "unwatermarked" else "watermarked")] = colour_accuracy(
+            estimate, np.concatenate(units), np.concatenate(truth))
+    return out
+
+
+def _summary(scored: list[dict]) -> dict:
+    z = [s["z"] for s in scored if s["z"] is not None]
+    return {"n": len(scored), "success_rate": float(np.mean([s["detected"] for s in scored])) if scored else None,
+            "z_at_least_4": float(np.mean([s["z"] is not None and s["z"] >= Z_SUCCESS for s in scored])) if scored else None,
+            "median_z": float(np.median(z)) if z else None}
+
+
+def spoofing(run, label: str, estimate, held: dict, n: int) -> dict:
+    """Steered generation and edited human text, scored by the production detector."""
+
+    cfg = run.config
+    generated = spoof_generations(run, {(label, n): estimate})[label, n]
+    out = {"delta": cfg.spoof_delta, "generated": _summary(run.detect(label, [g.text for g in generated])),
+           "generated_perplexity": summary([g.perplexity for g in generated])["median"],
+           "unwatermarked_perplexity": summary([g.perplexity for g in held["unwatermarked"]])["median"]}
+    logits = _human_logits(run)
+    edits = {}
+    for rate in cfg.rates:
+        rng = random.Random(f"{cfg.seed}|spoof-edit|{label}|{n}|{rate}")
+        texts = [run.decode(spoof_edit(estimate, ids, rows, list(range(1, len(ids))), rate, rng))
+                 for ids, rows in zip(run.human_ids, logits)]
+        edits[f"{rate:g}"] = _summary(run.detect(label, texts))
+    out["human_edited"] = edits
+    return out
+
+
+def spoof_generations(run, estimates: dict) -> dict:
+    """{(label, N): the base model steered by that stolen table on the held-out prompts} (cached)."""
+
+    cfg = run.config
+    keys = list(estimates)
+    marks = [(SpoofMark(estimates[k], cfg.spoof_delta, f"{k[0]}-n{k[1]}"), None) for k in keys]
+    found = run.source.generate_sets(run.eval_prompts, cfg.tokens, 1.0, cfg.seed + 2000, marks, label="spoofed texts")
+    return dict(zip(keys, found))
+
+
+def _human_logits(run):
+    if getattr(run, "_human_logits", None) is None:
+        run._human_logits = run.lm.next_token_logits(run.human_ids, [list(range(1, len(i))) for i in run.human_ids])
+    return run._human_logits
+
+
+def scrubbing(run, label: str, estimate, held: dict, n: int) -> dict:
+    """TPR of held-out watermarked texts after stolen-colour edits vs blind model edits, per rate."""
+
+    cfg = run.config
+    texts = [g.text for g in held[label]]
+    ids = [run.encode(t) for t in texts]
+    prompts = [g.prompt_ids for g in held[label]]
+    key = f"_scrub_logits_{label}"
+    if getattr(run, key, None) is None:  # logits at every text position, given prompt and text before it
+        full = run.lm.next_token_logits([p + i for p, i in zip(prompts, ids)],
+                                        [list(range(len(p), len(p) + len(i))) for p, i in zip(prompts, ids)])
+        setattr(run, key, full)
+    logits = getattr(run, key)
+    blind_attack = get_attack("token-substitute-lm")
+    context = AttackContext(run.vocab.tokenizer, lm=run.lm)
+    clean = _summary(run.detect(label, texts))
+    rows = {"0": {**clean, "blind": dict(clean)}}
+    for rate in cfg.rates:
+        rng = random.Random(f"{cfg.seed}|scrub|{label}|{n}|{rate}")
+        stolen = [run.decode(scrub_edit(estimate, i, lg, list(range(len(i))), rate, rng)) for i, lg in zip(ids, logits)]
+        blind = blind_attack.apply(texts, rate, cfg.seed, context)
+        rows[f"{rate:g}"] = {**_summary(run.detect(label, stolen)), "blind": _summary(run.detect(label, blind))}
+    return {"by_rate": rows}
+
+
+def control(run, label: str, held: dict) -> dict:
+    """What the detector says with no attack: unwatermarked held-out text (the spoof baseline) and human text."""
+    return {"unwatermarked": _summary(run.detect(label, [g.text for g in held["unwatermarked"]])),
+            "human": _summary(run.detect(label, [run.decode(i) for i in run.human_ids])),
+            "watermarked": _summary(run.detect(label, [g.text for g in held[label]]))}
+
+
+def plot(results: dict, config, out) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [k for k in results if isinstance(results[k], dict) and k not in ("config",)
+              and any(k2.isdigit() for k2 in results[k])]
+    names = []
+
+    def sections(label, attack):
+        return [(int(n), s[attack]) for n, s in sorted(results[label].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1)
+                if n.isdigit() and attack in s]
+
+    if any(sections(lb, "stealing") for lb in labels):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for lb in labels:
+            pts = sections(lb, "stealing")
+            ax.plot([n for n, _ in pts], [s["on_unwatermarked"]["balanced_accuracy_known"] for n, s in pts], marker="o",
+                    label=f"{lb}: balanced acc. (estimated units)")
+            ax.plot([n for n, _ in pts], [s["on_unwatermarked"]["coverage"] for n, s in pts], marker="x", linestyle="--",
+                    label=f"{lb}: coverage")
+        ax.set_xscale("log")
+        ax.set_xlabel("stolen watermarked tokens N")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "stealing_accuracy.png", dpi=120)
+        plt.close(fig)
+        names.append("stealing_accuracy.png")
+    if any(sections(lb, "spoofing") for lb in labels):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for lb in labels:
+            pts = sections(lb, "spoofing")
+            ax.plot([n for n, _ in pts], [s["generated"]["success_rate"] for n, s in pts], marker="o", label=f"{lb}: steered model")
+            top = f"{max(config.rates):g}"
+            ax.plot([n for n, _ in pts], [s["human_edited"][top]["success_rate"] for n, s in pts], marker="x",
+                    linestyle="--", label=f"{lb}: human text, {top} edited")
+        ax.set_xscale("log")
+        ax.set_xlabel("stolen watermarked tokens N")
+        ax.set_ylabel("spoof success (detected)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "spoofing_success.png", dpi=120)
+        plt.close(fig)
+        names.append("spoofing_success.png")
+    if any(sections(lb, "scrubbing") for lb in labels):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for lb in labels:
+            pts = sections(lb, "scrubbing")
+            if not pts:
+                continue
+            n, best = pts[-1]
+            rates = sorted(best["by_rate"], key=float)
+            line, = ax.plot([float(r) for r in rates], [best["by_rate"][r]["success_rate"] for r in rates], marker="o",
+                            label=f"{lb}: stolen colours, N={n}")
+            ax.plot([float(r) for r in rates], [best["by_rate"][r]["blind"]["success_rate"] for r in rates], marker="x",
+                    linestyle="--", color=line.get_color(), label=f"{lb}: blind edits")
+        ax.set_xlabel("edit rate (fraction of tokens replaced)")
+        ax.set_ylabel("TPR (detected)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "scrubbing_tpr.png", dpi=120)
+        plt.close(fig)
+        names.append("scrubbing_tpr.png")
+    return names

@@ -1,0 +1,106 @@
+"""The stealing / spoofing / scrubbing options of ``provmark eval security`` (``api.cli.evaluate`` registers them)."""
+
+from __future__ import annotations
+
+import json
+
+from evaluation.security import run_security
+from evaluation.security_attacks import AttackConfig, ATTACKS, DEFAULT_SCHEMES, run_attacks
+
+ORACLE = "oracle"
+
+
+def add_stealing_options(p) -> None:
+    p.add_argument("--steal-tokens", default="10000,30000,100000", metavar="LIST",
+                   help="stolen watermarked tokens N to measure at (comma-separated; default 10000,30000,100000)")
+    p.add_argument("--schemes", default=";".join(DEFAULT_SCHEMES), metavar="LIST",
+                   help="presets or kgw specs, separated by ';' (default: lefthash;default)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per generated text (default 200)")
+    p.add_argument("--eval-texts", type=int, default=40, help="held-out prompts and human texts (default 40)")
+    p.add_argument("--rates", default="0.1,0.2,0.3,0.5", metavar="LIST",
+                   help="edit rates of scrubbing and human-text spoofing (default 0.1,0.2,0.3,0.5)")
+    p.add_argument("--spoof-delta", type=float, default=4.0, help="bias the spoofer adds to believed-green tokens")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+
+
+def wanted_attacks(text: str) -> tuple[bool, tuple[str, ...]]:
+    """``--attack`` -> (run the oracle attack?, the stealing attacks to run); ValueError on unknown names."""
+    names = [part.strip().lower() for part in str(text).split(",") if part.strip()]
+    if not names:
+        raise ValueError("expected an attack name")
+    if "all" in names:
+        return True, ATTACKS
+    unknown = [n for n in names if n != ORACLE and n not in ATTACKS]
+    if unknown:
+        raise ValueError(f"unknown {', '.join(map(repr, unknown))} (known: {ORACLE}, {', '.join(ATTACKS)}, all)")
+    return ORACLE in names, tuple(n for n in ATTACKS if n in names)
+
+
+def _numbers(flag: str, text: str, kind):
+    try:
+        return tuple(kind(float(part)) if kind is int else kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+
+
+def stealing_config(args, attacks: tuple[str, ...]):
+    """The AttackConfig the flags ask for; ValueError naming the flag (the CLI turns it into its error)."""
+
+    try:
+        steal = _numbers("--steal-tokens", args.steal_tokens, int)
+        if any(float(p) != int(float(p)) for p in args.steal_tokens.split(",") if p.strip()):
+            raise ValueError(f"--steal-tokens: expected whole numbers, got {args.steal_tokens!r}")
+        return AttackConfig(attacks=attacks, steal_tokens=steal,
+                            schemes=tuple(s.strip() for s in args.schemes.split(";") if s.strip()),
+                            tokens=args.tokens, eval_texts=args.eval_texts, rates=_numbers("--rates", args.rates, float),
+                            spoof_delta=args.spoof_delta, seed=args.seed)
+    except ValueError as exc:
+        message = str(exc)
+        for name in ("steal_tokens", "eval_texts", "spoof_delta", "max_num_seqs"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        if message.startswith(("schemes", "tokens", "rates")):
+            message = "--" + message
+        raise ValueError(message) from None
+
+
+def run_stealing_attacks(args, config, oracle_config=None) -> int:
+    """Run ``config`` (from ``stealing_config``); with an ``oracle_config`` (an ``evaluation.security.SecurityConfig``)
+    the oracle attack first, into OUT/oracle. ``--threads`` must have been checked by the caller."""
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if oracle_config is not None:
+        from pathlib import Path
+
+
+        found = run_security(oracle_config, Path(args.out) / ORACLE, progress=not args.no_progress)
+        print(json.dumps(found["summary"], indent=1))
+    results = run_attacks(config, args.out, progress=not args.no_progress)
+    print(json.dumps(headline(results), indent=1))
+    print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
+    return 0
+
+
+def headline(results: dict) -> dict:
+    """Per scheme and N: colour accuracy, spoof success, and scrubbing vs blind at the largest rate."""
+    out = {}
+    for label, by_n in results.items():
+        if not isinstance(by_n, dict) or label in ("config",):
+            continue
+        for n, section in by_n.items():
+            if not n.isdigit():
+                continue
+            row = {}
+            if "stealing" in section:
+                row["colour_balanced_accuracy"] = section["stealing"]["on_unwatermarked"].get("balanced_accuracy_known")
+                row["coverage"] = section["stealing"]["on_unwatermarked"]["coverage"]
+            if "spoofing" in section:
+                row["spoof_success"] = section["spoofing"]["generated"]["success_rate"]
+            if "scrubbing" in section:
+                top = max(section["scrubbing"]["by_rate"], key=float)
+                cell = section["scrubbing"]["by_rate"][top]
+                row[f"tpr_at_rate_{top}"] = {"stolen": cell["success_rate"], "blind": cell["blind"]["success_rate"]}
+            out[f"{label} N={n}"] = row
+    return out

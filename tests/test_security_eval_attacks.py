@@ -1,0 +1,136 @@
+"""Watermark stealing, spoofing and scrubbing (issue #17): the estimator, the spoofer's bias, the CLI's refusals.
+
+The estimator runs on a synthetic stream whose colours are known: a random base model over a small
+vocabulary, watermarked by +delta on the green tokens of each one-token context (lefthash, h = 1).
+Bounds are binomial tails: an estimator that knew nothing would call a unit green independently of its
+colour, so the units it calls green would be green at the prior rate gamma.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import binom
+
+from api.cli import main
+from evaluation.spoofing import SCORE_CAP, SpoofMark, scrub_edit, spoof_edit
+from evaluation.stealing import ColourEstimate, StolenCounts, accumulate, colour_accuracy
+
+V, GAMMA, DELTA = 40, 0.25, 2.0
+TAIL = 1e-9  # one-sided tail of the no-information binomial a test may fall in
+
+
+def _stream(tokens: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    base = rng.dirichlet(np.full(V, 0.5), size=V)  # p_base(t | c)
+    green = rng.random((V, V)) < GAMMA  # the key's colours of (c, t)
+    marked = base * np.exp(DELTA * green)
+    marked /= marked.sum(axis=1, keepdims=True)
+    ids = [int(rng.integers(V))]
+    for _ in range(tokens):
+        ids.append(int(rng.choice(V, p=marked[ids[-1]])))
+    ids = np.array(ids)
+    # row i: the base model's whole distribution of token i given the token before it (row 0: no context)
+    top_ids = np.tile(np.arange(V), (len(ids), 1))
+    top_probs = np.vstack([np.full(V, 1.0 / V), base[ids[:-1]]])
+    return ids, top_ids, top_probs, green
+
+
+def test_stolen_colours_beat_the_prior_by_a_binomial_bound():
+    ids, top_ids, top_probs, green = _stream(20_000)
+    estimate = ColourEstimate(accumulate([(list(ids), top_ids, top_probs)], V, window=1, self_anchor=False))
+    units = np.array([[c, t] for c in range(V) for t in range(V)])
+    truth = green[units[:, 0], units[:, 1]]
+    scores, known = estimate.unit_scores(units)
+    believed = known & (scores > 0)
+    called, right = int(believed.sum()), int((believed & truth).sum())
+    assert called > 0 and right > binom.isf(TAIL, called, GAMMA)  # green calls: far above the prior gamma
+    red_called = known & (scores <= 0)
+    assert int((red_called & ~truth).sum()) > binom.isf(TAIL, int(red_called.sum()), 1 - GAMMA)
+    report = colour_accuracy(estimate, units, truth)
+    assert report["units"] == V * V and 0 < report["coverage"] <= 1
+
+
+def test_more_stolen_tokens_cover_more_units():
+    ids, top_ids, top_probs, _ = _stream(20_000, seed=1)
+    few = ColourEstimate(accumulate([(list(ids[:500]), top_ids[:500], top_probs[:500])], V, 1, False))
+    many = ColourEstimate(accumulate([(list(ids), top_ids, top_probs)], V, 1, False))
+    assert len(many.keys) > len(few.keys)
+    assert many.counts.tokens == len(ids) - 1 and few.counts.tokens == 499
+
+
+def test_a_context_token_repeated_in_the_window_is_one_pair():
+    ids = [3, 3, 7]  # 7 after the window (3, 3): the pair (3, 7) once, not twice
+    rows = np.zeros((3, 1), dtype=np.int64) + 7, np.ones((3, 1))
+    counts = accumulate([(ids, *rows)], 10, window=2, self_anchor=True)
+    key = 3 * 10 + 7
+    assert counts.pair_seen[counts.pair_keys == key].tolist() == [1.0]
+    assert counts.token_seen[7] == 1 and counts.tokens == 1
+
+
+def test_counts_survive_a_save_and_load(tmp_path):
+    ids, top_ids, top_probs, _ = _stream(300, seed=2)
+    counts = accumulate([(list(ids), top_ids, top_probs)], V, 1, False)
+    counts.save(tmp_path / "c.npz")
+    again = StolenCounts.load(tmp_path / "c.npz")
+    assert again.tokens == counts.tokens and again.window == 1 and again.self_anchor is False
+    assert np.array_equal(again.pair_keys, counts.pair_keys) and np.allclose(again.pair_expected, counts.pair_expected)
+
+
+def _toy_estimate() -> ColourEstimate:
+    # after context 1: token 2 seen 5 times where the base model expected 0.5 (green), token 3 never where
+    # it expected 5 (red)
+    keys = np.array([1 * 6 + 2, 1 * 6 + 3], dtype=np.int64)
+    counts = StolenCounts(6, 1, False, keys, np.array([5.0, 0.0]), np.array([0.5, 5.0]), np.zeros(6), np.zeros(6), 5)
+    return ColourEstimate(counts)
+
+
+def test_the_spoofer_boosts_only_tokens_it_believes_green():
+    mark = SpoofMark(_toy_estimate(), delta=3.0, label="toy")
+    scores = torch.zeros(2, 6)
+    mark.pipeline_stage.transform_(scores, [[1], [4]], [mark, mark])
+    assert scores[0, 2] == pytest.approx(3.0)  # log(5.5 / 1.0) > SCORE_CAP: the full delta
+    assert SCORE_CAP <= np.log(5.5)
+    assert scores[0].nonzero().flatten().tolist() == [2]  # believed red (token 3): no bias
+    assert not scores[1].any()  # a context it knows nothing about: untouched
+
+
+def test_edits_move_colours_the_way_each_attack_wants():
+    import random
+
+    estimate = _toy_estimate()
+    logits = torch.zeros(1, 6)
+    logits[0, 2], logits[0, 3], logits[0, 5] = 3.0, 2.0, 1.0  # the base model's candidates after token 1
+    assert spoof_edit(estimate, [1, 3], logits, [1], 0.5, random.Random(0)) == [1, 2]  # red -> green
+    assert scrub_edit(estimate, [1, 2], logits, [1], 0.5, random.Random(0)) == [1, 3]  # green -> red
+    assert scrub_edit(estimate, [1, 2], logits, [1], 0.0, random.Random(0)) == [1, 2]  # no budget, no edit
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--attack", "stealin"], "--attack"),
+    (["--attack", "stealing", "--steal-tokens", "10"], "--steal-tokens"),
+    (["--attack", "stealing", "--steal-tokens", "1e4,x"], "--steal-tokens"),
+    (["--attack", "scrubbing", "--rates", "0.1,1.5"], "--rates"),
+    (["--attack", "spoofing", "--schemes", "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1"], "--schemes"),
+    (["--attack", "spoofing", "--eval-texts", "500"], "--eval-texts"),
+    (["--attack", "all", "--spoof-delta", "0"], "--spoof-delta"),
+])
+def test_bad_options_are_a_clear_cli_error(tmp_path, capsys, flags, needle):
+    assert main(["eval", "security", *flags, "--out", str(tmp_path / "x")]) != 0
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before anything ran
+
+
+def test_attack_names_select_what_runs():
+    from evaluation.security_attacks import ATTACKS
+    from evaluation.security_cli import wanted_attacks
+
+    assert wanted_attacks("oracle") == (True, ())
+    assert wanted_attacks("all") == (True, ATTACKS)
+    assert wanted_attacks("scrubbing, stealing") == (False, ("stealing", "scrubbing"))  # run in dependency order
+    with pytest.raises(ValueError, match="known"):
+        wanted_attacks("oracle,steal")
+
+
+def test_bad_oracle_options_are_refused_with_all_too(tmp_path, capsys):
+    assert main(["eval", "security", "--attack", "all", "--units", "1", "--out", str(tmp_path / "x")]) != 0
+    assert "--units" in capsys.readouterr().err and not (tmp_path / "x").exists()

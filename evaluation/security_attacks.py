@@ -27,7 +27,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 
 from detector.service import Detector
 from evaluation import attack_measures as measure

@@ -1,26 +1,14 @@
-"""The stealing / spoofing / scrubbing options of ``provmark eval security`` (``api.cli.evaluate`` registers them)."""
+"""What ``provmark eval security`` runs (``api.cli.evaluate`` registers its options): which attacks, their
+settings from the flags, and the stealing / spoofing / scrubbing run with its headline output."""
 
 from __future__ import annotations
 
 import json
 
 from evaluation.security import run_security
-from evaluation.security_attacks import AttackConfig, ATTACKS, DEFAULT_SCHEMES, run_attacks
+from evaluation.security_attacks import ATTACKS, AttackConfig, run_attacks
 
 ORACLE = "oracle"
-
-
-def add_stealing_options(p) -> None:
-    p.add_argument("--steal-tokens", default="10000,30000,100000", metavar="LIST",
-                   help="stolen watermarked tokens N to measure at (comma-separated; default 10000,30000,100000)")
-    p.add_argument("--schemes", default=";".join(DEFAULT_SCHEMES), metavar="LIST",
-                   help="presets or kgw specs, separated by ';' (default: lefthash;default)")
-    p.add_argument("--tokens", type=int, default=200, help="tokens per generated text (default 200)")
-    p.add_argument("--eval-texts", type=int, default=40, help="held-out prompts and human texts (default 40)")
-    p.add_argument("--rates", default="0.1,0.2,0.3,0.5", metavar="LIST",
-                   help="edit rates of scrubbing and human-text spoofing (default 0.1,0.2,0.3,0.5)")
-    p.add_argument("--spoof-delta", type=float, default=4.0, help="bias the spoofer adds to believed-green tokens")
-    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
 
 
 def wanted_attacks(text: str) -> tuple[bool, tuple[str, ...]]:

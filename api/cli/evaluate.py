@@ -61,12 +61,20 @@ def register(subparsers) -> None:
     group.set_defaults(func=lambda args: _missing_command(group))
 
 
-def _register_security(commands) -> None:
-    # local: torch loads only for the commands that score or generate
-    from evaluation import security
+SECURITY_DESCRIPTION = """Attacks on the watermark's secrecy, each run by a client holding only what that attacker holds:
 
+  oracle     a detect-token client learning unit colours from verdicts (evaluation.security)
+  stealing   colours estimated from N watermarked tokens of the generation API (evaluation.stealing)
+  spoofing   the unwatermarked model steered by the stolen colours, scored by the real detector
+  scrubbing  watermarked text edited with the stolen colours, against blind edits at the same rate
+
+Results (cached, resumable) in OUT/results.json with a plot per attack; docs/security.md has the
+measured tables."""
+
+
+def _register_security(commands) -> None:
     p = commands.add_parser("security", help="attacks on the watermark's secrecy, before and after the defences",
-                            description=security.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=SECURITY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attack", default="oracle", metavar="NAME",
                    help="oracle (default; a detect-token client learning colours from verdicts), stealing, spoofing, "
                         "scrubbing (from watermarked text; evaluation.security_attacks), or all")
@@ -79,37 +87,43 @@ def _register_security(commands) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval-security", metavar="DIR", help="output folder (default eval-security)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from evaluation.security_cli import add_stealing_options
-
-    add_stealing_options(p)
+    # the stealing, spoofing and scrubbing attacks (evaluation.security_attacks)
+    p.add_argument("--steal-tokens", default="10000,30000,100000", metavar="LIST",
+                   help="stolen watermarked tokens N to measure at (comma-separated; default 10000,30000,100000)")
+    p.add_argument("--schemes", default="lefthash;default", metavar="LIST",
+                   help="presets or kgw specs, separated by ';' (default: lefthash;default)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per generated text (default 200)")
+    p.add_argument("--eval-texts", type=int, default=40, help="held-out prompts and human texts (default 40)")
+    p.add_argument("--rates", default="0.1,0.2,0.3,0.5", metavar="LIST",
+                   help="edit rates of scrubbing and human-text spoofing (default 0.1,0.2,0.3,0.5)")
+    p.add_argument("--spoof-delta", type=float, default=4.0, help="bias the spoofer adds to believed-green tokens")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=run_security)
 
 
 def run_security(args) -> int:
-    # local: torch loads only for the commands that score or generate
-    from evaluation.security import SecurityConfig
-    from evaluation.security import run_security as run
-    from evaluation.security_cli import run_stealing_attacks, stealing_config, wanted_attacks
+    # local: the attacks load torch and the model; the other commands should not
+    from evaluation import security, security_cli
 
     try:
-        oracle, stolen = wanted_attacks(args.attack)
+        oracle, stolen = security_cli.wanted_attacks(args.attack)
     except ValueError as exc:
         raise CLIError(f"--attack: {exc}") from None
     try:
-        config = SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
-                                power_texts=args.power_texts, seed=args.seed,
-                                daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
+        config = security.SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
+                                         power_texts=args.power_texts, seed=args.seed,
+                                         daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
     except ValueError as exc:
         raise CLIError("--" + str(exc).replace("_", "-")) from None
     if stolen:
         try:
-            attack_config = stealing_config(args, stolen)
+            attack_config = security_cli.stealing_config(args, stolen)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
         if args.threads is not None and args.threads < 1:
             raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
-        return run_stealing_attacks(args, attack_config, oracle_config=config if oracle else None)
-    results = run(config, args.out, progress=not args.no_progress)
+        return security_cli.run_stealing_attacks(args, attack_config, oracle_config=config if oracle else None)
+    results = security.run_security(config, args.out, progress=not args.no_progress)
     print(json.dumps(results["summary"], indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
     return 0
@@ -143,27 +157,26 @@ def parse_schemes(values: list[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _attacks(text: str) -> tuple[str, ...]:
-    # local: torch loads only for the commands that score or generate
-    from evaluation.attacks import ATTACK_NAMES, FAST_ATTACKS
-
+def _attacks(text: str, every: tuple[str, ...], fast: tuple[str, ...]) -> tuple[str, ...]:
     if text.strip().lower() == "all":
-        return ATTACK_NAMES
+        return every
     if text.strip().lower() == "fast":
-        return FAST_ATTACKS
+        return fast
     return tuple(_names(text))
 
 
 def run_robustness(args) -> int:
-    # local: torch loads only for the commands that score or generate
-    from evaluation.harness import EvalConfig
+    # local: the evaluation loads torch and the model; the other commands should not
+    from evaluation import attacks, harness, runner
+    from generation.models import load_model
 
     try:
-        config = EvalConfig(n=args.n, tokens=args.tokens, schemes=parse_schemes(args.schemes),
-                            attacks=_attacks(args.attacks), rates=_numbers("--rates", args.rates),
-                            seed=args.seed, temperature=args.temperature, null_keys=args.null_keys,
-                            deltas=_numbers("--deltas", args.deltas), max_num_seqs=args.max_num_seqs,
-                            attack_quality=args.attack_quality)
+        config = harness.EvalConfig(n=args.n, tokens=args.tokens, schemes=parse_schemes(args.schemes),
+                                    attacks=_attacks(args.attacks, attacks.ATTACK_NAMES, attacks.FAST_ATTACKS),
+                                    rates=_numbers("--rates", args.rates), seed=args.seed,
+                                    temperature=args.temperature, null_keys=args.null_keys,
+                                    deltas=_numbers("--deltas", args.deltas), max_num_seqs=args.max_num_seqs,
+                                    attack_quality=args.attack_quality)
     except ValueError as exc:
         raise CLIError(str(exc).replace("max_num_seqs", "--max-num-seqs").replace("null_keys", "--null-keys")) from None
     if args.threads is not None:
@@ -172,25 +185,19 @@ def run_robustness(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    loaded, keyring = _load(args)
-    # local: torch loads only for the commands that score or generate
-    from evaluation.runner import run_evaluation
-
+    loaded, keyring = _load(args, load_model)
     if args.detect_workers is not None and args.detect_workers < 1:
         raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")
-    results = run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
-                             progress=not args.no_progress, detect_backend=args.detect_backend,
-                             detect_workers=args.detect_workers, ray_address=args.ray_address,
-                             generate_backend=args.generate_backend, vllm_model=args.model)
+    results = runner.run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
+                                    progress=not args.no_progress, detect_backend=args.detect_backend,
+                                    detect_workers=args.detect_workers, ray_address=args.ray_address,
+                                    generate_backend=args.generate_backend, vllm_model=args.model)
     print(json.dumps(headline(results), indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
     return 0
 
 
-def _load(args):
-    # local: torch loads only for the commands that score or generate
-    from generation.models import load_model
-
+def _load(args, load_model):
     keyring = Keyring()
     try:
         if args.key is not None and not any(k.key_id == args.key and k.usable_for_generation for k in keyring.list()):

@@ -111,10 +111,7 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     calibration under the default spec stored."""
     if args.no_calibrate:
         return make(None), None
-    # local: torch loads only for the commands that score or generate
-    from detector import calibrate as measuring
-
-    vocab, common = _material()
+    vocab, common, measuring, _ = _material()
     spec = _spec_to_bind(args)
     try:
         secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args))
@@ -128,11 +125,13 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
 
 
 def _material():
-    # local: torch loads only for the commands that score or generate
-    from detector import common_units
+    """(vocabulary, common-unit table, detector.calibrate, Watermark): what screening and calibrating need."""
+    # local: calibrating loads torch and the human corpora; `keys list` and the others should not
+    from detector import calibrate, common_units
+    from watermark.scheme import Watermark
 
     vocab = load_vocabulary()
-    return vocab, common_units.for_vocabulary(vocab)
+    return vocab, common_units.for_vocabulary(vocab), calibrate, Watermark
 
 
 def _progress(args) -> bool:
@@ -171,10 +170,6 @@ def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
 
 
 def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
-    # local: torch loads only for the commands that score or generate
-    from detector import calibrate as measuring
-    from watermark.scheme import Watermark
-
     infos = {info.key_id: info for info in keyring.list()}
     key_ids = args.key_ids or [info.key_id for info in keyring.detection_keys()]
     if not key_ids:
@@ -189,7 +184,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     keyless = [spec.format() for spec in specs if not spec.needs_key]
     if keyless:
         raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
-    vocab, common = _material()
+    vocab, common, measuring, Watermark = _material()
     store = calibration.CalibrationStore(keyring)
     results, changed = [], []
     try:

@@ -101,6 +101,28 @@ def gunicorn_options(host: str, port: int, workers: int, *, timeout: int, gracef
             "child_exit": _mark_worker_dead}
 
 
+def run_gunicorn(load, host: str, port: int, workers: int, *, timeout: int, graceful_timeout: int, proc_name: str,
+                 **extra) -> None:
+    """The one launcher of both services: gunicorn in this process with ``gunicorn_options`` (plus ``extra``
+    settings, e.g. ``post_fork``), serving the app ``load()`` returns, until stopped. Settings this
+    gunicorn version lacks are skipped (``control_socket_disable`` exists from gunicorn 27 on)."""
+    from gunicorn.app.base import BaseApplication
+
+    options = {**gunicorn_options(host, port, workers, timeout=timeout, graceful_timeout=graceful_timeout,
+                                  proc_name=proc_name), **extra}
+
+    class Server(BaseApplication):
+        def load_config(self):
+            for key, value in options.items():
+                if key in self.cfg.settings:
+                    self.cfg.set(key, value)
+
+        def load(self):
+            return load()
+
+    Server().run()
+
+
 def prepare_metrics_dir(workers: int) -> str | None:
     """PROMETHEUS_MULTIPROC_DIR for this server's workers, so /metrics sums over all of them: the
     operator's folder when set (emptied: stale files would add old counts), else, with more than one

@@ -5,8 +5,7 @@ a thread pool runs the app); each worker process loads the model once and runs o
 ``--workers`` above 1 multiplies memory (default 1) and ``--threads`` bounds the requests a worker
 runs at once (streams hold a thread each).
 detector (default 127.0.0.1:8001): gunicorn with ``--workers`` processes (no model weights).
-Both read their configuration from the PROVMARK_* environment variables (see api/generation/app.py
-and api/detector/app.py); on first start the first of them writes a bootstrap admin token to $PROVMARK_HOME/admin.token
+Both read their configuration from the PROVMARK_* environment variables (api/settings.py); on first start the first of them writes a bootstrap admin token to $PROVMARK_HOME/admin.token
 (shown once on a terminal, never in a log).
 """
 
@@ -16,7 +15,7 @@ import argparse
 import os
 
 from api.cli.errors import CLIError
-from api.serving import asgi_app, gunicorn_options, prepare_metrics_dir
+from api.serving import asgi_app, prepare_metrics_dir, run_gunicorn
 
 DEFAULTS = {"generation": {"port": 8000, "workers": 1}, "detector": {"port": 8001, "workers": 2}}
 DEFAULT_HOST = "127.0.0.1"
@@ -61,25 +60,16 @@ def run(args) -> int:
 def run_generation_server(host: str, port: int, workers: int = 1, threads: int = GENERATION_THREADS) -> None:
     """Serve the generation app with gunicorn until stopped. The app (model, engine thread) is built
     in each worker after the fork: threads do not survive a fork."""
-    from gunicorn.app.base import BaseApplication
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer pool across the fork
     prepare_metrics_dir(workers)  # /metrics sums over the workers
-    options = gunicorn_options(host, port, workers, timeout=GENERATION_WORKER_TIMEOUT_S,
-                               graceful_timeout=GENERATION_GRACEFUL_TIMEOUT_S, proc_name="provmark-generation")
 
-    class GenerationServer(BaseApplication):
-        def load_config(self):
-            for key, value in options.items():
-                if key in self.cfg.settings:
-                    self.cfg.set(key, value)
+    def load():
+        # local: Flask and the app load for `serve` only
+        from api.generation.app import create_app
 
-        def load(self):
-            # local: Flask and the app load for `serve` only
-            from api.generation.app import create_app
-
-            return asgi_app(create_app(), threads=threads)
+        return asgi_app(create_app(), threads=threads)
 
     print(f"provmark generation: serving on http://{host}:{port}/ (OpenAI base_url http://{host}:{port}/v1) "
           f"with {workers} worker(s) x {threads} threads; the model loads in each worker", flush=True)
-    GenerationServer().run()
+    run_gunicorn(load, host, port, workers, timeout=GENERATION_WORKER_TIMEOUT_S,
+                 graceful_timeout=GENERATION_GRACEFUL_TIMEOUT_S, proc_name="provmark-generation")

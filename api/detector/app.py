@@ -12,17 +12,9 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
 
-Configuration: environment variables, overridden by the ``config`` dict given to ``create_app``
-(same meaning, lower-case names without the ``PROVMARK_`` prefix):
-
-    PROVMARK_HOME            state folder: keyring, SQLite file, admin.token (default ~/.local/share/provmark)
-    PROVMARK_DATABASE_URL    database (default: SQLite in PROVMARK_HOME, WAL mode)
-    PROVMARK_MAX_TEXT_CHARS  longest text /v1/detect accepts, in characters (default 100000; above -> 413)
-    PROVMARK_RATE_LIMIT      requests per minute per token and process (default 600)
-    PROVMARK_RATE_BURST      requests a token may make at once (default: the per-minute rate)
-    PROVMARK_RETAIN_TEXT     1 to store detected texts with their verdicts (default off: hashes only)
-    PROVMARK_DETECT_BUDGET   text tokens a token without the explain scope may have scored per UTC day, shared
-                             by every worker (default 40000; 0: no budget; above it -> 429, see db/budget.py)
+Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
+the ``config`` dict given to ``create_app``, same names in lower case); the detector reads ``home``,
+``database_url``, ``max_text_chars``, ``rate_limit``, ``rate_burst``, ``retain_text`` and ``detect_budget``.
 
 Config-only keys: ``store`` (a ``db.store.Store``), ``detector`` (a ``Detector``), ``keyring``,
 ``vocab`` (shares an already loaded tokenizer), ``bootstrap`` (False skips migrations and the
@@ -36,10 +28,8 @@ at start the app still starts, answers 503, and retries the bootstrap on the nex
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flask import Flask, jsonify, request
@@ -49,68 +39,28 @@ from api.detector import routes_audit, routes_detect, routes_page, routes_verdic
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from api.metrics import count_verdict, install_metrics
+from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-from db.budget import DEFAULT_DAILY_TOKENS, UsageLedger
+from db.budget import UsageLedger
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
 from watermark.keys import Keyring
-from watermark.paths import provmark_home
 from watermark.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "provmark-detector"
 API_VERSION = "1.0.0"
-DEFAULT_MAX_TEXT_CHARS = 100_000
-DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
-# A JSON string spends at most 6 bytes per character (\uXXXX), plus room for the other fields.
-ENV_PREFIX = "PROVMARK_"
-SETTING_NAMES = ("home", "database_url", "max_text_chars", "rate_limit", "rate_burst", "retain_text", "detect_budget")
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics"})  # need no database
 
 
 @dataclass(slots=True)
-class DetectorSettings:
-    """The service's configuration, validated at the door (errors name the setting)."""
-
-    home: Path
-    database_url: str | None = None
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    rate_limit: float = DEFAULT_RATE_LIMIT
-    rate_burst: int | None = None
-    retain_text: bool | None = None
-    detect_budget: int = DEFAULT_DAILY_TOKENS
-
-    def __post_init__(self) -> None:
-        self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
-        self.home = Path(self.home).expanduser()
-        self.max_text_chars = _as_int("max_text_chars", self.max_text_chars, minimum=1)
-        self.rate_limit = _as_float("rate_limit", self.rate_limit, minimum=0.0)
-        if self.rate_burst is not None:
-            self.rate_burst = _as_int("rate_burst", self.rate_burst, minimum=1)
-        if isinstance(self.retain_text, str):
-            self.retain_text = self.retain_text.strip().lower() in ("1", "true", "yes", "on")
-
-    @classmethod
-    def from_env(cls, overrides: dict[str, Any]) -> DetectorSettings:
-        """Environment variables, then ``overrides`` (lower-case names) on top."""
-        values: dict[str, Any] = {}
-        for name in SETTING_NAMES:
-            raw = os.environ.get(ENV_PREFIX + name.upper())
-            if raw not in (None, ""):
-                values[name] = raw
-        values.update({k: v for k, v in overrides.items() if k in SETTING_NAMES})
-        values.setdefault("home", provmark_home())
-        return cls(**values)
-
-
-@dataclass(slots=True)
 class DetectorServices:
     """What the routes share in one process: settings, store, detector, auth."""
 
-    settings: DetectorSettings
+    settings: Settings
     store: Store
     detector: Any  # detector.service.Detector
     auth: Auth
@@ -139,10 +89,10 @@ class DetectorServices:
 def create_app(config: dict | None = None) -> Flask:
     """The detector service app; ``config`` keys override environment variables (module docstring)."""
     config = dict(config or {})
-    unknown = sorted(set(config) - set(SETTING_NAMES) - set(OBJECT_NAMES))
+    unknown = sorted(set(config) - {f.name for f in fields(Settings)} - set(OBJECT_NAMES))
     if unknown:
         raise ValueError(f"unknown detector config keys: {', '.join(unknown)}")
-    settings = DetectorSettings.from_env(config)
+    settings = Settings.load(config)
     store = config.get("store") or Store(settings.database_url, home=settings.home,
                                           retain_text=settings.retain_text)
     detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"))
@@ -192,7 +142,7 @@ def _install_metrics(app: Flask) -> None:
         return response
 
 
-def _make_detector(settings: DetectorSettings, vocab, keyring):
+def _make_detector(settings: Settings, vocab, keyring):
     # Load the tokenizer now, once per process, rather than inside the first request.
     return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home))
 
@@ -240,23 +190,3 @@ def _with_csv_export(document: dict) -> dict:
         content = operation["responses"]["200"].setdefault("content", {})
         content["text/csv"] = {"schema": {"type": "string"}}
     return document
-
-
-def _as_int(name: str, value, minimum: int) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
-    if isinstance(value, bool) or number < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def _as_float(name: str, value, minimum: float) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, got {value!r}") from None
-    if isinstance(value, bool) or not number >= minimum or number == float("inf"):
-        raise ValueError(f"{name}: expected a finite number >= {minimum}, got {value!r}")
-    return number

@@ -14,7 +14,7 @@ import argparse
 import os
 
 from api.detector.app import create_app, services_of
-from api.serving import InlineWSGI, gunicorn_options, prepare_metrics_dir
+from api.serving import InlineWSGI, prepare_metrics_dir, run_gunicorn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001
@@ -47,8 +47,6 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
     # Tokenizer threads must not be running when gunicorn forks the workers.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     prepare_metrics_dir(workers)  # before the app makes its metrics: /metrics sums over the workers
-    from gunicorn.app.base import BaseApplication
-
     app = create_app()
     services_of(app).store.engine.dispose()  # no connection of the master's is shared with a worker
     served = InlineWSGI(app, app.config["MAX_CONTENT_LENGTH"])
@@ -59,20 +57,9 @@ def run_detector_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, work
         torch.set_num_threads(1)  # one scoring at a time per worker: a thread pool only adds contention
         services_of(app).store.engine.dispose(close=False)
 
-    options = {**gunicorn_options(host, port, workers, timeout=WORKER_TIMEOUT_S, graceful_timeout=GRACEFUL_TIMEOUT_S,
-                                  proc_name="provmark-detector"), "post_fork": post_fork}
-
-    class DetectorServer(BaseApplication):
-        def load_config(self):
-            for key, value in options.items():
-                if key in self.cfg.settings:  # control_socket_disable exists from gunicorn 27 on
-                    self.cfg.set(key, value)
-
-        def load(self):
-            return served
-
     print(f"provmark detector: serving on http://{host}:{port}/ with {workers} workers", flush=True)
-    DetectorServer().run()
+    run_gunicorn(lambda: served, host, port, workers, timeout=WORKER_TIMEOUT_S, graceful_timeout=GRACEFUL_TIMEOUT_S,
+                 proc_name="provmark-detector", post_fork=post_fork)
 
 
 def main(argv: list[str] | None = None) -> int:

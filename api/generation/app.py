@@ -6,19 +6,9 @@ GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py
 once at start; one engine runs in a background thread (``api.generation.engine_worker``) and concurrent
 requests share its continuous batches.
 
-Configuration: ``config`` keys override environment variables, which override the defaults:
-
-    key              environment variable       default
-    home             PROVMARK_HOME              ~/.local/share/provmark (keyring, database, admin.token)
-    database_url     PROVMARK_DATABASE_URL      SQLite in home
-    model            PROVMARK_MODEL             the embedded SmolLM2-135M-Instruct; else a local HF folder
-    device           PROVMARK_DEVICE            cuda when present, else cpu
-    dtype            PROVMARK_DTYPE             float32 on CPU
-    max_num_seqs     PROVMARK_MAX_NUM_SEQS      16 sequences per engine step
-    max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503
-    rate_limit       PROVMARK_RATE_LIMIT        600 requests/minute per token (0 = no limit)
-    rate_burst       PROVMARK_RATE_BURST        = rate_limit
-    max_text_chars   PROVMARK_MAX_TEXT_CHARS    100000 prompt characters before 413
+Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share; ``config`` keys
+override them, same names in lower case); generation reads ``home``, ``database_url``, ``model``,
+``device``, ``dtype``, ``max_num_seqs``, ``max_pending``, ``rate_limit``, ``rate_burst`` and ``max_text_chars``.
 
 ``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model).
 On first start an admin token is created, written to ``home/admin.token`` (0600) and printed once;
@@ -29,20 +19,19 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from flask import Blueprint, Flask, jsonify
 from pydantic import BaseModel
 
 from api.generation import openai_compat, routes_native
-from api.generation.engine_worker import DEFAULT_MAX_PENDING, EngineWorker
+from api.generation.engine_worker import EngineWorker
 from api.generation.routes_common import GenerationService
 from api.generation.routes_models import TOKEN_ID_MARK
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from api.metrics import EngineCollector, install_metrics
+from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptSigner
 from db.store import Store
@@ -50,7 +39,6 @@ from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
 from watermark.keys import Keyring
-from watermark.paths import provmark_home
 from watermark.processor import warm_up
 
 log = logging.getLogger(__name__)
@@ -61,52 +49,6 @@ STREAMING_OPERATIONS = ("/v1/generate", "/v1/completions", "/v1/chat/completions
 SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"], "properties": {
     "data": {"type": "string", "description": "one JSON chunk, or [DONE] at the end"},
     "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
-
-
-@dataclass(slots=True)
-class Settings:
-    home: Path
-    database_url: str | None
-    model: str | None
-    device: str | None
-    dtype: str | None
-    max_num_seqs: int
-    max_pending: int
-    rate_limit: float
-    rate_burst: int | None
-    max_text_chars: int
-
-
-def load_settings(config: dict | None = None) -> Settings:
-    """Settings from ``config``, the environment and the defaults; ValueError names a bad one."""
-    config = dict(config or {})
-
-    def pick(key: str, env: str, default, kind=str, minimum=1):
-        value = config.get(key, os.environ.get(env) or default)
-        if value is None or kind is str:
-            return value
-        try:
-            value = kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{env} ({key}): expected {kind.__name__}, got {value!r}") from None
-        if value < minimum:
-            raise ValueError(f"{env} ({key}): must be >= {minimum}, got {value!r}")
-        return value
-
-    home = Path(config["home"]).expanduser() if config.get("home") else provmark_home()
-    rate = pick("rate_limit", "PROVMARK_RATE_LIMIT", 600.0, float, minimum=0)
-    return Settings(
-        home=home,
-        database_url=pick("database_url", "PROVMARK_DATABASE_URL", None),
-        model=pick("model", "PROVMARK_MODEL", None),
-        device=pick("device", "PROVMARK_DEVICE", None),
-        dtype=pick("dtype", "PROVMARK_DTYPE", None),
-        max_num_seqs=pick("max_num_seqs", "PROVMARK_MAX_NUM_SEQS", 16, int),
-        max_pending=pick("max_pending", "PROVMARK_MAX_PENDING", DEFAULT_MAX_PENDING, int),
-        rate_limit=rate,
-        rate_burst=pick("rate_burst", "PROVMARK_RATE_BURST", None, int),
-        max_text_chars=pick("max_text_chars", "PROVMARK_MAX_TEXT_CHARS", 100_000, int),
-    )
 
 
 class HealthEngine(BaseModel):
@@ -142,7 +84,7 @@ class PublicKey(BaseModel):
 
 def create_app(config: dict | None = None) -> Flask:
     """The generation service's Flask app; loads the model and starts the engine thread."""
-    settings = load_settings(config)
+    settings = Settings.load(config)
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(url=settings.database_url, home=settings.home)
     store.upgrade()
@@ -167,13 +109,9 @@ def create_app(config: dict | None = None) -> Flask:
     api = OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
     auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
 
-    generate_bp, openai_bp, meta_bp = Blueprint("generate", __name__), Blueprint("openai", __name__), Blueprint(
-        "meta", __name__)
-    routes_native.register(generate_bp, api, auth)
-    openai_compat.register(openai_bp, api, auth)
-    _register_meta(meta_bp, api, service, engine.config.max_num_seqs)
-    for bp in (generate_bp, openai_bp, meta_bp):
-        app.register_blueprint(bp)
+    for module in (routes_native, openai_compat):
+        app.register_blueprint(module.blueprint(api, auth))
+    app.register_blueprint(_meta_blueprint(api, service, engine.config.max_num_seqs))
     return app
 
 
@@ -196,7 +134,9 @@ def _install_metrics(app: Flask, worker: EngineWorker) -> None:
     install_metrics(app, "provmark-generation").add_live_collector(EngineCollector(worker.occupancy, worker.stats))
 
 
-def _register_meta(bp: Blueprint, api: OpenAPI, service: GenerationService, max_num_seqs: int) -> None:
+def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int) -> Blueprint:
+    bp = Blueprint("meta", __name__)
+
     @api.route(bp, "/healthz", methods=["GET"], summary="Health and engine counters",
                responses={200: Health}, tags=["meta"])
     def healthz():
@@ -217,6 +157,7 @@ def _register_meta(bp: Blueprint, api: OpenAPI, service: GenerationService, max_
     def openapi():
         return jsonify(_served_specifics(api.document(), sorted(service.model_names), service.vocab_size))
 
+    return bp
 
 def _served_specifics(document: dict, model_names: list[str], vocab_size: int) -> dict:
     """What the static models cannot say: streaming routes answer 200 as JSON or, with ``stream: true``,

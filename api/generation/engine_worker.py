@@ -21,10 +21,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from api.settings import DEFAULT_MAX_PENDING
+
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3  # engine.step() errors in a row before the worker declares itself broken
-DEFAULT_MAX_PENDING = 256  # requests queued or running at once before submit refuses (503)
 
 
 class WorkerUnavailable(Exception):
@@ -257,5 +258,5 @@ class EngineWorker:
             handle._deliver(GenerationFailed("the generation engine failed while running this request"))
 
 
-__all__ = ["DEFAULT_MAX_PENDING", "EngineWorker", "GenerationFailed", "GenerationHandle", "WorkerStats",
+__all__ = ["EngineWorker", "GenerationFailed", "GenerationHandle", "WorkerStats",
            "WorkerUnavailable"]

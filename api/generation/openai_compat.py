@@ -108,7 +108,10 @@ class ChatCompletionRequest(OpenAIRequest):
 
 
 # ---------------------------------------------------------------------------------------- routes
-def register(bp: Blueprint, api, auth) -> None:
+def blueprint(api, auth) -> Blueprint:
+    """The openai routes, registered on the app as the detector's route modules are."""
+    bp = Blueprint("openai", __name__)
+
     errors = {404: "unknown model or watermark key", 413: "prompt above the size limit", 500: "the engine failed"}
 
     @api.route(bp, "/v1/completions", methods=["POST"], summary="OpenAI-compatible completion",
@@ -156,6 +159,7 @@ def register(bp: Blueprint, api, auth) -> None:
         card = {"id": service.model_id, "object": "model", "created": service.started_at, "owned_by": "provmark"}
         return jsonify({"object": "list", "data": [card]})
 
+    return bp
 
 def _service():
     return current_app.extensions["provmark.generation"]

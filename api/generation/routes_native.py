@@ -99,7 +99,10 @@ class GenerateResponse(BaseModel):
     logprobs: list[TokenLogprob] | None = None
 
 
-def register(bp: Blueprint, api, auth) -> None:
+def blueprint(api, auth) -> Blueprint:
+    """The generate routes, registered on the app as the detector's route modules are."""
+    bp = Blueprint("generate", __name__)
+
     @api.route(bp, "/v1/generate", methods=["POST"], summary="Generate (watermarked) text", body=GenerateRequest,
                responses={200: GenerateResponse, 404: "unknown watermark key",
                           413: "prompt above the size limit", 500: "the engine failed"},
@@ -125,6 +128,7 @@ def register(bp: Blueprint, api, auth) -> None:
         out = service.finish(started)
         return jsonify(_body(service, out, started, service.receipt(out, started, actor), with_logprobs=True))
 
+    return bp
 
 def _body(service, out, started, receipt: dict, with_logprobs: bool) -> dict:
     body = {"id": started.receipt_id, "model": service.model_id, "text": out.text, "token_ids": out.token_ids,

@@ -1,0 +1,103 @@
+"""One settings object for both services: every ``PROVMARK_*`` variable, read once and checked at the door.
+
+Each setting comes from the app's ``config`` (lower-case name), else the environment variable, else
+its default; a bad value is a ValueError naming the variable and the setting. A service reads the
+fields it uses and ignores the rest.
+
+    setting          variable                   default, meaning                                     used by
+    home             PROVMARK_HOME              ~/.local/share/provmark: keyring, SQLite, admin.token  both
+    database_url     PROVMARK_DATABASE_URL      SQLite in home (WAL mode)                              both
+    max_text_chars   PROVMARK_MAX_TEXT_CHARS    100000 characters of text or prompt (above: 413)       both
+    rate_limit       PROVMARK_RATE_LIMIT        600 requests/minute per token and process (0: none)    both
+    rate_burst       PROVMARK_RATE_BURST        requests a token may make at once (the rate)           both
+    retain_text      PROVMARK_RETAIN_TEXT       1: store detected texts with verdicts (hashes only)    detector
+    detect_budget    PROVMARK_DETECT_BUDGET     text tokens scored per token and UTC day (db.budget)   detector
+    model            PROVMARK_MODEL             a local Hugging Face folder (the embedded SmolLM2)     generation
+    device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
+    dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
+    max_num_seqs     PROVMARK_MAX_NUM_SEQS      16 sequences per engine step                           generation
+    max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503                      generation
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from db.budget import DEFAULT_DAILY_TOKENS
+from watermark.paths import provmark_home
+
+ENV_PREFIX = "PROVMARK_"
+DEFAULT_MAX_TEXT_CHARS = 100_000
+DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
+DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
+
+
+@dataclass(slots=True)
+class Settings:
+    """Both services' configuration (module docstring); values are checked when the object is made."""
+
+    home: Path
+    database_url: str | None = None
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    rate_limit: float = DEFAULT_RATE_LIMIT
+    rate_burst: int | None = None
+    retain_text: bool | None = None  # None: the store's own default (PROVMARK_RETAIN_TEXT)
+    detect_budget: int = DEFAULT_DAILY_TOKENS
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    max_num_seqs: int = 16
+    max_pending: int = DEFAULT_MAX_PENDING
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).expanduser()
+        self.max_text_chars = _as_int("max_text_chars", self.max_text_chars, minimum=1)
+        self.rate_limit = _as_float("rate_limit", self.rate_limit, minimum=0.0)
+        if self.rate_burst is not None:
+            self.rate_burst = _as_int("rate_burst", self.rate_burst, minimum=1)
+        if isinstance(self.retain_text, str):
+            self.retain_text = self.retain_text.strip().lower() in ("1", "true", "yes", "on")
+        self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
+        self.max_num_seqs = _as_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
+
+    @classmethod
+    def load(cls, config: dict[str, Any] | None = None) -> Settings:
+        """The environment's ``PROVMARK_*`` values, then ``config``'s (other keys are ignored) on top."""
+        names = [f.name for f in fields(cls)]
+        values: dict[str, Any] = {}
+        for name in names:
+            raw = os.environ.get(ENV_PREFIX + name.upper())
+            if raw not in (None, ""):
+                values[name] = raw
+        values.update({k: v for k, v in (config or {}).items() if k in names and v is not None})
+        values.setdefault("home", provmark_home())
+        return cls(**values)
+
+
+def _variable(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()} ({name})"
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{_variable(name)}: expected an integer, got {value!r}") from None
+    if isinstance(value, bool) or number < minimum:
+        raise ValueError(f"{_variable(name)}: expected an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _as_float(name: str, value, minimum: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{_variable(name)}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not number >= minimum or math.isinf(number):
+        raise ValueError(f"{_variable(name)}: expected a finite number >= {minimum}, got {value!r}")
+    return number

@@ -22,9 +22,9 @@ CHOICE_FIELDS = {"index", "text", "token_ids", "finish_reason", "cumulative_logp
 @pytest.fixture
 def generate(loaded, monkeypatch, capsys):
     """Run ``provmark generate ARGS`` in-process over the module's model: (exit code, stdout, stderr)."""
-    import generation.models
+    from api.cli import generate_run
 
-    monkeypatch.setattr(generation.models, "load_model", lambda *a, **k: loaded)
+    monkeypatch.setattr(generate_run, "load_model", lambda *a, **k: loaded)  # the name the command calls
 
     def run(*argv: str) -> tuple[int, str, str]:
         code = main(["generate", PROMPT, *argv])

@@ -189,9 +189,10 @@ def _fake_target(vocab_size: int, fingerprint: str):
 
 @pytest.mark.parametrize("vocab_size, fingerprint, message", [(100, "same", "vocab size 100"), (49152, "other", "tokenizer differs")])
 def test_draft_model_must_share_the_vocabulary(monkeypatch, vocab_size, fingerprint, message):
-    import generation.models
+    from generation.decoding.speculative import drafters
 
-    monkeypatch.setattr(generation.models, "load_model", lambda name, device, dtype: _fake_target(vocab_size, fingerprint))
+    # the drafter's own name for the loader (it imports load_model at its top)
+    monkeypatch.setattr(drafters, "load_model", lambda name, device, dtype: _fake_target(vocab_size, fingerprint))
     with pytest.raises(ValueError, match=f"SpeculativeConfig.draft_model=.*{message}"):
         load_draft_model(f"fake-{vocab_size}-{fingerprint}", _fake_target(49152, "same"))
 

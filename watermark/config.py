@@ -90,15 +90,8 @@ class WatermarkSpec:
         """Parse a spec string; fields left out take their defaults."""
         if isinstance(text, WatermarkSpec):
             return text
-        if not isinstance(text, str) or not text.strip():
-            raise SpecError("spec: expected a string like 'kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0'")
-        if len(text) > MAX_SPEC_CHARS:
-            raise SpecError(f"spec: longer than {MAX_SPEC_CHARS} characters")
-        kind, sep, body = text.strip().partition(":")
-        kind = kind.strip().lower()
-        if not sep:
-            raise SpecError(f"spec: missing the 'kgw:' or 'hf:' prefix in {text!r}")
-        fields = _split_fields(body)
+        kind, fields = split_spec(text, MAX_SPEC_CHARS, "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0",
+                                  "the 'kgw:' or 'hf:' prefix")
         if kind in SAMPLING_KINDS or (kind == "hf" and "synthid" in fields):
             # watermark.sampling_specs parses these; generation and the services do not take them yet
             raise SpecError(f"spec: {kind}{':synthid' if kind == 'hf' else ''} specs (sampling watermarks) "
@@ -178,6 +171,19 @@ class WatermarkSpec:
 
     def with_(self, **changes) -> "WatermarkSpec":
         return replace(self, **changes)
+
+
+def split_spec(text, max_chars: int, example: str, prefix: str) -> tuple[str, dict[str, str | None]]:
+    """A spec string's kind (lower case) and its fields, or a SpecError naming what is wrong (every spec
+    family's parser starts here)."""
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError(f"spec: expected a string like {example!r}")
+    if len(text) > max_chars:
+        raise SpecError(f"spec: longer than {max_chars} characters")
+    kind, sep, body = text.strip().partition(":")
+    if not sep:
+        raise SpecError(f"spec: missing {prefix} in {text!r}")
+    return kind.strip().lower(), _split_fields(body)
 
 
 def _split_fields(body: str) -> dict[str, str | None]:

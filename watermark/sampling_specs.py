@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from watermark.config import PRFS, SpecError, _parse_bool, _parse_float, _parse_int, _split_fields
+from watermark.config import PRFS, SpecError, _parse_bool, _parse_float, _parse_int, split_spec
 
 MAX_SAMPLING_CONTEXT = 64  # as for kgw: bounds per-position work
 MAX_LAYERS = 64  # our synthid takes one bit per layer from one 64-bit keyed word
@@ -147,15 +147,7 @@ def parse_sampling_spec(text: str) -> SamplingSpec:
     """Parse a ``gumbel:``, ``synthid:``, ``hf:synthid,...`` or ``vllm:gumbel,...`` spec string.
 
     Fields left out take their defaults; ``parse_sampling_spec(spec.format()) == spec``."""
-    if not isinstance(text, str) or not text.strip():
-        raise SpecError("spec: expected a string like 'gumbel:h=4,prf=hmac-sha256'")
-    if len(text) > MAX_HF_SPEC_CHARS:
-        raise SpecError(f"spec: longer than {MAX_HF_SPEC_CHARS} characters")
-    kind, sep, body = text.strip().partition(":")
-    kind = kind.strip().lower()
-    if not sep:
-        raise SpecError(f"spec: missing the kind prefix in {text!r}")
-    fields = _split_fields(body)
+    kind, fields = split_spec(text, MAX_HF_SPEC_CHARS, "gumbel:h=4,prf=hmac-sha256", "the kind prefix")
     if kind == "gumbel":
         return GumbelSpec(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
                                              "prf": ("prf", str), "dedup": ("dedup", bool)}, "gumbel"))

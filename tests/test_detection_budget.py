@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
 
-from api.detector.app import DetectorSettings, create_app, services_of
+from api.detector.app import create_app, services_of
+from api.settings import Settings
 from db import budget
 from db.audit import list_events
 from db.caller import Caller
@@ -81,9 +82,9 @@ def test_charge_is_at_least_the_minimum():
 
 def test_budget_setting_is_validated(provmark_home):
     with pytest.raises(ValueError, match="detect_budget"):
-        DetectorSettings(home=provmark_home, detect_budget=-1)
-    assert DetectorSettings(home=provmark_home, detect_budget="0").detect_budget == 0
-    assert DetectorSettings(home=provmark_home).detect_budget == budget.DEFAULT_DAILY_TOKENS
+        Settings(home=provmark_home, detect_budget=-1)
+    assert Settings(home=provmark_home, detect_budget="0").detect_budget == 0
+    assert Settings(home=provmark_home).detect_budget == budget.DEFAULT_DAILY_TOKENS
 
 
 def test_far_from_the_budget_charges_are_batched_per_process_and_near_it_written_at_once(database_url, monkeypatch):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from api.cli.actions import add_action, usage
 from api.cli.errors import CLIError
 from db.api_tokens import SCOPES, TokenError, create_token, list_tokens, revoke_token
 from db.audit import HEAD_ROW_ID, verify
@@ -48,19 +48,13 @@ def register(subparsers) -> None:
 def _group(subparsers, name: str, help_text: str):
     description = help_text[0].upper() + help_text[1:] + "."
     parser = subparsers.add_parser(name, help=help_text, description=description)
-    parser.set_defaults(func=lambda args: _usage(parser))
+    parser.set_defaults(func=lambda args: usage(parser))
     return parser.add_subparsers(dest=f"{name}_action", metavar="ACTION")
 
 
 def _action(actions, name: str, help_text: str, handler) -> argparse.ArgumentParser:
-    parser = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-    parser.set_defaults(func=lambda args: _run(handler, args))
+    parser = add_action(actions, name, help_text, lambda args: _run(handler, args))
     return parser
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 def _run(handler, args) -> int:

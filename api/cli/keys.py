@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from api.cli.actions import add_action, usage
 from api.cli.errors import CLIError
 from db.store import Store, StoreError
 from detector import calibration
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
         help="manage watermark keys",
         description="Manage watermark keys (stored encrypted in $PROVMARK_HOME/keyring.json).",
     )
-    keys.set_defaults(func=lambda args: _usage(keys))
+    keys.set_defaults(func=lambda args: usage(keys))
     actions = keys.add_subparsers(dest="keys_action", metavar="ACTION")
 
     create = _action(actions, "create", "create a key (active if none is active, else standby)", _create)
@@ -61,15 +62,9 @@ def register(subparsers) -> None:
 
 
 def _action(actions, name: str, help_text: str, handler) -> argparse.ArgumentParser:
-    parser = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    parser = add_action(actions, name, help_text, lambda args: _run(handler, args))
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(func=lambda args: _run(handler, args))
     return parser
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 def _run(handler, args) -> int:

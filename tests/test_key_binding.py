@@ -110,3 +110,21 @@ def test_detect_batch_scores_a_key_only_under_its_own_spec(home, tmp_path, capsy
     source.write_text(json.dumps({"text": "x", "keys": ["a1"], "watermark": "kgw:gamma=0.5"}) + "\n")
     assert main(["detect-batch", str(source), "--out", str(tmp_path / "out.jsonl")]) != 0
     assert "bound to" in capsys.readouterr().err
+
+
+def test_sampling_specs_parse_and_bind_by_their_random_values():
+    from watermark.key_binding import same_colours, spec_to_bind
+    from watermark.scheme import make_watermark
+    from watermark.specs import is_sampling, parse_spec
+
+    assert parse_spec(None).format() == parse_spec("kgw:").format()
+    gumbel = parse_spec("gumbel:h=3")
+    assert is_sampling(gumbel) and spec_to_bind("gumbel:h=3") == gumbel.format()
+    assert same_colours(gumbel, parse_spec("gumbel:h=3,dedup=false"))  # dedup is generation-only
+    assert not same_colours(gumbel, parse_spec("gumbel:h=4"))
+    assert not same_colours(gumbel, parse_spec("vllm:gumbel,h=3"))
+    assert not same_colours(parse_spec("synthid:layers=30"), parse_spec("synthid:layers=20"))
+    assert same_colours(parse_spec("synthid:top_k=40"), parse_spec("synthid:top_k=0"))
+    with pytest.raises(ValueError, match="public key"):
+        spec_to_bind("hf:synthid,keys=1:2")
+    assert type(make_watermark("synthid:h=2", b"k" * 32, 100)).__name__ == "SynthIDWatermark"

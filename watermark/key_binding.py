@@ -7,38 +7,43 @@ with the same colours: same scheme, h, gamma and PRF. ``delta`` and ``hard`` cha
 generation favours green tokens, never which tokens are green, so a detection request may differ
 there (they only move the length below which a negative is ``insufficient_text``).
 
-``hf:`` specs carry their own public key and no keyring secret: they are never bound.
+``hf:`` specs carry their own public key and no keyring secret: they are never bound. A key may be
+bound to a sampling spec (``gumbel:``, ``synthid:``, ``vllm:gumbel``); its colours are then what decides
+its random values: kind, h and PRF (and the layer count for synthid), not ``dedup`` or ``top_k``.
 """
 
 from __future__ import annotations
 
-from watermark.config import WatermarkSpec
 from watermark.key_info import KeyInfo, KeySpecError
+from watermark.specs import AnySpec, is_sampling, parse_spec
 
 
-def spec_to_bind(spec: WatermarkSpec | str | None) -> str:
-    """The canonical spec string a new key records (the default spec when None); only kgw specs."""
-    parsed = WatermarkSpec.default() if spec is None else WatermarkSpec.parse(spec)
+def spec_to_bind(spec: AnySpec | str | None) -> str:
+    """The canonical spec string a new key records (the default spec when None); only keyed specs."""
+    parsed = parse_spec(spec)
     if not parsed.needs_key:
-        raise KeySpecError("an hf spec carries its own public hashing_key: a keyring key cannot be bound to it")
+        raise KeySpecError("an hf spec carries its own public key: a keyring key cannot be bound to it")
     return parsed.format()
 
 
-def bound_spec(info: KeyInfo) -> WatermarkSpec:
+def bound_spec(info: KeyInfo) -> AnySpec:
     """The spec ``info``'s key watermarks with (the default spec for keys made before specs were recorded)."""
-    return WatermarkSpec.default() if info.spec is None else WatermarkSpec.parse(info.spec)
+    return parse_spec(info.spec)
 
 
-def colour_fields(spec: WatermarkSpec) -> tuple:
-    """What decides the green lists: scheme, h, gamma, PRF (not delta, not hard)."""
+def colour_fields(spec: AnySpec) -> tuple:
+    """What decides the key's random values. KGW: scheme, h, gamma, PRF (not delta, not hard).
+    Gumbel / vllm:gumbel: kind, h, PRF. SynthID: kind, h, layers, PRF (not dedup, not top_k)."""
+    if is_sampling(spec):
+        return (spec.kind, spec.context_width, getattr(spec, "prf", None), getattr(spec, "layers", None))
     return (spec.kind, spec.scheme, spec.context_width, spec.gamma, spec.prf)
 
 
-def same_colours(a: WatermarkSpec, b: WatermarkSpec) -> bool:
+def same_colours(a: AnySpec, b: AnySpec) -> bool:
     return colour_fields(a) == colour_fields(b)
 
 
-def require_bound(info: KeyInfo, spec: WatermarkSpec) -> None:
+def require_bound(info: KeyInfo, spec: AnySpec) -> None:
     """KeySpecError (naming the key and its own spec, both public) unless ``spec`` is ``info``'s."""
     own = bound_spec(info)
     if not same_colours(own, spec):
@@ -46,7 +51,7 @@ def require_bound(info: KeyInfo, spec: WatermarkSpec) -> None:
                            f"(asked: {spec.format()})")
 
 
-def keys_bound_to(infos: list[KeyInfo], spec: WatermarkSpec) -> list[KeyInfo]:
+def keys_bound_to(infos: list[KeyInfo], spec: AnySpec) -> list[KeyInfo]:
     """The keys of ``infos`` bound to ``spec``; KeySpecError naming each key's spec when there is none."""
     found = [info for info in infos if same_colours(bound_spec(info), spec)]
     if infos and not found:

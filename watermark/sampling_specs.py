@@ -49,6 +49,9 @@ class GumbelSpec:
 
     needs_key = True
 
+    def fingerprint(self, vocab_size: int) -> str:
+        return sampling_fingerprint(self, vocab_size)
+
 
 @dataclass(frozen=True, slots=True)
 class SynthIDSpec:
@@ -72,6 +75,9 @@ class SynthIDSpec:
                 f"dedup={str(self.dedup).lower()}")
 
     needs_key = True
+
+    def fingerprint(self, vocab_size: int) -> str:
+        return sampling_fingerprint(self, vocab_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,9 @@ class HFSynthIDSpec:
 
     needs_key = False
 
+    def fingerprint(self, vocab_size: int) -> str:
+        return sampling_fingerprint(self, vocab_size)
+
 
 @dataclass(frozen=True, slots=True)
 class VLLMGumbelSpec:
@@ -128,6 +137,9 @@ class VLLMGumbelSpec:
         return f"vllm:gumbel,context_width={self.context_width},dedup={str(self.dedup).lower()}"
 
     needs_key = True
+
+    def fingerprint(self, vocab_size: int) -> str:
+        return sampling_fingerprint(self, vocab_size)
 
 
 SamplingSpec = GumbelSpec | SynthIDSpec | HFSynthIDSpec | VLLMGumbelSpec

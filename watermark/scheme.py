@@ -15,7 +15,9 @@ from watermark.hf_compat import HFGreenlists
 from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
 from watermark.prf import green_threshold, mix64, vocab_mix_table
+from watermark.sampling_scheme import sampling_watermark
 from watermark.seeding import SeedTables, secret_digest
+from watermark.specs import AnySpec, is_sampling, parse_spec
 from watermark.units import anchor_values, identities
 
 _TABLES_CACHE_SIZE = 32  # keys x schemes kept warm per process (tables are ~400 KB each)
@@ -164,18 +166,28 @@ class Watermark:
         return ids.unfold(0, n, 1)
 
 
-def generation_watermark(spec: WatermarkSpec | str | None, vocab_size: int, key_id: str | None = None,
-                         keyring=None, create_if_missing: bool = False) -> Watermark:
+def make_watermark(spec: AnySpec | str | None, secret: bytes | None, vocab_size: int, key_id: str | None = None):
+    """The watermark of any spec (``watermark.specs.parse_spec``): a ``Watermark`` for kgw/hf specs, a
+    sampling watermark (``watermark.sampling_scheme``) for gumbel/synthid/hf:synthid/vllm:gumbel."""
+    spec = parse_spec(spec)
+    if is_sampling(spec):
+        return sampling_watermark(spec, secret, vocab_size, key_id)
+    return Watermark(spec, secret, vocab_size, key_id)
+
+
+def generation_watermark(spec: AnySpec | str | None, vocab_size: int, key_id: str | None = None,
+                         keyring=None, create_if_missing: bool = False):
     """The Watermark a generation request uses: ``spec`` (default spec when None) bound to the
-    named key, or to the keyring's active key. hf specs need no key.
+    named key, or to the keyring's active key. hf specs need no key. Sampling specs (gumbel, synthid, ...)
+    give their sampling watermark (see ``make_watermark``).
 
     Raises ``watermark.key_info.KeyNotFoundError`` for an unknown key or one not usable for
     generation (retired); ``create_if_missing`` makes a first key on an empty keyring."""
-    spec = WatermarkSpec.parse(spec) if spec is not None else WatermarkSpec.default()
+    spec = parse_spec(spec)
     if not spec.needs_key:
         if key_id is not None:
             raise ValueError("key: hf specs carry their own hashing_key; do not name a keyring key")
-        return Watermark(spec, None, vocab_size)
+        return make_watermark(spec, None, vocab_size)
     keyring = keyring if keyring is not None else Keyring()
     if key_id is None:
         info = keyring.ensure_active() if create_if_missing else keyring.active()
@@ -184,4 +196,4 @@ def generation_watermark(spec: WatermarkSpec | str | None, vocab_size: int, key_
         if info is None or not info.usable_for_generation:
             state = "unknown" if info is None else info.status
             raise KeyNotFoundError(f"key {key_id!r} cannot be used for generation ({state})")
-    return Watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id)
+    return make_watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id)

@@ -1,12 +1,35 @@
-"""Tokenizing pasted text for detection: exactly ``watermark.vocab.encode[_with_offsets]``, with long texts
-of byte-level BPE tokenizers cut at pre-token boundaries and encoded on all cores."""
+"""Tokenizing pasted text for detection: exactly ``watermark.vocab.encode[_with_offsets]``.
+
+Two fast paths for byte-level BPE tokenizers (GPT-2 style: no normaliser, ByteLevel pre-tokenizer with
+its regex and no prefix space), whose output is the concatenation of each pre-token's BPE:
+
+* ids only: the text is split with the pre-tokenizer's own pattern (``regex`` module) and each
+  pre-token's ids come from a per-process word cache (a miss asks the tokenizer for that word alone).
+  Human and model text reuse a few thousand words, so a 1,000-token text costs one regex pass and
+  about 800 dictionary look-ups instead of the tokenizer's offset-tracking pipeline (3x faster here).
+  It is exact by construction, with two guards: a character whose class (letter, number, space,
+  other) has not yet been checked against the tokenizer's own pre-tokenizer is checked once (the
+  two Unicode tables may differ in version), and a text containing an added token (``<|im_start|>``)
+  takes the tokenizer's path, which splits those first.
+* with offsets, long texts: cut at pre-token boundaries and encoded on all cores.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+
+import regex
 
 from watermark.vocab import Vocabulary, encode, encode_with_offsets
+
+# the GPT-2 / ByteLevel pre-tokenizer pattern (tokenizers' ByteLevel::use_regex)
+BYTE_LEVEL_PATTERN = regex.compile(
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+WORD_CACHE_MAX = 200_000  # pre-token -> ids; cleared when full (a few MB)
+CACHED_WORD_CHARS = 64  # longer pre-tokens are encoded each time, never kept
+CHECKED_CHARS_MAX = 65_536  # characters whose class was checked; past this, unchecked ones take the slow path
 
 CHUNK_CHARS = 1024  # long texts are tokenized in pieces of about this size, in parallel
 _CHUNK_BOUNDARY = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a space between a non-space and a letter
@@ -61,3 +84,58 @@ def _is_chunkable(vocab: Vocabulary) -> bool:
                  and not pre.get("add_prefix_space") and pre.get("use_regex", True))
         _chunkable[key] = found
     return found
+
+
+class _WordCache:
+    """Per tokenizer: pre-token -> ids, and the non-ASCII characters whose class was checked."""
+
+    _by_tokenizer: dict[int, _WordCache] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, tokenizer) -> None:
+        self._backend = tokenizer.backend_tokenizer
+        self._added = tuple(t.content for t in tokenizer.added_tokens_decoder.values() if t.content)
+        self._words: dict[str, list[int]] = {}
+        self._checked: dict[str, bool] = {}  # character -> same class in both pre-tokenizers
+
+    @classmethod
+    def of(cls, vocab: Vocabulary) -> _WordCache:
+        key = id(vocab.tokenizer)
+        found = cls._by_tokenizer.get(key)
+        if found is None:
+            with cls._lock:
+                found = cls._by_tokenizer.setdefault(key, cls(vocab.tokenizer))
+        return found
+
+    def encode(self, text: str) -> list[int] | None:
+        """The ids, or None when the text must take the tokenizer's own path."""
+        if not _valid_utf8(text) or any(token in text for token in self._added):
+            return None
+        if not text.isascii() and not all(self._same_class(c) for c in set(text) if c > "\x7f"):
+            return None
+        words = self._words
+        if len(words) > WORD_CACHE_MAX:
+            words.clear()
+        out: list[int] = []
+        for word in BYTE_LEVEL_PATTERN.findall(text):
+            ids = words.get(word)
+            if ids is None:
+                ids = self._backend.encode(word, add_special_tokens=False).ids
+                if len(word) <= CACHED_WORD_CHARS:
+                    words[word] = ids
+            out.extend(ids)
+        return out
+
+    def _same_class(self, char: str) -> bool:
+        found = self._checked.get(char)
+        if found is None and len(self._checked) >= CHECKED_CHARS_MAX:
+            return False  # a text made to fill memory with checks: the tokenizer's own path
+        if found is None:
+            # the char beside a letter, a digit, a space and punctuation, both sides: the splits agree
+            # exactly when both tables put it in the same class (letter, number, space or other)
+            probe = f"a{char}a 1{char}1 .{char}. {char} {char}\n{char}{char}  {char}"
+            ours = [m.span() for m in BYTE_LEVEL_PATTERN.finditer(probe)]
+            theirs = [span for _, span in self._backend.pre_tokenizer.pre_tokenize_str(probe)]
+            found = ours == theirs
+            self._checked[char] = found
+        return found

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from evaluation.attack_context import check_rate
 from evaluation.attacks import ATTACK_NAMES, get_attack
-from watermark.config import WatermarkSpec
+from watermark.specs import AnySpec, is_sampling, parse_spec
 
 DEFAULT_RATES = (0.0, 0.1, 0.25, 0.5)
 DEFAULT_FPRS = (0.01, 0.001)
@@ -35,7 +35,11 @@ SCHEME_PRESETS = {
     "lefthash": "kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0",  # the 2023 paper's one-token context
     "unigram": "kgw:scheme=unigram,h=0,gamma=0.25,delta=2.0",  # Zhao et al. 2023 (fixed list)
     "kirchenbauer2023": "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0",  # 2023 paper, Table 2 row
+    "gumbel": "gumbel:h=4,prf=hmac-sha256,dedup=true",  # Aaronson's exponential minimum, our PRF
+    "synthid": "synthid:h=4,layers=30,top_k=40,prf=hmac-sha256,dedup=true",  # Dathathri et al. 2024
 }
+COMPARE_SCHEMES = ("selfhash", "minhash", "lefthash", "unigram", "gumbel", "synthid")  # `--schemes compare`
+DEFAULT_EXACT_FPRS = (1e-3, 1e-5)  # rates too small to read off the negatives: exact p <= f
 
 METRIC_DEFINITIONS = {
     "tpr_default": "fraction of attacked watermarked texts the detector calls watermarked with its defaults "
@@ -51,13 +55,16 @@ METRIC_DEFINITIONS = {
     "perplexity": "exp(mean negative log-likelihood) of the generated tokens under the model given the prompt",
     "repetition_rate": "seq-rep-4 (Welleck et al. 2019): fraction of the text's token 4-grams that repeat an "
                        "earlier one",
+    "by_length": "the clean watermarked texts cut to their first L tokens (config.lengths): tpr_exact[f] = "
+                 "fraction whose exact p-value is <= f (the detector's own test at alpha f, valid for a fixed "
+                 "key where the per-key null holds), repetition (seq-rep-4) and distinct-2/3 of those L tokens",
 }
 
 
-def parse_scheme(text: str) -> WatermarkSpec:
-    """A preset name (``SCHEME_PRESETS``) or a full spec string."""
+def parse_scheme(text: str) -> AnySpec:
+    """A preset name (``SCHEME_PRESETS``) or a full spec string (kgw, hf, gumbel, synthid, ...)."""
     name = text.strip().lower()
-    return WatermarkSpec.parse(SCHEME_PRESETS.get(name, text))
+    return parse_spec(SCHEME_PRESETS.get(name, text))
 
 
 @dataclass(slots=True)
@@ -76,9 +83,11 @@ class EvalConfig:
     fprs: tuple[float, ...] = DEFAULT_FPRS
     max_num_seqs: int = 32
     length_step: int = 25  # L grid of detection_by_length
+    lengths: tuple[int, ...] = ()  # by_length: the clean texts' first L tokens (each L <= tokens)
+    exact_fprs: tuple[float, ...] = DEFAULT_EXACT_FPRS
     attack_quality: bool = False  # perplexity of every attacked text too (a forward pass each)
     prompt_template: str = PROMPT_TEMPLATE
-    specs: tuple[WatermarkSpec, ...] = field(default=(), init=False)
+    specs: tuple[AnySpec, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         for name in ("n", "tokens", "max_num_seqs", "length_step"):
@@ -94,6 +103,9 @@ class EvalConfig:
         if not self.schemes:
             raise ValueError("schemes: expected at least one scheme")
         specs = []
+        if "compare" in self.schemes:  # the side-by-side preset list, in place of the word
+            i = self.schemes.index("compare")
+            self.schemes = self.schemes[:i] + COMPARE_SCHEMES + self.schemes[i + 1:]
         for scheme in self.schemes:
             try:
                 specs.append(parse_scheme(scheme))
@@ -116,9 +128,17 @@ class EvalConfig:
             if not isinstance(d, (int, float)) or not 0 <= d <= 20:
                 raise ValueError(f"deltas: expected numbers in [0, 20], got {d!r}")
         self.deltas = tuple(sorted({float(d) for d in self.deltas}))
-        for f in self.fprs:
-            if not 0 < f < 1:
-                raise ValueError(f"fprs: expected probabilities in (0, 1), got {f!r}")
+        for name in ("fprs", "exact_fprs"):
+            for f in getattr(self, name):
+                if not (isinstance(f, (int, float)) and 0 < f < 1):
+                    raise ValueError(f"{name}: expected probabilities in (0, 1), got {f!r}")
+        for length in self.lengths:
+            if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.tokens:
+                raise ValueError(f"lengths: expected integers in [1, tokens={self.tokens}], got {length!r}")
+        self.lengths = tuple(sorted(set(self.lengths)))
+        if self.deltas and is_sampling(self.specs[0]):
+            raise ValueError("deltas: the quality-vs-delta curve needs a kgw first scheme (sampling watermarks "
+                             "have no delta)")
         if "{sentence}" not in self.prompt_template:
             raise ValueError("prompt_template: must contain {sentence}")
 

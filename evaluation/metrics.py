@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from detector.common_units import THRESHOLDS, threshold_for_length
-from detector.scoring import binomial_sf, counted_positions, score_positions
+from evaluation.prefix import prefix_p_values
 
+DISTINCT_N = (2, 3)  # distinct-n (Li et al. 2016): the text's share of unique n-grams
 REPETITION_N = 4  # seq-rep-4 of Welleck et al. 2019 ("Neural text generation with unlikelihood training")
 ROC_MAX_POINTS = 201  # points kept per stored ROC curve (plots need no more)
 
@@ -87,6 +87,13 @@ def repetition_rate(token_ids: Sequence[int], n: int = REPETITION_N) -> float:
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
+def distinct_n(token_ids: Sequence[int], n: int) -> float:
+    """distinct-n: unique n-grams / all n-grams of one text (1 = no n-gram repeats); nan when too short."""
+    ids = list(token_ids)
+    grams = [tuple(ids[i: i + n]) for i in range(len(ids) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
 def summary(values: Sequence[float]) -> dict[str, float | None]:
     """Median, mean, first and third quartile of the finite values (None when there are none)."""
     arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
@@ -98,35 +105,9 @@ def summary(values: Sequence[float]) -> dict[str, float | None]:
 
 # ------------------------------------------------------------------------ detection along prefixes
 def prefix_detection(watermark, token_ids, alpha: float, dedup: bool = True, common=None) -> np.ndarray:
-    """Bool [T + 1]: entry L says whether the prefix of L tokens is detected (exact binomial p <= alpha,
-    the detector's rule for one key), from one scoring pass with running green and scored counts.
-
-    ``common``: the common-unit table the detector leaves out (``detector.common_units``). Which units
-    it leaves out depends on the text's length, so each prefix is judged as if it were pasted alone."""
-    import torch
-
-    ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
-    total_tokens = int(ids.shape[0])
-    detected = np.zeros(total_tokens + 1, dtype=bool)
-    if total_tokens <= watermark.context_width:
-        return detected
-    flags, prev = score_positions(watermark, ids, None, dedup)
-    counted = counted_positions(prev)
-    h = watermark.context_width
-    if common is None or watermark.spec.kind != "kgw":
-        green = np.cumsum(flags & counted)
-        scored = np.cumsum(counted)
-    else:  # prefix of L tokens (positions < L - h): a unit counts where its frequency is below L's threshold
-        freq = common.frequency_of(watermark.unit_identities(ids))
-        lengths = np.arange(h + 1, total_tokens + 1)
-        limits = np.array([threshold_for_length(THRESHOLDS[watermark.spec.scheme], int(n), common.window_tokens)
-                           for n in lengths])
-        within = np.arange(freq.shape[0])[None, :] < (lengths - h)[:, None]
-        kept = within & counted[None, :] & (freq[None, :] < limits[:, None])
-        green = (kept & flags[None, :]).sum(axis=1)
-        scored = kept.sum(axis=1)
-    detected[h + 1:] = binomial_sf(green, scored, watermark.gamma) <= alpha
-    return detected
+    """Bool [T + 1]: entry L says whether the prefix of L tokens is detected (exact p <= alpha, the
+    detector's rule for one key); see ``evaluation.prefix.prefix_p_values``."""
+    return prefix_p_values(watermark, token_ids, dedup, common) <= alpha
 
 
 def tokens_to_detect(detected: np.ndarray) -> int | None:

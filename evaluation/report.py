@@ -5,7 +5,8 @@
   ``tpr_vs_rate_<label>.png``          detection rate at the default threshold against the edit rate
   ``roc_<label>.png``                  ROC curves, one panel per attack, one curve per rate (log FPR axis)
   ``detection_vs_length_<label>.png``  detection rate against the number of tokens read
-and once: ``quality_vs_delta.png`` (perplexity and detection rate against delta; delta 0 = no watermark).
+and once: ``quality_vs_delta.png`` (perplexity and detection rate against delta; delta 0 = no watermark),
+and with ``--lengths`` the side-by-side comparison of every scheme (``evaluation.compare_report``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and in tests
 import matplotlib.pyplot as plt
+
+from evaluation.compare_report import write_comparison
 
 Z_LINE = 4.0  # the detector's default threshold, drawn for reference
 DPI = 110
@@ -39,7 +42,7 @@ def write_plots(results: dict, out_dir: str | Path) -> list[str]:
     figure.savefig(out / "quality_vs_delta.png", dpi=DPI, bbox_inches="tight")
     plt.close(figure)
     written.append("quality_vs_delta.png")
-    return written
+    return written + write_comparison(results, out)
 
 
 def _by_attack(scheme: dict) -> dict[str, list[dict]]:
@@ -161,6 +164,8 @@ def _quality_vs_delta(results: dict):
     palette = ["tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
     for i, scheme in enumerate(results["schemes"]):
         color, marker = palette[i % len(palette)], "s^Dv<>p"[i % 7]
+        if "delta=" not in scheme["spec"] and "bias=" not in scheme["spec"]:
+            continue  # a sampling watermark has no delta: it is in the comparison plots instead
         delta = float(scheme["spec"].split("delta=")[1].split(",")[0]) if "delta=" in scheme["spec"] else \
             float(scheme["spec"].split("bias=")[1].split(",")[0])
         left.scatter([delta], [_finite(scheme["quality"]["watermarked"]["perplexity_median"])], color=color,

@@ -24,9 +24,9 @@ from evaluation.scorer import Scorer
 from evaluation.vllm_generator import VLLMGenerator
 from generation.engine import Engine
 from generation.models import load_model
-from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
+from watermark.specs import AnySpec, is_sampling
 
 CHARACTER_FAMILY = "character"
 
@@ -97,7 +97,7 @@ class EvaluationRun:
                       "new_model_attack_texts": self.new_attack_texts},
         }
 
-    def _watermark(self, spec: WatermarkSpec, delta: float | None = None):
+    def _watermark(self, spec: AnySpec, delta: float | None = None):
         if delta is not None:
             spec = spec.with_(delta=delta)
         wm = generation_watermark(spec, self.vocab.vocab_size, key_id=self.key_id if spec.needs_key else None,
@@ -135,7 +135,7 @@ class EvaluationRun:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(jobs), desc=f"attacks {spec.scheme}", unit="cell")
+            bar = tqdm(total=len(jobs), desc=f"attacks {scheme_label(spec)}", unit="cell")
         clean = None
         for name, rate in jobs:
             attacked = self._attacked(name, rate, texts, context)
@@ -153,7 +153,7 @@ class EvaluationRun:
         cells.sort(key=lambda c: (cfg.attacks.index(c["attack"]), c["rate"]))
         return {
             "spec": spec.format(),
-            "scheme": spec.scheme,
+            "scheme": scheme_name(spec),
             "label": scheme_label(spec),
             "key_id": wm.key_id,
             "thresholds": {"empirical_z": thresholds, "default_z": 4.0, "default_alpha": scorer.last_alpha.get(spec.format()),
@@ -211,6 +211,8 @@ class EvaluationRun:
             "detection_by_length": {"lengths": lengths, "rate": metrics.detection_by_length(curves, lengths)},
             "roc": metrics.roc_curve(z, negatives),
         }
+        if rate == 0 and cfg.lengths:
+            cell["by_length"] = _by_length(cfg, scored, generations)
         if get_attack(name).family == CHARACTER_FAMILY and rate > 0:
             raw = scorer.z_scores(attacked, spec, wm.key_id, normalize=False)
             cell["median_z_without_normalization"] = metrics.summary(raw)["median"]
@@ -225,6 +227,8 @@ class EvaluationRun:
     def _quality_vs_delta(self, source, prompts, unwatermarked, scorer) -> list[dict]:
         cfg = self.config
         base = cfg.specs[0]
+        if is_sampling(base):  # no delta to vary (EvalConfig refuses deltas for it)
+            return []
         base_key = self._watermark(base).key_id
         clean = scorer.score([g.text for g in unwatermarked], base, base_key)  # delta 0: the false-positive rate
         points = [{"delta": 0.0, "spec": None, "quality": _quality(unwatermarked),
@@ -252,10 +256,32 @@ def chat_prompt_ids(tokenizer, content: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def scheme_label(spec: WatermarkSpec) -> str:
-    """A short name for plots and file names, e.g. ``selfhash-h4-g0.25-d2``."""
+def scheme_name(spec: AnySpec) -> str:
+    """The scheme's family name: selfhash, lefthash, ... for kgw/hf; gumbel, synthid, hf-synthid, vllm-gumbel."""
+    return spec.kind if is_sampling(spec) else spec.scheme
+
+
+def scheme_label(spec: AnySpec) -> str:
+    """A short name for plots and file names, e.g. ``selfhash-h4-g0.25-d2``, ``gumbel-h4``, ``synthid-h4-m30``."""
+    if is_sampling(spec):
+        layers = getattr(spec, "layers", None)
+        return f"{spec.kind}-h{spec.context_width}" + (f"-m{layers}" if layers else "")
     text = f"{spec.scheme}-h{spec.context_width}-g{spec.gamma:g}-d{spec.delta:g}"
     return ("hf-" if spec.kind == "hf" else "") + text + ("-hard" if spec.hard else "")
+
+
+def _by_length(cfg, scored: list[dict], generations) -> dict:
+    """The clean texts' first L tokens, for each L of ``cfg.lengths`` (``METRIC_DEFINITIONS["by_length"]``)."""
+    out = {}
+    for length in cfg.lengths:
+        p = [row["prefix_p"][min(length, row["prefix_p"].shape[0] - 1)] for row in scored]
+        heads = [g.token_ids[:length] for g in generations]
+        out[str(length)] = {
+            "tpr_exact": {f"{f:g}": float(np.mean([v <= f for v in p])) for f in cfg.exact_fprs},
+            "repetition_rate": float(np.mean([metrics.repetition_rate(h) for h in heads])),
+            **{f"distinct_{n}": float(np.nanmean([metrics.distinct_n(h, n) for h in heads])) for n in metrics.DISTINCT_N},
+        }
+    return out
 
 
 def _quality(generations) -> dict:
@@ -263,7 +289,9 @@ def _quality(generations) -> dict:
     rep = metrics.summary([g.repetition_rate for g in generations])
     return {"perplexity_median": ppl["median"], "perplexity_mean": ppl["mean"], "perplexity_q1": ppl["q1"],
             "perplexity_q3": ppl["q3"], "repetition_rate_mean": rep["mean"],
-            "tokens_mean": float(np.mean([len(g.token_ids) for g in generations])) if generations else None}
+            "tokens_mean": float(np.mean([len(g.token_ids) for g in generations])) if generations else None,
+            **{f"distinct_{n}_mean": float(np.nanmean([metrics.distinct_n(g.token_ids, n) for g in generations]))
+               if generations else None for n in metrics.DISTINCT_N}}
 
 
 def _ratio(a: dict, b: dict) -> float | None:

@@ -7,6 +7,10 @@ by ``close()``; for a public hf spec the null "keys" are other hashing keys.
 ``detect_backend``: ``inline`` (default) scores in this process, text by text; ``local`` and ``ray``
 send each list of texts through ``detector.batch`` (every local core, or Ray Data on the cluster at
 ``ray_address``): the same verdicts, computed elsewhere. Prefix curves are always computed here.
+
+Sampling specs (gumbel:, synthid:, ...) are scored here with ``detector.scoring_sampling`` (the
+detector's exact tests, the same normalisation, tokenization and common-unit table), whatever the back
+end; their null keys are fresh random secrets.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ import os
 import random
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from detector import batch, batch_ray, common_units
+from detector import batch, batch_ray, common_units, scoring_sampling
 from detector.normalize import normalize as normalize_text
+from detector.scoring import Decision
 from detector.service import Detector
 from detector.tokenizing import tokenize
-from evaluation.metrics import prefix_detection
-from watermark.config import WatermarkSpec
+from evaluation.prefix import prefix_p_values
 from watermark.keys import Keyring
+from watermark.scheme import make_watermark
+from watermark.specs import AnySpec, is_sampling
 
 DETECT_BACKENDS = ("inline", "local", "ray")
 
@@ -51,31 +58,43 @@ class Scorer:
     def __repr__(self) -> str:
         return f"Scorer(null_keys={self.num_null_keys})"
 
-    def score(self, texts: list[str], spec: WatermarkSpec, key_id: str | None, prefixes: bool = False,
+    def score(self, texts: list[str], spec: AnySpec, key_id: str | None, prefixes: bool = False,
               normalize: bool = True) -> list[dict]:
         """Per text: {"z", "detected", "p_value"} and, with ``prefixes``, "prefix": the Bool [T + 1]
-        detection of every prefix (``evaluation.metrics.prefix_detection``)."""
+        detection of every prefix and "prefix_p": its exact p-values (``evaluation.prefix``)."""
         keys = [key_id] if spec.needs_key else None
-        mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
+        if is_sampling(spec):
+            mark = self._sampling_mark(spec, key_id)
+            verdicts = [self._sampling_verdict(mark, t, normalize) for t in texts]
+        else:
+            mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
+            verdicts = self._verdicts(self.detector, texts, spec, keys, normalize)
         out = []
-        for text, verdict in zip(texts, self._verdicts(self.detector, texts, spec, keys, normalize)):
+        for text, verdict in zip(texts, verdicts):
             self.last_alpha[spec.format()] = verdict["alpha"]
             row = {"z": verdict["z"], "detected": verdict["watermarked"], "p_value": verdict["p_value"]}
             if prefixes:
                 ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-                row["prefix"] = prefix_detection(mark, ids, verdict["alpha"], common=common_units.for_vocabulary(self.vocab))
+                row["prefix_p"] = prefix_p_values(mark, ids, common=common_units.for_vocabulary(self.vocab))
+                row["prefix"] = row["prefix_p"] <= verdict["alpha"]
             out.append(row)
         self.last_detected = [r["detected"] for r in out]
         return out
 
-    def z_scores(self, texts: list[str], spec: WatermarkSpec, key_id: str | None, normalize: bool = True) -> list:
+    def z_scores(self, texts: list[str], spec: AnySpec, key_id: str | None, normalize: bool = True) -> list:
         return [r["z"] for r in self.score(texts, spec, key_id, normalize=normalize)]
 
-    def null_z_scores(self, texts: list[str], spec: WatermarkSpec) -> list:
+    def null_z_scores(self, texts: list[str], spec: AnySpec) -> list:
         """z of every text under each null key (texts x keys values)."""
         if self.num_null_keys == 0:
             return []
         out = []
+        if is_sampling(spec):  # fresh secrets, one per null key, from the run's seed (hf:synthid: other keys)
+            rng = random.Random(self.seed)
+            for _ in range(self.num_null_keys):
+                mark = self._sampling_mark(spec, None, rng)
+                out += [self._sampling_verdict(mark, t, True)["z"] for t in texts]
+            return out
         if not spec.needs_key:
             rng = random.Random(self.seed)
             for _ in range(self.num_null_keys):
@@ -87,7 +106,23 @@ class Scorer:
             out += [v["z"] for v in self._verdicts(detector, texts, spec, [key], True)]
         return out
 
-    def _verdicts(self, detector: Detector, texts: list[str], spec: WatermarkSpec, keys, normalize: bool) -> list[dict]:
+    def _sampling_mark(self, spec: AnySpec, key_id: str | None, null_rng: random.Random | None = None):
+        if null_rng is None:
+            secret = self.detector.keyring.secret(key_id) if spec.needs_key else None
+            return make_watermark(spec, secret, self.vocab.vocab_size, key_id if spec.needs_key else None)
+        if spec.needs_key:
+            return make_watermark(spec, null_rng.randbytes(32), self.vocab.vocab_size, "null")
+        keys = tuple(null_rng.randrange(1, 2**31) for _ in spec.keys)  # hf:synthid: other public keys
+        return make_watermark(replace(spec, keys=keys), None, self.vocab.vocab_size)
+
+    def _sampling_verdict(self, mark, text: str, normalize: bool) -> dict:
+        """The detector's whole-text test for a sampling watermark: exact p <= alpha = P(Z >= 4)."""
+        ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
+        score = scoring_sampling.score_text(mark, ids, common=common_units.for_vocabulary(self.vocab))
+        alpha = Decision.make().alpha
+        return {"z": score.z_score, "watermarked": score.p_value <= alpha, "p_value": score.p_value, "alpha": alpha}
+
+    def _verdicts(self, detector: Detector, texts: list[str], spec: AnySpec, keys, normalize: bool) -> list[dict]:
         """Per text {"z", "watermarked", "p_value", "alpha"} from the chosen detection back end."""
         if self.detect_backend == "inline":
             verdicts = (detector.detect(t, keys=keys, spec=spec, normalize=normalize) for t in texts)

@@ -3,11 +3,14 @@
     provmark eval robustness [--n 200] [--tokens 200] [--schemes default,lefthash,...]
                              [--attacks all|fast|NAME,...] [--rates 0,0.1,0.25,0.5] [--out DIR]
                              [--key ID] [--deltas 1,4] [--null-keys 2] [--seed 0] [--model DIR]
+                             [--lengths 50,100,200,400] [--exact-fprs 1e-3,1e-5]
 
 Writes DIR/results.json and the plots (PNG) into DIR; generations are cached in DIR/cache, so
 running the same command again resumes where it stopped. ``--schemes`` takes preset names
-(default, selfhash, minhash, lefthash, unigram, kirchenbauer2023) separated by commas, or full
-spec strings separated by semicolons. The keyring's active key watermarks unless ``--key`` names
+(default, selfhash, minhash, lefthash, unigram, kirchenbauer2023, gumbel, synthid; ``compare`` for
+every KGW scheme, Gumbel and SynthID side by side) separated by commas, or full spec strings separated
+by semicolons. ``--lengths`` adds, per scheme, detection at exact false-positive rates (``--exact-fprs``),
+repetition and diversity of the clean texts' first L tokens, with a comparison plot per metric. The keyring's active key watermarks unless ``--key`` names
 another (a first key is created on an empty keyring). Small ``--n`` and ``--tokens`` still produce
 every table and plot.
 """
@@ -45,6 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of prompts' sampling and of the attacks (default 0)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences generated at once (default 32)")
+    p.add_argument("--lengths", default="", metavar="LIST",
+                   help="token counts L (each <= --tokens) at which the clean texts are measured (e.g. 50,100,200,400)")
+    p.add_argument("--exact-fprs", default="1e-3,1e-5", metavar="LIST",
+                   help="false-positive rates of the by-length detection, exact p <= f (default 1e-3,1e-5)")
     p.add_argument("--attack-quality", action="store_true", help="also the perplexity of every attacked text")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
@@ -145,6 +152,13 @@ def _numbers(flag: str, text: str) -> tuple[float, ...]:
         raise CLIError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
 
 
+def _integers(flag: str, text: str) -> tuple[int, ...]:
+    values = _numbers(flag, text)
+    if any(v != int(v) for v in values):
+        raise CLIError(f"{flag}: expected comma-separated integers, got {text!r}")
+    return tuple(int(v) for v in values)
+
+
 def parse_schemes(values: list[str] | None) -> tuple[str, ...]:
     """Flag values -> scheme names and spec strings (specs hold commas, so they are split on ';')."""
     out = []
@@ -176,9 +190,12 @@ def run_robustness(args) -> int:
                                     rates=_numbers("--rates", args.rates), seed=args.seed,
                                     temperature=args.temperature, null_keys=args.null_keys,
                                     deltas=_numbers("--deltas", args.deltas), max_num_seqs=args.max_num_seqs,
-                                    attack_quality=args.attack_quality)
+                                    attack_quality=args.attack_quality,
+                                    lengths=_integers("--lengths", args.lengths),
+                                    exact_fprs=_numbers("--exact-fprs", args.exact_fprs))
     except ValueError as exc:
-        raise CLIError(str(exc).replace("max_num_seqs", "--max-num-seqs").replace("null_keys", "--null-keys")) from None
+        raise CLIError(str(exc).replace("max_num_seqs", "--max-num-seqs").replace("null_keys", "--null-keys")
+                       .replace("exact_fprs", "--exact-fprs").replace("lengths", "--lengths")) from None
     if args.threads is not None:
         if args.threads < 1:
             raise CLIError(f"--threads: expected a positive integer, got {args.threads}")

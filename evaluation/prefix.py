@@ -1,0 +1,63 @@
+"""Exact p-values of every prefix of one text under one key, from one scoring pass: what the detector
+would say if the first L tokens were pasted alone, for every L (tokens to detect, detection by length).
+
+KGW: running green and scored counts, binomial tail. Gumbel: running sum of -log(1 - r) over counted
+units, Gamma tail. SynthID: running count of g = 1 over units x layers, binomial tail. Which units the
+common-unit table leaves out depends on the text's length (``detector.common_units.threshold_for_length``),
+so each prefix uses its own length's threshold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detector.common_units import THRESHOLDS, threshold_for_length
+from detector.scoring import _previous, binomial_sf, counted_positions, score_positions
+from detector.scoring_sampling import GUMBEL_KINDS
+from watermark.sampling_stats import g_binomial_sf, gamma_sf
+from watermark.specs import is_sampling
+from watermark.units import identities as unit_identities
+
+
+def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None) -> np.ndarray:
+    """Float [T + 1]: entry L is the exact p-value of the first L tokens (1 where nothing is scored)."""
+    import torch  # local: evaluation.metrics is imported by reports that need no torch
+
+    ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
+    total_tokens = int(ids.shape[0])
+    p = np.ones(total_tokens + 1, dtype=np.float64)
+    if total_tokens <= watermark.context_width and watermark.spec.kind != "vllm-gumbel":
+        return p
+    if is_sampling(watermark.spec):
+        values, units = watermark.scored_positions(ids)
+        values, units = values.numpy(), units.numpy()
+        prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
+        counted = prev < 0
+        threshold = THRESHOLDS.get(watermark.spec.kind)
+        per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values.astype(np.float64)
+    else:
+        flags, prev = score_positions(watermark, ids, None, dedup)
+        counted = counted_positions(prev)
+        threshold = THRESHOLDS.get(watermark.spec.scheme) if watermark.spec.kind == "kgw" else None
+        units = None
+        per_position = flags.astype(np.float64)
+    first = total_tokens - per_position.shape[0]  # tokens before the first scored position (h; 0 for vllm:gumbel)
+    if common is None or threshold is None:
+        hits = np.cumsum(per_position * counted)
+        scored = np.cumsum(counted)
+    else:  # prefix of L tokens (positions < L - h): a unit counts where its frequency is below L's threshold
+        freq = common.frequency_of(watermark.unit_identities(ids) if units is None
+                                   else unit_identities("lefthash", units, None))  # sampling units: (h, token)
+        lengths = np.arange(first + 1, total_tokens + 1)
+        limits = np.array([threshold_for_length(threshold, int(n), common.window_tokens) for n in lengths])
+        within = np.arange(freq.shape[0])[None, :] < (lengths - first)[:, None]
+        kept = within & counted[None, :] & (freq[None, :] < limits[:, None])
+        hits = (kept * per_position[None, :]).sum(axis=1)
+        scored = kept.sum(axis=1)
+    if not is_sampling(watermark.spec):
+        p[first + 1:] = binomial_sf(np.rint(hits).astype(np.int64), scored, watermark.gamma)
+    elif watermark.spec.kind in GUMBEL_KINDS:
+        p[first + 1:] = gamma_sf(hits, scored)
+    else:
+        p[first + 1:] = g_binomial_sf(np.rint(hits).astype(np.int64), scored * watermark.layers, watermark.null_g_rate)
+    return p

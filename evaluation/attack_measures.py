@@ -123,41 +123,38 @@ def plot(results: dict, config, out) -> list[str]:
         return [(int(n), s[attack]) for n, s in sorted(results[label].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1)
                 if n.isdigit() and attack in s]
 
-    if any(sections(lb, "stealing") for lb in labels):
+    def figure(name: str, xlabel: str, ylabel: str, log_x: bool, draw) -> None:
+        """One plot: ``draw(ax)``, the shared dressing, saved as OUT/name."""
         fig, ax = plt.subplots(figsize=(5, 3.5))
+        draw(ax)
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        names.append(name)
+
+    def stealing(ax):
         for lb in labels:
             pts = sections(lb, "stealing")
             ax.plot([n for n, _ in pts], [s["on_unwatermarked"]["balanced_accuracy_known"] for n, s in pts], marker="o",
                     label=f"{lb}: balanced acc. (estimated units)")
             ax.plot([n for n, _ in pts], [s["on_unwatermarked"]["coverage"] for n, s in pts], marker="x", linestyle="--",
                     label=f"{lb}: coverage")
-        ax.set_xscale("log")
-        ax.set_xlabel("stolen watermarked tokens N")
-        ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "stealing_accuracy.png", dpi=120)
-        plt.close(fig)
-        names.append("stealing_accuracy.png")
-    if any(sections(lb, "spoofing") for lb in labels):
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+
+    def spoofing(ax):
+        top = f"{max(config.rates):g}"
         for lb in labels:
             pts = sections(lb, "spoofing")
             ax.plot([n for n, _ in pts], [s["generated"]["success_rate"] for n, s in pts], marker="o", label=f"{lb}: steered model")
-            top = f"{max(config.rates):g}"
             ax.plot([n for n, _ in pts], [s["human_edited"][top]["success_rate"] for n, s in pts], marker="x",
                     linestyle="--", label=f"{lb}: human text, {top} edited")
-        ax.set_xscale("log")
-        ax.set_xlabel("stolen watermarked tokens N")
-        ax.set_ylabel("spoof success (detected)")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "spoofing_success.png", dpi=120)
-        plt.close(fig)
-        names.append("spoofing_success.png")
-    if any(sections(lb, "scrubbing") for lb in labels):
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+
+    def scrubbing(ax):
         for lb in labels:
             pts = sections(lb, "scrubbing")
             if not pts:
@@ -168,12 +165,11 @@ def plot(results: dict, config, out) -> list[str]:
                             label=f"{lb}: stolen colours, N={n}")
             ax.plot([float(r) for r in rates], [best["by_rate"][r]["blind"]["success_rate"] for r in rates], marker="x",
                     linestyle="--", color=line.get_color(), label=f"{lb}: blind edits")
-        ax.set_xlabel("edit rate (fraction of tokens replaced)")
-        ax.set_ylabel("TPR (detected)")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "scrubbing_tpr.png", dpi=120)
-        plt.close(fig)
-        names.append("scrubbing_tpr.png")
+
+    if any(sections(lb, "stealing") for lb in labels):
+        figure("stealing_accuracy.png", "stolen watermarked tokens N", "fraction", True, stealing)
+    if any(sections(lb, "spoofing") for lb in labels):
+        figure("spoofing_success.png", "stolen watermarked tokens N", "spoof success (detected)", True, spoofing)
+    if any(sections(lb, "scrubbing") for lb in labels):
+        figure("scrubbing_tpr.png", "edit rate (fraction of tokens replaced)", "TPR (detected)", False, scrubbing)
     return names

@@ -65,35 +65,44 @@ def _finite(value) -> float:
 
 
 def _z_vs_rate(scheme: dict):
-    groups = _by_attack(scheme)
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for (name, cells), (color, marker) in zip(groups.items(), _styles(len(groups))):
+    def draw(axis, cells, color, marker, name):
         rates = [c["rate"] for c in cells]
         axis.plot(rates, [_finite(c["median_z"]) for c in cells], marker=marker, color=color, label=name)
-        low = [_finite(c["z"]["q1"]) for c in cells]
-        high = [_finite(c["z"]["q3"]) for c in cells]
-        axis.fill_between(rates, low, high, color=color, alpha=0.08)
+        axis.fill_between(rates, [_finite(c["z"]["q1"]) for c in cells], [_finite(c["z"]["q3"]) for c in cells],
+                          color=color, alpha=0.08)
+
+    figure, axis = _per_attack(scheme, draw)
     axis.axhline(Z_LINE, color="black", linestyle="--", linewidth=1, label=f"z = {Z_LINE:g} (default threshold)")
-    axis.set_xlabel("edit rate (fraction of tokens / words / characters / sentences edited)")
-    axis.set_ylabel("median z-score (band: quartiles)")
-    axis.set_title(f"Watermark strength under edits: {scheme['label']}")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _dress(axis, "edit rate (fraction of tokens / words / characters / sentences edited)",
+           "median z-score (band: quartiles)", f"Watermark strength under edits: {scheme['label']}")
     return figure
 
 
 def _tpr_vs_rate(scheme: dict):
+    def draw(axis, cells, color, marker, name):
+        axis.plot([c["rate"] for c in cells], [c["tpr_default"] for c in cells], marker=marker, color=color, label=name)
+
+    figure, axis = _per_attack(scheme, draw)
+    axis.set_ylim(-0.02, 1.02)
+    _dress(axis, "edit rate", "detected fraction (default threshold)", f"Detection rate under edits: {scheme['label']}")
+    return figure
+
+
+def _per_attack(scheme: dict, draw):
+    """One figure, ``draw(axis, cells, color, marker, attack)`` once per attack (cells sorted by rate)."""
     groups = _by_attack(scheme)
     figure, axis = plt.subplots(figsize=(8, 5))
     for (name, cells), (color, marker) in zip(groups.items(), _styles(len(groups))):
-        axis.plot([c["rate"] for c in cells], [c["tpr_default"] for c in cells], marker=marker, color=color, label=name)
-    axis.set_ylim(-0.02, 1.02)
-    axis.set_xlabel("edit rate")
-    axis.set_ylabel("detected fraction (default threshold)")
-    axis.set_title(f"Detection rate under edits: {scheme['label']}")
+        draw(axis, cells, color, marker, name)
+    return figure, axis
+
+
+def _dress(axis, xlabel: str, ylabel: str, title: str) -> None:
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return figure
 
 
 def _roc(scheme: dict):

@@ -31,8 +31,17 @@ HF_SYNTHID_TABLE_MAX = 2**24  # transformers' own bound (SynthIDTextWatermarking
 VLLM_MAX_CONTEXT = 16  # vLLM warns above 16 and its HMAC PRF refuses more
 
 
+class _SpecValue:
+    """What every sampling spec value answers, as ``WatermarkSpec`` does."""
+
+    __slots__ = ()
+
+    def fingerprint(self, vocab_size: int) -> str:
+        return sampling_fingerprint(self, vocab_size)
+
+
 @dataclass(frozen=True, slots=True)
-class GumbelSpec:
+class GumbelSpec(_SpecValue):
     """Our keyed Gumbel-max sampler: token = argmax_v log(r_v) / p_v, r_v = PRF(key, h prior tokens, v)."""
 
     context_width: int = 4
@@ -49,12 +58,9 @@ class GumbelSpec:
 
     needs_key = True
 
-    def fingerprint(self, vocab_size: int) -> str:
-        return sampling_fingerprint(self, vocab_size)
-
 
 @dataclass(frozen=True, slots=True)
-class SynthIDSpec:
+class SynthIDSpec(_SpecValue):
     """Our keyed tournament sampler: ``layers`` keyed binary g-functions of (h prior tokens, token)."""
 
     context_width: int = 4
@@ -76,12 +82,9 @@ class SynthIDSpec:
 
     needs_key = True
 
-    def fingerprint(self, vocab_size: int) -> str:
-        return sampling_fingerprint(self, vocab_size)
-
 
 @dataclass(frozen=True, slots=True)
-class HFSynthIDSpec:
+class HFSynthIDSpec(_SpecValue):
     """transformers' ``SynthIDTextWatermarkingConfig``, field for field (keys are public integers)."""
 
     keys: tuple[int, ...]
@@ -118,12 +121,9 @@ class HFSynthIDSpec:
 
     needs_key = False
 
-    def fingerprint(self, vocab_size: int) -> str:
-        return sampling_fingerprint(self, vocab_size)
-
 
 @dataclass(frozen=True, slots=True)
-class VLLMGumbelSpec:
+class VLLMGumbelSpec(_SpecValue):
     """vLLM's ``WatermarkConfig(algorithm="gumbel", prf="philox")``; the key comes from the keyring."""
 
     context_width: int = 4
@@ -137,9 +137,6 @@ class VLLMGumbelSpec:
         return f"vllm:gumbel,context_width={self.context_width},dedup={str(self.dedup).lower()}"
 
     needs_key = True
-
-    def fingerprint(self, vocab_size: int) -> str:
-        return sampling_fingerprint(self, vocab_size)
 
 
 SamplingSpec = GumbelSpec | SynthIDSpec | HFSynthIDSpec | VLLMGumbelSpec

@@ -10,8 +10,9 @@ running the same command again resumes where it stopped. ``--schemes`` takes pre
 (default, selfhash, minhash, lefthash, unigram, kirchenbauer2023, gumbel, synthid; ``compare`` for
 every KGW scheme, Gumbel and SynthID side by side) separated by commas, or full spec strings separated
 by semicolons. ``--lengths`` adds, per scheme, detection at exact false-positive rates (``--exact-fprs``),
-repetition and diversity of the clean texts' first L tokens, with a comparison plot per metric. The keyring's active key watermarks unless ``--key`` names
-another (a first key is created on an empty keyring). Small ``--n`` and ``--tokens`` still produce
+repetition and diversity of the clean texts' first L tokens, with a comparison plot per metric.
+The keyring's active key watermarks unless ``--key`` names another (a first key is created on an
+empty keyring). Small ``--n`` and ``--tokens`` still produce
 every table and plot.
 """
 
@@ -48,10 +49,11 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of prompts' sampling and of the attacks (default 0)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences generated at once (default 32)")
-    p.add_argument("--lengths", default="", metavar="LIST",
-                   help="token counts L (each <= --tokens) at which the clean texts are measured (e.g. 50,100,200,400)")
-    p.add_argument("--exact-fprs", default="1e-3,1e-5", metavar="LIST",
-                   help="false-positive rates of the by-length detection, exact p <= f (default 1e-3,1e-5)")
+    for flag, default, what in (("--lengths", "", "token counts L (each <= --tokens) at which the clean texts are "
+                                                  "measured, e.g. 50,100,200,400"),
+                                ("--exact-fprs", "1e-3,1e-5", "false-positive rates of the by-length detection: "
+                                                              "exact p <= f (default 1e-3,1e-5)")):
+        p.add_argument(flag, default=default, metavar="LIST", help=what)
     p.add_argument("--attack-quality", action="store_true", help="also the perplexity of every attacked text")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")

@@ -10,6 +10,8 @@ import random
 
 import numpy as np
 
+from detector import common_units
+from detector.spoof_check import OutputCounts, SpoofNull, spoof_check
 from evaluation.attacks import AttackContext, get_attack
 from evaluation.metrics import summary
 from evaluation.spoofing import SpoofMark, scrub_edit, spoof_edit
@@ -58,7 +60,41 @@ def spoofing(run, label: str, estimate, held: dict, n: int) -> dict:
                  for ids, rows in zip(run.human_ids, logits)]
         edits[f"{rate:g}"] = _summary(run.detect(label, texts))
     out["human_edited"] = edits
+    out["spoof_check"] = _spoof_check(run, label, [g.text for g in generated], [g.text for g in held[label]])
     return out
+
+
+SPOOF_CHECK_ALPHAS = (0.05, 0.01, 0.001)  # empirical p needs 1 / alpha null texts; the normal fit does not
+
+
+def _spoof_check(run, label: str, spoofed: list[str], genuine: list[str]) -> dict:
+    """The spoof check (``detector.spoof_check``) with the service's own output as its memory: the whole
+    watermarked training corpus of this key (what the generation API emitted), its null from each of
+    those outputs left out in turn. Reported: how often spoofed texts (all; those the detector accepted)
+    and held-out genuine ones reach each alpha of that null."""
+    mark, common = run.marks[label], common_units.for_vocabulary(run.vocab)
+    outputs = [run.encode(g.text) for g in run.training_texts()[label]]
+    counts = OutputCounts()
+    for ids in outputs:
+        counts.add(mark.unit_identities(ids))
+    null = SpoofNull([c.z for c in (spoof_check(mark, ids, common, counts, leave_out=True) for ids in outputs)
+                      if c is not None])
+    detected = [s["detected"] for s in run.detect(label, spoofed)]
+
+    def rates(texts: list[str], keep: list[bool] | None = None) -> dict:
+        checks = [spoof_check(mark, run.encode(t), common, counts) for t in texts]
+        if keep is not None:
+            checks = [c for c, k in zip(checks, keep) if k]
+        z = [c.z if c is not None else float("nan") for c in checks]
+        out = {"n": len(z), "median_z": summary(z)["median"]}
+        for a in SPOOF_CHECK_ALPHAS:
+            out[f"flagged_at_{a:g}"] = float(np.mean([null.p_value(v) <= a for v in z])) if z else None
+            out[f"flagged_at_{a:g}_normal_fit"] = float(np.mean([null.p_value_normal(v) <= a for v in z])) if z else None
+        return out
+
+    return {"outputs_in_memory": counts.outputs, "null_texts": int(null.z.shape[0]),
+            "null_median_z": float(np.median(null.z)) if null.z.size else None,
+            "spoofed": rates(spoofed), "spoofed_detected": rates(spoofed, detected), "genuine": rates(genuine)}
 
 
 def spoof_generations(run, estimates: dict) -> dict:

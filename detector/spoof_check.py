@@ -1,0 +1,111 @@
+"""A spoof check for KGW verdicts: are the text's green tokens concentrated on the units a thief could
+have learnt from the service's own watermarked output?
+
+A watermark thief (Jovanovic et al., ICML 2024) estimates each unit's colour from watermarked text it
+read, so it knows the colours of units that recur in the service's output and not those of rare ones;
+text it steers or edits with them is green where it knew, at the base rate gamma elsewhere. Gloaguen
+et al. (ICML 2025) show this artefact in every learning-based spoofer. The service knows what it
+emitted: ``OutputCounts`` holds, per key, in how many of its watermarked outputs each unit occurred
+(key-free unit identities, ``watermark.units``; no text). A unit's learnability is x = log(count + 1/2).
+
+Statistic (one text, its counted units i = 1..n, green flags y_i): S = sum_i y_i (x_i - mean x). If
+greens did not depend on x, S given the number of greens G would have mean 0 and variance
+G (n - G) / (n (n - 1)) * sum_i (x_i - mean x)^2 (a permutation statistic); ``z = S / sd``. Genuine
+output does depend a little on x (the bias makes green units recur in the output), so the null is the
+service's own outputs, each scored against the counts without itself (``SpoofNull``): a verdict's spoof
+p-value is the fraction of those with a z at least as large. docs/security.md has the measurements
+(human-text frequency instead of the service's counts was measured too weak to use).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from detector.common_units import CommonUnits
+from detector.scoring import score_positions
+
+MIN_UNITS = 16  # fewer counted units: no spoof check (the permutation variance is too coarse)
+
+
+@dataclass(frozen=True, slots=True)
+class SpoofCheck:
+    units: int
+    z: float
+
+    def to_dict(self) -> dict:
+        return {"units": self.units, "z": self.z if math.isfinite(self.z) else None}
+
+
+class OutputCounts:
+    """Unit identity -> number of the key's watermarked outputs that contain it (each output counts a unit once)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+        self.outputs = 0
+
+    def add(self, identities: np.ndarray) -> None:
+        for unit in np.unique(identities).tolist():
+            self._counts[unit] = self._counts.get(unit, 0) + 1
+        self.outputs += 1
+
+    def of(self, identities: np.ndarray, without: np.ndarray | None = None) -> np.ndarray:
+        """Counts of ``identities``; ``without``: one output already added, taken out again (leave-one-out)."""
+        get = self._counts.get
+        found = np.fromiter((get(u, 0) for u in identities.tolist()), dtype=np.float64, count=identities.shape[0])
+        if without is not None:
+            found -= np.isin(identities, without)
+        return found
+
+
+def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts,
+                leave_out: bool = False) -> SpoofCheck | None:
+    """The check on one text under one KGW key (None for other specs or too few counted units).
+    ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not."""
+    if mark.spec.kind != "kgw":
+        return None
+    flags, prev = score_positions(mark, token_ids, common, dedup=True)
+    counted = prev < 0  # first occurrences the common-unit table did not leave out
+    if int(counted.sum()) < MIN_UNITS:
+        return None
+    identities = mark.unit_identities(token_ids)
+    seen = counts.of(identities, identities if leave_out else None)
+    return spoof_statistic(flags[counted], np.log(seen[counted] + 0.5))
+
+
+def spoof_statistic(green: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
+    """The permutation z of sum green * (x - mean x); see the module docstring."""
+    y = np.asarray(green, dtype=np.float64)
+    centred = np.asarray(learnability, dtype=np.float64)
+    centred = centred - centred.mean()
+    n, g = y.shape[0], float(y.sum())
+    spread = float((centred ** 2).sum())
+    if n < 2 or g in (0.0, float(n)) or spread <= 0:
+        return SpoofCheck(n, float("nan"))
+    variance = g * (n - g) / (n * (n - 1)) * spread
+    return SpoofCheck(n, float((y * centred).sum() / math.sqrt(variance)))
+
+
+class SpoofNull:
+    """The null of the spoof z: the key's own outputs, each against the counts without itself."""
+
+    def __init__(self, z_values) -> None:
+        values = np.asarray([z for z in z_values if z is not None and math.isfinite(z)], dtype=np.float64)
+        self.z = np.sort(values)
+
+    def p_value(self, z: float) -> float:
+        """(1 + #{null z >= z}) / (1 + n): the conservative empirical p-value."""
+        if not math.isfinite(z):
+            return 1.0
+        at_least = self.z.shape[0] - np.searchsorted(self.z, z, side="left")
+        return float((1 + at_least) / (1 + self.z.shape[0]))
+
+    def p_value_normal(self, z: float) -> float:
+        """P(Z' >= z) for Z' normal with the null's mean and sd: reaches below 1 / n, but its tail is a
+        model, not a measurement (check it against a larger null before trusting it there)."""
+        if not math.isfinite(z) or self.z.shape[0] < 3:
+            return 1.0
+        return float(stats.norm.sf(z, loc=float(self.z.mean()), scale=float(self.z.std(ddof=1))))

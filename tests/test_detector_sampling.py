@@ -4,6 +4,7 @@ own spec, the detect scope shown no per-unit value, verdicts stored with their s
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -31,8 +32,9 @@ ALPHA = 1e-5
 @pytest.fixture
 def keyring(provmark_home):
     ring = Keyring(provmark_home)
-    for key_id, spec in SPECS.items():
-        ring.create(key_id, spec=spec)
+    for key_id, spec in SPECS.items():  # fixed secrets: every run tests the same keys
+        ring.create(key_id, secret=hashlib.sha256(f"provmark-test/sampling-detect/{key_id}".encode()).digest(),
+                    spec=spec)
     ring.create(KGW_KEY)  # the default kgw spec
     return ring
 
@@ -201,3 +203,24 @@ def test_human_text_is_not_flagged_beyond_the_binomial_bound_for_a_fixed_key(key
         for alpha in (0.01, 0.05):
             high = stats.binom.ppf(1 - 1e-6, len(p), alpha)
             assert (p <= alpha).sum() <= high, (key_id, alpha, int((p <= alpha).sum()), high)
+
+
+def test_the_reference_signal_behind_min_tokens_is_what_the_tournament_gives():
+    """SYNTHID_REFERENCE_MEAN_G: mean g over 30 layers of the tournament winner when the model spreads its
+    probability over 4 tokens, recomputed with the closed form the sampler uses (4 standard errors)."""
+    from detector.sampling_verdict import GUMBEL_REFERENCE_SCORE, SYNTHID_REFERENCE_MEAN_G, min_scored_units
+    from watermark.synthid import tournament_probs
+
+    n, layers, choices = 20_000, 30, 4
+    gen = torch.Generator().manual_seed(11)
+    g = torch.randint(0, 2, (layers, n, choices), generator=gen).double()
+    winner = tournament_probs(torch.full((n, choices), 1.0 / choices, dtype=torch.float64),
+                              lambda d: g[d] if d < layers else None)
+    mean_g = (winner.unsqueeze(0) * g).sum(dim=2).mean(dim=0)  # per text: expected mean g of the winner
+    se = float(mean_g.std()) / np.sqrt(n)
+    assert abs(float(mean_g.mean()) - SYNTHID_REFERENCE_MEAN_G) < 4 * se
+    assert GUMBEL_REFERENCE_SCORE == pytest.approx(sum(1 / k for k in range(1, choices + 1)))
+    vocab = shared_vocabulary()
+    gumbel = make_watermark("gumbel:h=4", b"k" * 32, vocab.vocab_size)
+    synthid = make_watermark("synthid:h=4", b"k" * 32, vocab.vocab_size)
+    assert (min_scored_units(gumbel, 4.0), min_scored_units(synthid, 4.0)) == (14, 23)

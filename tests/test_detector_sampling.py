@@ -224,3 +224,22 @@ def test_the_reference_signal_behind_min_tokens_is_what_the_tournament_gives():
     gumbel = make_watermark("gumbel:h=4", b"k" * 32, vocab.vocab_size)
     synthid = make_watermark("synthid:h=4", b"k" * 32, vocab.vocab_size)
     assert (min_scored_units(gumbel, 4.0), min_scored_units(synthid, 4.0)) == (14, 23)
+
+
+def test_several_keys_bound_to_one_spec_are_tested_together_with_holm(keyring):
+    """Two gumbel keys: the text's own key is the best, Holm-corrected over both; the window report names
+    it too; forced positions are left out of T."""
+    from detector.service import Detector
+
+    keyring.create("g2", secret=hashlib.sha256(b"provmark-test/sampling-detect/g2").digest(), spec=SPECS["g1"])
+    text = watermarked(keyring, "g1", seed=5)
+    detector = Detector(vocab=shared_vocabulary(), keyring=keyring)
+    verdict = detector.detect(text, spec="gumbel:h=4", windows=True)
+    by_key = {k["key_id"]: k for k in verdict.keys}
+    assert set(by_key) == {"g1", "g2"} and verdict.key_id == "g1" and verdict.verdict == "watermarked"
+    assert by_key["g1"]["p_value_corrected"] == pytest.approx(min(1.0, 2 * by_key["g1"]["p_value"]))
+    assert by_key["g2"]["p_value"] > 1e-3 and verdict.p_value == by_key["g1"]["p_value_corrected"]
+    assert verdict.windows["best"]["key_id"] == "g1"
+    forced = detector.detect(text, spec="gumbel:h=4", keys=["g1"], forced_positions=range(4, 24))
+    assert forced.num_forced_positions == 20
+    assert forced.num_tokens_scored == detector.detect(text, spec="gumbel:h=4", keys=["g1"]).num_tokens_scored - 20

@@ -7,8 +7,10 @@
 A JSON line may carry ``forced_positions`` (as ``provmark generate --json`` prints for constrained
 output): those tokens had fewer than two allowed choices, carry no watermark, and are not scored.
 
-Without --key every detection key of the keyring is tested (Holm-corrected); an ``hf:`` spec is
-public and needs no key. The exit status is 0 whatever the verdict; user errors (unknown key,
+Without --key every detection key of the keyring bound to the spec is tested (Holm-corrected); an
+``hf:`` or ``hf:synthid`` spec is public and needs no key. ``--watermark`` takes kgw/hf specs and the
+sampling watermarks (``gumbel:``, ``synthid:``, ``hf:synthid,...``, ``vllm:gumbel,...``), whose verdicts
+carry the scheme's ``statistic`` instead of a green count. The exit status is 0 whatever the verdict; user errors (unknown key,
 unreadable file, bad spec) exit 2 with a message. Output never contains a secret.
 """
 

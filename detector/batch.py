@@ -45,10 +45,11 @@ from db.verdicts import VerdictRecord, record_verdicts
 from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from detector.service import Detector
-from watermark.config import SpecError, WatermarkSpec
+from watermark.config import SpecError
 from watermark.key_binding import keys_bound_to, require_bound
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
+from watermark.specs import AnySpec, parse_spec
 from watermark.stats import Z_THRESHOLD
 
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
@@ -119,7 +120,7 @@ class PreparedJobs:
 
 
 def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Sequence[str] | None = None,
-                 spec: str | WatermarkSpec | None = None, vocab=None, keyring=None,
+                 spec: str | AnySpec | None = None, vocab=None, keyring=None,
                  bind_keys: bool = True) -> PreparedJobs:
     """Validate ``records`` ({"text", optional "forced_positions", "key"/"keys", "watermark"}) and
     resolve the keys each one is scored with: its own, else ``keys``, else every detection key of
@@ -127,7 +128,7 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     key is scored only under its own spec (``watermark.key_binding``; ``bind_keys=False`` only for the
     evaluation harness). Raises BatchError naming the record (1-based)."""
     keyring = keyring if keyring is not None else Keyring()
-    default_spec = _parse_spec(spec, "watermark") if spec is not None else WatermarkSpec.default()
+    default_spec = _parse_spec(spec, "watermark") if spec is not None else parse_spec(None)
     default_keys = tuple(dict.fromkeys(keys)) if keys else None
     detection_ids: tuple[str, ...] | None = None
     jobs: list[DetectJob] = []
@@ -181,14 +182,14 @@ def _record_fields(record, number: int):
     return text, tuple(forced), own_spec, own_keys
 
 
-def _parse_spec(raw, where: str) -> WatermarkSpec:
+def _parse_spec(raw, where: str) -> AnySpec:
     try:
-        return WatermarkSpec.parse(raw)
+        return parse_spec(raw)
     except SpecError as exc:
         raise BatchError(f"{where}: {exc}") from None
 
 
-def _bound_keys(keyring, key_ids: tuple[str, ...], spec: WatermarkSpec, explicit: bool, where: str) -> tuple[str, ...]:
+def _bound_keys(keyring, key_ids: tuple[str, ...], spec: AnySpec, explicit: bool, where: str) -> tuple[str, ...]:
     """Named keys must all be bound to ``spec``; of the detection keys, those bound to it (at least one)."""
     try:
         infos = {info.key_id: info for info in keyring.list()}
@@ -356,11 +357,13 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> Ve
                       "forced_positions": list(job.forced_positions) or None,
                       "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch",
                       "null": null_record(verdict)}
+    if verdict.get("statistic") is not None:  # sampling specs: the scheme's own statistic (no green count)
+        stored_options["statistic"] = verdict["statistic"]
     p_value = verdict["p_value"]
     return VerdictRecord(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,
         p_value=min(1.0, max(0.0, 1.0 if p_value is None else p_value)),
-        green_count=int(verdict["num_green_tokens"]), scored_count=int(verdict["num_tokens_scored"]),
+        green_count=int(verdict["num_green_tokens"] or 0), scored_count=int(verdict["num_tokens_scored"]),
         green_fraction=verdict["green_fraction"] or 0.0, spec=verdict["watermark"],
         spec_fingerprint=verdict["fingerprint"], tokenizer_fingerprint=verdict["tokenizer_fingerprint"],
         key_id=verdict["key_id"], options=stored_options, windows=verdict["windows"])

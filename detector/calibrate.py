@@ -15,10 +15,13 @@ import torch
 from detector import common_units, human_corpora
 from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore, bucket_of
 from detector.common_units import FIT_DOMAINS, CommonUnits
+from detector.sampling_verdict import z_of
 from detector.scoring import score_positions
+from detector.scoring_sampling import counted_score, positions
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
-from watermark.scheme import Watermark
+from watermark.scheme import make_watermark
+from watermark.specs import AnySpec, is_sampling
 from watermark.stats import Z_THRESHOLD, z_score
 
 log = logging.getLogger(__name__)
@@ -66,11 +69,24 @@ class HumanWindows:
             return found
 
 
-def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonUnits | None,
+def window_z(watermark, ids: torch.Tensor, common: CommonUnits | None) -> tuple[int, float]:
+    """(T, z) of one human window as the detector scores it: kgw z from the green count; for sampling
+    specs the normal quantile of the exact p-value (detector.sampling_verdict), which the guard compares."""
+    if is_sampling(watermark.spec):
+        values, prev = positions(watermark, ids, True, common)
+        score = counted_score(watermark, values, prev)
+        return score.num_tokens_scored, z_of(score.p_value) if score.num_tokens_scored else 0.0
+    flags, prev = score_positions(watermark, ids, common)
+    counted = prev < 0
+    total = int(counted.sum())
+    return total, z_score(int((flags & counted).sum()), total, watermark.gamma) if total else 0.0
+
+
+def calibrate(watermark, key_fingerprint: str, vocab, common: CommonUnits | None,
               z_threshold: float = Z_THRESHOLD, progress: bool = False) -> Calibration:
-    """Score every human window under ``watermark`` (one key, one spec) as the detector would."""
+    """Score every human window under ``watermark`` (one key, one spec, kgw or sampling) as the detector would;
+    ``common``: the table the detector uses for this spec (None for hf:synthid and vllm:gumbel)."""
     windows = HumanWindows.for_vocabulary(vocab)
-    gamma = watermark.gamma
     per_bucket: dict[int, list[float]] = {}
     per_domain: dict[str, list[float]] = {}
     items = windows.windows
@@ -79,12 +95,9 @@ def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonU
 
         items = tqdm(items, desc=f"calibrating {watermark.key_id}", unit="text")
     for domain, ids in items:
-        flags, prev = score_positions(watermark, ids, common)
-        counted = prev < 0
-        total = int(counted.sum())
+        total, z = window_z(watermark, ids, common)
         if total == 0:
             continue
-        z = z_score(int((flags & counted).sum()), total, gamma)
         per_bucket.setdefault(bucket_of(total), []).append(z)
         per_domain.setdefault(domain, []).append(z)
     buckets = tuple(_bucket(i, per_bucket.get(i, [])) for i in range(len(BUCKET_EDGES)))
@@ -98,14 +111,14 @@ def calibrate(watermark: Watermark, key_fingerprint: str, vocab, common: CommonU
                        tuple(z for values in per_bucket.values() for z in values))
 
 
-def screened_secret(spec: WatermarkSpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
+def screened_secret(spec: AnySpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
                     progress: bool = False) -> tuple[bytes, Calibration, int]:
     """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
     ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws)."""
     best = None
     for attempt in range(1, tries + 1):
         secret = new_secret()
-        mark = Watermark(spec, secret, vocab.vocab_size, key_id="candidate")
+        mark = make_watermark(spec, secret, vocab.vocab_size, key_id="candidate")
         result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
         if result.passes_screen():
             return secret, result, attempt

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from watermark.config import WatermarkSpec
+from detector.common_units import TABLE_KINDS
 from watermark.key_info import KeyringIntegrityError
 from watermark.paths import write_private_atomic
+from watermark.specs import parse_spec
 from watermark.stats import Z_THRESHOLD, p_value_normal
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,18 @@ def _exclusive(path: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def spec_for(text: str | WatermarkSpec | None) -> WatermarkSpec:
-    return WatermarkSpec.default() if text is None else WatermarkSpec.parse(text)
+def spec_for(text):
+    """The spec a calibration is asked for (any family, ``watermark.specs.parse_spec``; None: the default)."""
+    return parse_spec(text)
+
+
+def is_stale(calibration: Calibration, current_digests: set[str]) -> bool:
+    """True when the detector would not use ``calibration``: it was measured under a common-unit table that
+    is not the current one (``detector.common_units.current_digests``), or with one where the spec's kind
+    uses none (the detector compares the digests, service._current)."""
+    if parse_spec(calibration.spec).kind not in TABLE_KINDS:
+        return calibration.common_units is not None
+    return calibration.common_units not in current_digests
 
 
 class ShippedCalibrations:

@@ -247,6 +247,29 @@ def for_vocabulary(vocab) -> CommonUnits:
     return found
 
 
+TABLE_KINDS = ("kgw", "gumbel", "synthid")  # spec kinds scored with the table (hf:, hf:synthid, vllm: count all)
+
+
+def for_spec(spec, vocab) -> CommonUnits | None:
+    """The table the detector scores ``spec`` with (``for_vocabulary``), or None for a kind that counts every
+    position as the reference detector it reproduces does."""
+    return for_vocabulary(vocab) if spec.kind in TABLE_KINDS else None
+
+
+def current_digests() -> set[str]:
+    """The digest of the table each tokenizer that has one here is scored with (looked up in
+    ``for_vocabulary``'s order: shipped, then built), read without loading a tokenizer."""
+    found: dict[str, str] = {}
+    for folder in (SHIPPED, models_dir() / "common-units"):
+        for path in sorted(folder.glob("common-units-*.npz")) if folder.is_dir() else ():
+            if path.name not in found:
+                try:
+                    found[path.name] = CommonUnits.load(path).digest
+                except (OSError, ValueError, KeyError):
+                    continue
+    return set(found.values())
+
+
 def _load_or_build(vocab) -> CommonUnits:
     name = file_name(vocab.fingerprint)
     for path in (SHIPPED / name, models_dir() / "common-units" / name):

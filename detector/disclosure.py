@@ -11,6 +11,10 @@ that unit's colour. So a ``detect``-scope verdict carries:
   resending, only by changing what is scored), ``z_shown = z_thr + w * floor((z - z_thr) / w - u)``
   where the step ``w = STEP_UNITS * d`` is STEP_UNITS green-count units, ``d = 1 / sqrt(T gamma (1 - gamma))``
   being what one unit's colour moves z by (0.16 at T = 200, gamma 0.25; w = 1.3 there).
+  For the sampling specs (``gumbel:``, ``synthid:``, ``hf:synthid``, ``vllm:gumbel``) a unit has no colour
+  but a value (a Gumbel score s ~ Exp(1), or m SynthID g-values); ``d = 2 / sqrt(T)``, what a typical
+  one-unit change (two of the unit's standard deviations) moves z by (``unit_variance``: 1/4 in place of
+  gamma (1 - gamma)); z there is the normal quantile of the exact p-value (detector.sampling_verdict).
   ``z_shown <= z`` always, so the p-value shown is an upper bound (conservative) and the false-positive
   rate is never above alpha; the verdict shown is ``z_shown >= z_thr``. A one-unit change moves
   ``z_shown`` with probability ``1 / STEP_UNITS`` at any length: one query no longer reads it, and
@@ -39,6 +43,7 @@ import math
 
 import numpy as np
 
+from watermark.specs import is_sampling, parse_spec
 from watermark.stats import p_value_normal, z_for_p
 
 STEP_UNITS = 8  # the z grid shown to ``detect`` is 8 green-count units wide: a one-unit change shows 1 time in 8
@@ -64,9 +69,23 @@ def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.nd
     return int.from_bytes(mac.digest()[:8], "little") / 2.0**64
 
 
+SAMPLING_UNIT_VARIANCE = 0.25  # sampling specs: d = 1 / sqrt(T / 4) = 2 / sqrt(T) (module docstring)
+
+
+def unit_variance(spec_text: str) -> float:
+    """What one unit's change is measured against in z: gamma (1 - gamma) for kgw/hf, 1/4 for sampling specs."""
+    spec = parse_spec(spec_text)
+    return SAMPLING_UNIT_VARIANCE if is_sampling(spec) else spec.gamma * (1.0 - spec.gamma)
+
+
 def z_step(num_scored: int, gamma: float) -> float:
     """The grid width ``w`` in z for a text of ``num_scored`` counted units (module docstring)."""
-    return STEP_UNITS / math.sqrt(max(1, num_scored) * gamma * (1.0 - gamma))
+    return step_for(num_scored, gamma * (1.0 - gamma))
+
+
+def step_for(num_scored: int, variance: float) -> float:
+    """``z_step`` for a unit variance (``unit_variance``): STEP_UNITS / sqrt(T variance)."""
+    return STEP_UNITS / math.sqrt(max(1, num_scored) * variance)
 
 
 def shown_z(p_value: float, alpha: float, u: float, step: float) -> float:
@@ -76,7 +95,7 @@ def shown_z(p_value: float, alpha: float, u: float, step: float) -> float:
     return z_threshold + step * math.floor((z - z_threshold) / step - u)
 
 
-def disclose(full: dict, scope_allows_explain: bool, u: float | None, gamma: float) -> dict:
+def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: float) -> dict:
     """The verdict dict a caller may see: ``full`` itself for ``explain``, else the detect-scope view."""
     if scope_allows_explain:
         return full
@@ -87,8 +106,8 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, gamma: flo
     exact = full["verdict"]
     if exact == "insufficient_text" or u is None:
         return out
-    z = shown_z(full["p_value"], full["alpha"], u, z_step(full["num_tokens_scored"], gamma))
-    window = _shown_window(full.get("windows"), u, gamma)
+    z = shown_z(full["p_value"], full["alpha"], u, step_for(full["num_tokens_scored"], variance))
+    window = _shown_window(full.get("windows"), u, variance)
     if z >= z_for_p(full["alpha"]) - 1e-9:
         verdict, decided_by = "watermarked", "text"
     elif window is not None:
@@ -109,12 +128,12 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, gamma: flo
     return out
 
 
-def _shown_window(windows: dict | None, u: float, gamma: float) -> dict | None:
+def _shown_window(windows: dict | None, u: float, variance: float) -> dict | None:
     """The best window's span when its dithered z also clears the window threshold, else None."""
     if not windows or not windows.get("best"):
         return None
     best, alpha = windows["best"], windows["alpha"]
-    z = shown_z(best["p_value_corrected"], alpha, u, z_step(best["num_tokens_scored"], gamma))
+    z = shown_z(best["p_value_corrected"], alpha, u, step_for(best["num_tokens_scored"], variance))
     if z < z_for_p(alpha) - 1e-9:
         return None
     return {"char_start": best["char_start"], "char_end": best["char_end"]}

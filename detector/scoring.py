@@ -38,6 +38,9 @@ from watermark.stats import (
 
 WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT = "watermarked", "not_watermarked", "insufficient_text"
 CORRECTION = "holm"  # across keys; min Holm-adjusted p = keys * min p (Bonferroni for the best key)
+# With windows on, the whole text and the window family share alpha half and half (Bonferroni over
+# the two), so asking for windows never raises the false-positive rate above alpha.
+WINDOW_ALPHA_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -112,6 +115,12 @@ def _previous(units: np.ndarray) -> np.ndarray:
         same &= column[order[1:]] == column[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
     return prev
+
+
+def forced_scored_positions(forced_tokens: tuple[int, ...], h: int, scorable: int) -> np.ndarray:
+    """Scored-position indices (token index - h) of the forced tokens that are scorable at all."""
+    positions = np.asarray(sorted(set(forced_tokens)), dtype=np.int64) - h
+    return positions[(positions >= 0) & (positions < scorable)]
 
 
 def counted_positions(prev: np.ndarray, dedup: bool = True) -> np.ndarray:

@@ -57,18 +57,25 @@ class SamplingScore:
                 "p_value_corrected": finite(self.p_value_corrected), "start": self.start, "end": self.end}
 
 
-def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None) -> tuple[np.ndarray, np.ndarray]:
+def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None,
+              with_units: bool = False) -> tuple[np.ndarray, ...]:
     """Per scored position: values [N] (float64 for Gumbel; [N, m] uint8 g-values for SynthID) and
     the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup). With a
     ``common`` table (gumbel: and synthid: specs) a position whose unit is common in human text points
-    at itself: it counts nowhere, in the text or in a window (``detector.common_units``)."""
+    at itself: it counts nowhere, in the text or in a window (``detector.common_units``). With
+    ``with_units`` also each position's unit [N, h + 1]."""
     values, units = mark.scored_positions(token_ids)
     units = units.numpy()
     prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
     if common is not None and units.shape[0]:
         excluded = common.excluded(mark, token_ids, unit_identities("lefthash", units, None))
         prev[excluded] = excluded
-    return values.numpy(), prev
+    return (values.numpy(), prev) + ((units,) if with_units else ())
+
+
+def counted_score(mark, values: np.ndarray, prev: np.ndarray) -> SamplingScore:
+    """The score of the positions that count (first occurrences; ``prev`` < 0) of precomputed values."""
+    return _score(mark, values[prev < 0], mark.key_id)
 
 
 def score_text(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None) -> SamplingScore:
@@ -94,6 +101,11 @@ def best_window(mark, token_ids, dedup: bool = True, tests_other_keys: int = 1,
     """The window with the smallest exact p (each window counts a unit once inside it), Bonferroni-
     corrected by the number of windows times ``tests_other_keys``; None for texts under 2 x 32 units."""
     values, prev = positions(mark, token_ids, dedup, common)
+    return window_of(mark, values, prev, tests_other_keys)
+
+
+def window_of(mark, values: np.ndarray, prev: np.ndarray, tests_other_keys: int = 1) -> SamplingScore | None:
+    """``best_window`` over precomputed ``positions`` (positions left out point at themselves)."""
     n = values.shape[0]
     per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values
     best, windows = None, 0

@@ -29,28 +29,29 @@ from detector.scoring import (
     INSUFFICIENT_TEXT,
     NOT_WATERMARKED,
     WATERMARKED,
+    WINDOW_ALPHA_SHARE,
     Decision,
     correct_across_keys,
     counted_positions,
     effective_z,
+    forced_scored_positions,
     min_scored_tokens,
     score_counts,
     score_positions,
     verdict_of,
 )
+from detector.sampling_verdict import score_sampling
 from detector.tokenizing import tokenize
 from detector.verdict import Verdict
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound
 from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
-from watermark.scheme import Watermark
+from watermark.scheme import Watermark, make_watermark
+from watermark.specs import AnySpec, is_sampling, parse_spec
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import Vocabulary, load_vocabulary
 
-# With windows on, the whole text and the window family share alpha half and half (Bonferroni over
-# the two), so asking for windows never raises the false-positive rate above alpha.
-WINDOW_ALPHA_SHARE = 0.5
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
 PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
 
@@ -72,12 +73,6 @@ class _Options:
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.forced_positions):
             raise ValueError("forced_positions: expected token indices (integers >= 0)")
-
-
-def _forced_scored_positions(forced_tokens: tuple[int, ...], h: int, scorable: int) -> np.ndarray:
-    """Scored-position indices (token index - h) of the forced tokens that are scorable at all."""
-    positions = np.asarray(sorted(set(forced_tokens)), dtype=np.int64) - h
-    return positions[(positions >= 0) & (positions < scorable)]
 
 
 class Detector:
@@ -120,14 +115,16 @@ class Detector:
         return self._keyring
 
     # ------------------------------------------------------------------------------- detect
-    def detect(self, text: str, *, keys: Iterable[str] | None = None, spec: str | WatermarkSpec | None = None,
+    def detect(self, text: str, *, keys: Iterable[str] | None = None, spec: str | AnySpec | None = None,
                windows: bool = False, explain: bool = False, normalize: bool | Iterable[str] = True,
                dedup: bool = True, z_threshold: float = Z_THRESHOLD, fpr: float | None = None,
                forced_positions: Iterable[int] | None = None) -> Verdict:
         """Score ``text``; see the module docstring. Raises SpecError (bad spec), KeyNotFoundError
         (unknown key, or no detection key for a kgw spec), ValueError (bad option or text).
 
-        ``keys=None`` tests every detection key of the keyring; an hf spec is public and takes none.
+        ``keys=None`` tests every detection key of the keyring bound to ``spec``; an hf spec (``hf:``,
+        ``hf:synthid``) is public and takes none. Sampling specs (``gumbel:``, ``synthid:``, ``hf:synthid``,
+        ``vllm:gumbel``) are scored by ``detector.sampling_verdict``, the others by green flags.
         The verdict is ``watermarked`` when the Holm-corrected exact p-value is at most alpha
         (``fpr``, or the normal tail of ``z_threshold``); with ``windows`` the text and the window
         family each get half of alpha. ``explain`` adds per-token green/red flags with offsets:
@@ -139,7 +136,7 @@ class Detector:
         constrained text is ``insufficient_text`` rather than judged on coins the key never tossed."""
         if not isinstance(text, str):
             raise ValueError(f"text: expected a string, got {type(text).__name__}")
-        spec = WatermarkSpec.default() if spec is None else WatermarkSpec.parse(spec)
+        spec = parse_spec(spec)
         options = _Options(windows, explain, dedup, _normalize_option(normalize), Decision.make(z_threshold, fpr),
                            tuple(forced_positions or ()))
         marks = self.watermarks(spec, keys)
@@ -149,6 +146,13 @@ class Detector:
         ids = torch.tensor(ids_list, dtype=torch.int64)
         # hf colours are public (no secret): their dither needs no secret either, nor a master key to exist
         dither_key = self.dither_key if spec.needs_key else PUBLIC_DITHER_KEY
+        if is_sampling(spec):
+            # our keyed specs leave out units common in human text, as kgw does; hf:synthid and vllm:gumbel
+            # count every position (the table says so per kind), as their reference detectors do
+            common = common_units.for_spec(spec, vocab)
+            calibrations = _current(self.calibrations_for(marks), common)
+            return score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
+                                  dither_key, common)
         return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks),
                       dither_key)
 
@@ -174,13 +178,13 @@ class Detector:
             self._calibrations = CalibrationStore(self.keyring)
         return [self._calibrations.get(wm.key_id, wm.fingerprint) for wm in marks]
 
-    def watermarks(self, spec: WatermarkSpec, keys: Iterable[str] | None = None) -> list[Watermark]:
-        """The Watermark objects a detection tests: one per key (kgw) or one public one (hf)."""
+    def watermarks(self, spec: AnySpec, keys: Iterable[str] | None = None) -> list:
+        """The watermarks a detection tests (``make_watermark``): one per key, or one public one (hf)."""
         vocab = self.vocab
         if not spec.needs_key:
             if keys is not None:
                 raise ValueError("keys: an hf spec is public (its hashing_key is in the spec); pass no key")
-            return [self._cached(spec, None, lambda: Watermark(spec, None, vocab.vocab_size))]
+            return [self._cached(spec, None, lambda: make_watermark(spec, None, vocab.vocab_size))]
         with self._lock:
             self._refresh_if_keyring_changed()
             if keys is None:
@@ -206,14 +210,14 @@ class Detector:
                         if key_id in known:  # an unknown id fails below, with the keyring's own message
                             require_bound(known[key_id], spec)
         return [self._cached(spec, key_id,
-                             lambda k=key_id: Watermark(spec, self.keyring.secret(k), vocab.vocab_size, k))
+                             lambda k=key_id: make_watermark(spec, self.keyring.secret(k), vocab.vocab_size, k))
                 for key_id in key_ids]
 
     def _keys_are_bound(self) -> bool:
         """A real keyring records each key's spec; a stand-in holding secrets only has no binding to check."""
         return self._bind_keys and isinstance(self.keyring, Keyring)
 
-    def _cached(self, spec: WatermarkSpec, key_id: str | None, build) -> Watermark:
+    def _cached(self, spec: AnySpec, key_id: str | None, build):
         cache_key = (spec.format(), key_id)
         found = self._watermarks.get(cache_key)
         if found is None:
@@ -233,6 +237,13 @@ class Detector:
             self._detection_infos = None
             self._all_infos = None
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
+
+
+def _current(calibrations: list[Calibration | None], common) -> list[Calibration | None]:
+    """The calibrations measured under this scoring's common-unit table; a null measured under another
+    table is not this scoring's null: such a key counts as uncalibrated until `keys calibrate` again."""
+    digest = common.digest if common is not None else None
+    return [c if c is not None and c.common_units == digest else None for c in calibrations]
 
 
 def _normalize_option(value) -> bool | tuple[str, ...]:
@@ -255,14 +266,11 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
-    common = common_units.for_vocabulary(vocab) if spec.kind == "kgw" else None
-    # a null measured under another common-unit table is not this scoring's null: such a key counts as
-    # uncalibrated until `provmark keys calibrate` measures it again
-    calibrations = [c if c is not None and common is not None and c.common_units == common.digest else None
-                    for c in calibrations]
+    common = common_units.for_spec(spec, vocab)
+    calibrations = _current(calibrations, common)
     flags, prevs, units = zip(*(score_positions(wm, ids, common, options.dedup, with_units=True) for wm in marks))
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
-    forced = _forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
+    forced = forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
     for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
     counted = [counted_positions(prev, True) for prev in prevs]

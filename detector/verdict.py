@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose
+from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose, unit_variance
 from detector.scoring import WATERMARKED
-from watermark.config import WatermarkSpec
 
 
 @dataclass(slots=True)
@@ -19,8 +18,8 @@ class Verdict:
     p_value: float  # whole text, exact binomial, Holm-corrected across the keys tested
     p_value_normal: float  # the same from the normal approximation (corrected the same way)
     num_tokens_scored: int  # T: distinct n-grams (dedup) or scorable positions
-    num_green_tokens: int  # G
-    green_fraction: float  # G / T (nan when T = 0)
+    num_green_tokens: int | None  # G (None for sampling specs: no colours)
+    green_fraction: float  # G / T (nan when T = 0, and for sampling specs)
     key_id: str | None  # the best key (None for hf specs)
     watermark: str  # canonical spec string
     fingerprint: str  # spec fingerprint (spec + V)
@@ -49,6 +48,8 @@ class Verdict:
     calibration: dict | None = None
     windows: dict | None = None
     explanation: list[dict] | None = None
+    # sampling specs: the scheme's own statistic (Gumbel sum; SynthID ones, mean and weighted-mean g)
+    statistic: dict | None = None
     # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
     dither: float | None = field(default=None, repr=False)
 
@@ -69,4 +70,4 @@ class Verdict:
         or ``admin``; for ``detect`` the verdict and a coarse, dithered p-value, no counts."""
         if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
             raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
-        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, WatermarkSpec.parse(self.watermark).gamma)
+        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, unit_variance(self.watermark))

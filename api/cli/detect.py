@@ -7,8 +7,10 @@
 A JSON line may carry ``forced_positions`` (as ``provmark generate --json`` prints for constrained
 output): those tokens had fewer than two allowed choices, carry no watermark, and are not scored.
 
-Without --key every detection key of the keyring is tested (Holm-corrected); an ``hf:`` spec is
-public and needs no key. The exit status is 0 whatever the verdict; user errors (unknown key,
+Without --key every detection key of the keyring bound to the spec is tested (Holm-corrected); an
+``hf:`` or ``hf:synthid`` spec is public and needs no key. ``--watermark`` takes kgw/hf specs and the
+sampling watermarks (``gumbel:``, ``synthid:``, ``hf:synthid,...``, ``vllm:gumbel,...``), whose verdicts
+carry the scheme's ``statistic`` instead of a green count. The exit status is 0 whatever the verdict; user errors (unknown key,
 unreadable file, bad spec) exit 2 with a message. Output never contains a secret.
 """
 
@@ -18,7 +20,8 @@ import json
 import sys
 
 from api.cli.errors import CLIError
-from watermark.config import SpecError, WatermarkSpec
+from watermark.config import SpecError
+from watermark.specs import parse_spec
 from watermark.key_info import KeyringError
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import ModelAssetError, load_vocabulary
@@ -42,7 +45,8 @@ def add_scoring_options(parser) -> None:
     keys.add_argument("--key", action="append", dest="keys", metavar="ID",
                       help="test this key (repeat for several); default: every detection key")
     keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
-    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
+    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec); also "
+                        "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")
     parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
     parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
     parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
@@ -67,7 +71,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     try:
-        spec = WatermarkSpec.parse(args.watermark) if args.watermark else WatermarkSpec.default()
+        spec = parse_spec(args.watermark or None)
     except SpecError as exc:
         raise CLIError(f"bad --watermark: {exc}") from None
     if args.keys and not spec.needs_key:
@@ -160,8 +164,8 @@ def format_verdict(verdict) -> str:
     z = "n/a" if d["z_score"] is None else f"{d['z_score']:.2f}"
     lines = [
         f"verdict: {d['verdict']}" + (f" (decided by the best {d['decided_by']})" if d["decided_by"] == "window" else ""),
-        f"z = {z}, p = {d['p_value']:.3g} (exact binomial, {d['correction']} over {len(d['keys'])} key(s)); "
-        f"green {d['num_green_tokens']} of {d['num_tokens_scored']} scored tokens",
+        f"z = {z}, p = {d['p_value']:.3g} (exact {_test_name(d)}, {d['correction']} over {len(d['keys'])} key(s)); "
+        + _counts_line(d),
         f"key: {d['key_id'] or '-'}; watermark: {d['watermark']}",
     ]
     if d["normalizations"]:
@@ -176,7 +180,14 @@ def format_verdict(verdict) -> str:
                 f"best window: characters {best['char_start']}-{best['char_end']}, z = {best['z_score']:.2f}, "
                 f"p = {best['p_value_corrected']:.3g} corrected over {windows['num_windows_tested']} windows"
                 + (" (watermarked passage)" if windows["detected"] else ""))
-    if d["explanation"] is not None:
+    if d["explanation"] is not None and d.get("statistic") is not None:
+        lines.append("tokens (value: Gumbel score s or SynthID g-values; . unscored, * repeat not counted):")
+        for token in d["explanation"]:
+            repeat = "*" if token["scored"] and not token["counted"] else " "
+            value = token.get("score", token.get("g_values"))
+            shown = "." if value is None else (f"{value:.3f}" if isinstance(value, float) else "".join(map(str, value)))
+            lines.append(f"  {shown}{repeat} {token['char_start']:>6}-{token['char_end']:<6} {token['text']!r}")
+    elif d["explanation"] is not None:
         marks = {True: "G", False: "r", None: "."}
         lines.append("tokens (G green, r red, . unscored, * repeat not counted):")
         for token in d["explanation"]:
@@ -184,3 +195,23 @@ def format_verdict(verdict) -> str:
             lines.append(f"  {marks[token['green']]}{repeat} {token['char_start']:>6}-{token['char_end']:<6} "
                          f"{token['text']!r}")
     return "\n".join(lines)
+
+
+def _test_name(d: dict) -> str:
+    statistic = d.get("statistic")
+    if statistic is None:
+        return "binomial"
+    return "Gamma tail" if statistic["name"] == "gumbel_sum" else "binomial of g-values"
+
+
+def _counts_line(d: dict) -> str:
+    """KGW: green of scored; sampling specs: the scheme's statistic over the scored units."""
+    statistic = d.get("statistic")
+    if statistic is None:
+        return f"green {d['num_green_tokens']} of {d['num_tokens_scored']} scored tokens"
+    if statistic["name"] == "gumbel_sum":
+        return f"Gumbel sum {statistic['sum']:.2f} over {d['num_tokens_scored']} scored tokens"
+    mean = "n/a" if statistic["mean_g"] is None else f"{statistic['mean_g']:.4f}"
+    weighted = "n/a" if statistic["weighted_mean_g"] is None else f"{statistic['weighted_mean_g']:.4f}"
+    return (f"g = 1 in {statistic['ones']} of {statistic['trials']} (mean g {mean}, weighted {weighted}) "
+            f"over {d['num_tokens_scored']} scored tokens")

@@ -1,7 +1,10 @@
-"""``provmark keys``: create, list, rotate and retire watermark keys.
+"""``provmark keys``: create, list, rotate, calibrate and retire watermark keys.
 
 Output is a table for people or, with ``--json``, JSON for programs (one object per key; ``list``
-prints an array). Only public facts are shown: id, status, fingerprint and times, never a secret.
+prints an array). Only public facts are shown: id, status, fingerprint, spec, times and calibrations,
+never a secret. A key is bound to one spec (``--spec``: kgw, gumbel:, synthid: or vllm:gumbel) and
+screened and calibrated under it; ``keys list`` marks a calibration ``stale`` when it was measured under
+a common-unit table the detector no longer uses (the detector then ignores it: calibrate again).
 The keyring lives in ``$PROVMARK_HOME``; its master key comes from ``PROVMARK_MASTER_KEY`` or
 ``$PROVMARK_HOME/master.key`` (see ``watermark.keys``).
 """
@@ -18,13 +21,14 @@ from db.store import Store, StoreError
 from detector import calibration
 from detector.calibration import CalibrationStore, CalibrationStoreError
 from detector.calibration_plot import plot_calibrations
-from watermark.config import SpecError, WatermarkSpec
-from watermark.key_binding import spec_to_bind
+from watermark.config import SpecError
+from watermark.key_binding import bound_spec, spec_to_bind
 from watermark.key_info import STANDBY, KeyInfo, KeyringError
 from watermark.keys import Keyring
+from watermark.specs import parse_spec
 from watermark.vocab import load_vocabulary
 
-COLUMNS = ("KEY ID", "STATUS", "FINGERPRINT", "CREATED (UTC)", "RETIRED (UTC)")
+COLUMNS = ("KEY ID", "STATUS", "FINGERPRINT", "CREATED (UTC)", "RETIRED (UTC)", "SPEC")
 
 
 def register(subparsers) -> None:
@@ -51,7 +55,7 @@ def register(subparsers) -> None:
     calibrate = _action(actions, "calibrate", calibrate_help, _calibrate)
     calibrate.add_argument("key_ids", nargs="*", metavar="KEY_ID", help="default: every detection key")
     calibrate.add_argument("--spec", action="append", metavar="SPEC",
-                           help="watermark spec to calibrate under (repeatable; default: the default spec)")
+                           help="watermark spec to calibrate under (repeatable; default: each key's own spec)")
     calibrate.add_argument("--plot", metavar="PNG", help="also plot each key's null against N(0, 1) into this file")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -94,8 +98,8 @@ def _audit(changed: list[tuple]) -> None:
 
 def _calibration_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", metavar="SPEC", default=None,
-                        help="the kgw spec the new key watermarks with; the detector scores the key only under "
-                             "it (default: the default spec)")
+                        help="the spec the new key watermarks with (kgw:..., gumbel:..., synthid:... or "
+                             "vllm:gumbel,...); the detector scores the key only under it (default: the default spec)")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -103,11 +107,12 @@ def _calibration_options(parser: argparse.ArgumentParser) -> None:
 
 def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     """``make(secret or None) -> KeyInfo``; unless --no-calibrate, with a screened secret and its
-    calibration under the default spec stored."""
+    calibration under the key's spec stored."""
     if args.no_calibrate:
         return make(None), None
-    vocab, common, measuring, _ = _material()
     spec = _spec_to_bind(args)
+    vocab, measuring = _material()
+    common = measuring.common_units.for_spec(spec, vocab)
     try:
         secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args))
     except RuntimeError as exc:
@@ -120,13 +125,11 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
 
 
 def _material():
-    """(vocabulary, common-unit table, detector.calibrate, Watermark): what screening and calibrating need."""
+    """(vocabulary, detector.calibrate): what screening and calibrating need."""
     # local: calibrating loads torch and the human corpora; `keys list` and the others should not
-    from detector import calibrate, common_units
-    from watermark.scheme import Watermark
+    from detector import calibrate
 
-    vocab = load_vocabulary()
-    return vocab, common_units.for_vocabulary(vocab), calibrate, Watermark
+    return load_vocabulary(), calibrate
 
 
 def _progress(args) -> bool:
@@ -145,7 +148,7 @@ def _describe_calibration(summary: dict) -> str:
 def _spec_to_bind(args):
     """The spec a new key is bound to: ``--spec`` or the default spec; a clear error for a bad one."""
     try:
-        return WatermarkSpec.parse(spec_to_bind(args.spec))
+        return parse_spec(spec_to_bind(args.spec))
     except SpecError as exc:
         raise CLIError(f"--spec: {exc}") from None
 
@@ -173,13 +176,14 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     if unknown:
         raise CLIError(f"no key {unknown[0]} in the keyring")
     try:
-        specs = [calibration.spec_for(text) for text in (args.spec or [None])]
+        specs = [calibration.spec_for(text) for text in args.spec] if args.spec else None
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    keyless = [spec.format() for spec in specs if not spec.needs_key]
+    keyless = [spec.format() for spec in specs or () if not spec.needs_key]
     if keyless:
         raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
-    vocab, common, measuring, Watermark = _material()
+    vocab, measuring = _material()
+    from watermark.scheme import make_watermark  # local, as _material
     store = calibration.CalibrationStore(keyring)
     results, changed = [], []
     try:
@@ -189,8 +193,9 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     for key_id in key_ids:
         info = infos[key_id]
         secret = keyring.secret(key_id)
-        for spec in specs:
-            mark = Watermark(spec, secret, vocab.vocab_size, key_id=key_id)
+        for spec in specs or [bound_spec(info)]:
+            mark = make_watermark(spec, secret, vocab.vocab_size, key_id=key_id)
+            common = measuring.common_units.for_spec(spec, vocab)
             result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
             store.put(result)
             results.append(result)
@@ -226,12 +231,17 @@ def _list(keyring: Keyring, args) -> None:
 
 
 def _calibration_column(keyring: Keyring) -> dict[str, list[dict]]:
-    """key id -> summaries of its calibrations (an unreadable calibration file is said, not fatal)."""
+    """key id -> summaries of its calibrations, each marked ``stale`` when the detector would not use it (an
+    unreadable calibration file is said, not fatal)."""
+    from detector.common_units import current_digests  # local: numpy only, no tokenizer
+
     store = CalibrationStore(keyring)
+    current = current_digests()
     out = {}
     try:
         for info in keyring.list():
-            out[info.key_id] = [c.summary() for c in store.for_key(info.key_id)]
+            out[info.key_id] = [{**c.summary(), "stale": calibration.is_stale(c, current)}
+                                for c in store.for_key(info.key_id)]
     except CalibrationStoreError as exc:
         print(f"warning: {exc}", file=sys.stderr)
     return out
@@ -268,8 +278,8 @@ def _retire(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
 
 
 def format_table(infos: list[KeyInfo], calibrations: dict[str, list[dict]] | None = None) -> str:
-    """A fixed-width table of public key facts (and, given, each key's calibration under the default spec)."""
-    columns = COLUMNS + (("CALIBRATION (default spec)",) if calibrations is not None else ())
+    """A fixed-width table of public key facts (and, given, each key's calibration under its own spec)."""
+    columns = COLUMNS + (("CALIBRATION (own spec)",) if calibrations is not None else ())
     rows = [columns] + [
         (
             info.key_id,
@@ -277,18 +287,21 @@ def format_table(infos: list[KeyInfo], calibrations: dict[str, list[dict]] | Non
             info.fingerprint,
             info.created_at,
             info.retired_at or "-",
-        ) + ((_calibration_cell(calibrations.get(info.key_id, [])),) if calibrations is not None else ())
+            bound_spec(info).format(),
+        ) + ((_calibration_cell(info, calibrations.get(info.key_id, [])),) if calibrations is not None else ())
         for info in infos
     ]
     widths = [max(len(row[col]) for row in rows) for col in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def _calibration_cell(summaries: list[dict]) -> str:
-    default = WatermarkSpec.default().format()
-    found = next((c for c in summaries if c["spec"] == default), None)
+def _calibration_cell(info: KeyInfo, summaries: list[dict]) -> str:
+    own = bound_spec(info).format()
+    found = next((c for c in summaries if c["spec"] == own), None)
     if found is None:
         return "none (provmark keys calibrate)"
+    if found.get("stale"):
+        return f"{found['id']} stale: made under another common-unit table, not used (provmark keys calibrate)"
     factor = found["worst_guarded_fpr"] / found["stated_fpr"]
     worst = "-" if found["max_abs_mean_z"] is None else f"{found['max_abs_mean_z']:.2f}"
     return f"{found['id']} max|mean z| {worst}, FPR <= {factor:.1f}x stated"

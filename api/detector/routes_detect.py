@@ -28,7 +28,8 @@ from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
 from db.verdicts import VerdictRecord
-from watermark.config import SpecError, WatermarkSpec
+from watermark.config import SpecError
+from watermark.specs import AnySpec, parse_spec
 from watermark.key_info import KeyNotFoundError, KeySpecError, KeyringError
 
 EXPLAIN_SCOPE = "explain"
@@ -78,15 +79,15 @@ def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
                        f"at midnight UTC", headers={"Retry-After": str(wait)})
 
 
-def _parse_spec(raw: str | None) -> WatermarkSpec:
+def _parse_spec(raw: str | None) -> AnySpec:
     try:
-        return WatermarkSpec.parse(raw) if raw is not None else WatermarkSpec.default()
+        return parse_spec(raw)
     except SpecError as error:
         raise ApiError(422, "invalid_fields", f"invalid fields: watermark ({error})",
                        details=[{"field": "watermark", "message": str(error)}]) from None
 
 
-def _run_detection(services, body: DetectRequest, spec: WatermarkSpec):
+def _run_detection(services, body: DetectRequest, spec: AnySpec):
     if body.all_keys and body.keys is not None:
         raise ApiError(422, "invalid_fields", "invalid fields: all_keys (give keys or all_keys=true, not both)",
                        details=[{"field": "all_keys", "message": "give either keys or all_keys=true, not both"}])
@@ -135,12 +136,14 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, shown
         options["disclosed"] = {name: shown[name] for name in ("disclosure", "verdict", "z_score", "p_value")}
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
     options["null"] = null_record(verdict.to_dict())
+    if verdict.statistic is not None:  # sampling specs: the scheme's own statistic (no green count)
+        options["statistic"] = verdict.statistic
     return VerdictRecord(
         text_sha256=verdict.text_sha256,
         verdict=verdict.verdict,
         z=_finite_or_zero(verdict.z_score),
         p_value=min(1.0, max(0.0, _finite_or_zero(verdict.p_value, default=1.0))),
-        green_count=int(verdict.num_green_tokens),
+        green_count=int(verdict.num_green_tokens or 0),
         scored_count=int(verdict.num_tokens_scored),
         green_fraction=_finite_or_zero(verdict.green_fraction),
         spec=verdict.watermark,

@@ -18,6 +18,7 @@ from pydantic import (
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
 from watermark.config import MAX_SPEC_CHARS
+from watermark.sampling_specs import MAX_HF_SPEC_CHARS
 from watermark.key_info import KEY_ID_RULE
 
 MAX_FORCED_POSITIONS = 100_000  # more than any text under the character limit tokenizes to
@@ -39,8 +40,9 @@ class DetectRequest(StrictModel):
     keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
                                      description="key ids to test (default: every detection key)")
     all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
-    watermark: StrictStr | None = Field(None, min_length=1, max_length=MAX_SPEC_CHARS,
-                                        description="watermark spec string (default: the default kgw spec)")
+    watermark: StrictStr | None = Field(None, min_length=1, max_length=max(MAX_SPEC_CHARS, MAX_HF_SPEC_CHARS),
+                                        description="watermark spec string (default: the default kgw spec); "
+                                                    "kgw:, hf:, gumbel:, synthid:, hf:synthid,... or vllm:gumbel,...")
     windows: StrictBool = Field(False, description="also search for a watermarked passage (WinMax)")
     explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")
     normalize: StrictBool = Field(True, description="undo homoglyphs, invisible characters, odd spaces first")
@@ -102,7 +104,9 @@ class DetectResponse(BaseModel):
     provenance: Provenance | None
     disclosure: str | None = Field(None, description="detect scope: the rule that coarsened the scores")
     num_tokens_scored: int | None = Field(None, description="explain scope")
-    num_green_tokens: int | None = Field(None, description="explain scope")
+    num_green_tokens: int | None = Field(None, description="explain scope (None for sampling specs)")
+    statistic: dict[str, Any] | None = Field(
+        None, description="explain scope, sampling specs: the Gumbel sum, or SynthID ones, mean and weighted-mean g")
     green_fraction: float | None = Field(None, description="explain scope")
     num_forced_positions: int | None = Field(None, description="explain scope")
     num_common_positions: int | None = Field(

@@ -1,0 +1,205 @@
+"""The verdict of a sampling-watermark spec (``gumbel:``, ``synthid:``, ``hf:synthid``, ``vllm:gumbel``).
+
+Same shape as KGW's verdict (``detector.service``) where it makes sense: the exact p-value of the best
+key (Gamma tail for Gumbel, binomial for SynthID, ``detector.scoring_sampling``), Holm across keys,
+guarded by the key's calibration, ``z_score`` = the normal quantile of that p-value, T = counted units,
+windows (WinMax) at half of alpha as for KGW. The scheme's own statistic (Gumbel sum, SynthID ones,
+mean and weighted-mean g) is in ``statistic`` and per-token values in ``explanation``: the ``detect``
+scope sees neither (``detector.disclosure``). ``num_green_tokens`` is None: there are no colours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+from scipy import special
+
+from detector.calibration import guarded_p_value, verdict_calibration
+from detector.disclosure import MAX_Z, dither
+from detector.scoring import (
+    CORRECTION,
+    WATERMARKED,
+    WINDOW_ALPHA_SHARE,
+    effective_z,
+    forced_scored_positions,
+    verdict_of,
+)
+from detector.scoring_sampling import GUMBEL_KINDS, counted_score, positions, window_of
+from detector.verdict import Verdict
+from detector.windows import STRIDE_DIVISOR, count_windows, window_sizes
+from watermark.stats import p_value_normal
+
+# The reference position for "how long must a watermarked text be": the model spreads its probability
+# evenly over 4 tokens (2 bits), as KGW's min_tokens takes a best-case position (detector.scoring).
+# Gumbel: E[s] there is the harmonic number H_4 = 25/12 (E[s] = sum_v p_v H(1/p_v), watermark/gumbel.py).
+GUMBEL_REFERENCE_SCORE = 25.0 / 12.0
+# SynthID: mean g over 30 layers of the winner of a tournament over 4 equally likely tokens; 0.5775 by a
+# seeded simulation of the tournament (tests/test_detector_sampling.py recomputes it).
+SYNTHID_REFERENCE_MEAN_G = 0.5775
+
+
+def min_scored_units(mark, z_threshold: float) -> int:
+    """Counted units below which a negative is not informative (``insufficient_text``): the first T at
+    which watermarked text at the reference position is expected to reach ``z_threshold``."""
+    if mark.spec.kind in GUMBEL_KINDS:
+        per_unit = GUMBEL_REFERENCE_SCORE - 1.0  # Exp(1) under H0: mean 1, sd 1
+    else:
+        rate, m = mark.null_g_rate, mark.layers
+        per_unit = (SYNTHID_REFERENCE_MEAN_G - rate) * m / math.sqrt(m * rate * (1.0 - rate))
+    return max(1, math.ceil(z_threshold**2 / per_unit**2 - 1e-9))
+
+
+def z_of(p_value: float) -> float:
+    """The normal quantile of an exact p-value, finite: |z| <= MAX_Z (p = 0 from underflow is z = MAX_Z).
+    ``-ndtri(p)`` is ``z_for_p`` (scipy.stats.norm.isf) without its ~0.7 ms of argument handling per call."""
+    if p_value <= 0.0:
+        return MAX_Z
+    return max(-MAX_Z, min(MAX_Z, 0.0 - float(special.ndtri(min(1.0, p_value)))))
+
+
+def statistic_of(mark, score) -> dict:
+    """The scheme's own statistic of one score (explain scope only)."""
+    if mark.spec.kind in GUMBEL_KINDS:
+        t = score.num_tokens_scored
+        return {"name": "gumbel_sum", "sum": score.statistic, "mean": score.statistic / t if t else None}
+    return {"name": "g_values", "ones": int(score.statistic), "trials": score.num_tokens_scored * mark.layers,
+            "null_rate": mark.null_g_rate, "mean_g": _finite(score.mean_g),
+            "weighted_mean_g": _finite(score.weighted_mean_g)}
+
+
+def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab, options, calibrations: list,
+                   dither_key: bytes | None, common) -> Verdict:
+    """The verdict of ``ids`` under sampling watermarks ``marks`` (one per key; one for hf:synthid)."""
+    first = marks[0]
+    scored = [positions(mark, ids, options.dedup, common, with_units=True) for mark in marks]
+    # token index of scored position 0: h, except vllm:gumbel, which scores every token (padded contexts)
+    h = int(ids.shape[0]) - scored[0][0].shape[0] if scored[0][0].shape[0] else first.context_width
+    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for _, prev, _ in scored]
+    forced = forced_scored_positions(options.forced_positions, h, scored[0][0].shape[0])
+    for _, prev, _ in scored:  # a position that points at itself counts nowhere, in the text or a window
+        prev[forced] = forced
+    scores = [counted_score(mark, values, prev) for mark, (values, prev, _) in zip(marks, scored)]
+    guarded = [False] * len(scores)
+    for i, (score, calibration) in enumerate(zip(scores, calibrations)):
+        # the calibration measured this key's null of z = the normal quantile of the exact p (see calibrate)
+        score.p_value, guarded[i] = guarded_p_value(score.p_value, z_of(score.p_value),
+                                                    score.num_tokens_scored, calibration)
+    adjusted = _holm(scores)
+    best_index = min(range(len(scores)), key=lambda i: (scores[i].p_value, -scores[i].num_tokens_scored))
+    best = scores[best_index]
+    total = best.num_tokens_scored
+
+    decision = options.decision
+    text_alpha = decision.alpha * (1.0 - WINDOW_ALPHA_SHARE) if options.windows else decision.alpha
+    min_tokens = min_scored_units(first, effective_z(text_alpha, len(marks)))
+    verdict = verdict_of(adjusted[best_index], total, text_alpha, min_tokens)
+    decided_by = "text" if verdict == WATERMARKED else None
+
+    spans = None
+    if offsets is not None:
+        spans = normalized.original_spans(np.asarray(offsets, dtype=np.int64).reshape(-1, 2))
+    window_report = None
+    if options.windows:
+        window_report = _window_report(marks, scored, h, spans, decision.alpha * WINDOW_ALPHA_SHARE)
+        if window_report["detected"] and verdict != WATERMARKED:
+            verdict, decided_by = WATERMARKED, "window"
+
+    values, prev, units = scored[best_index]
+    counted = prev < 0
+    best_calibration = calibrations[best_index]
+    return Verdict(
+        verdict=verdict,
+        z_score=z_of(best.p_value) if total else float("nan"),
+        p_value=adjusted[best_index],
+        p_value_normal=min(1.0, p_value_normal(best.z_score) * len(marks)) if total else 1.0,
+        num_tokens_scored=total,
+        num_green_tokens=None,
+        green_fraction=float("nan"),
+        key_id=best.key_id,
+        watermark=spec.format(),
+        fingerprint=first.fingerprint,
+        num_tokens=int(ids.shape[0]),
+        alpha=text_alpha,
+        z_threshold=decision.z_threshold,
+        min_tokens=min_tokens,
+        dedup=options.dedup,
+        correction=CORRECTION,
+        keys=[_key_dict(mark, score, p) for mark, score, p in zip(marks, scores, adjusted)],
+        normalizations=list(normalized.changes),
+        tokenizer_fingerprint=vocab.fingerprint,
+        model_id=vocab.model_id,
+        text_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        text_length=len(text),
+        decided_by=decided_by,
+        num_forced_positions=int(forced.shape[0]),
+        num_common_positions=num_common[best_index],
+        common_units=common.digest if common is not None else None,
+        calibration=(None if best_calibration is None
+                     else verdict_calibration(best_calibration, total, guarded[best_index])),
+        windows=window_report,
+        explanation=_explanation(text, ids, spans, values, counted, h, first) if options.explain else None,
+        statistic=statistic_of(marks[best_index], best),
+        dither=None if dither_key is None else dither(dither_key, first.fingerprint, best.key_id, units[counted]),
+    )
+
+
+def _holm(scores: list) -> list[float]:
+    from watermark.stats import holm
+
+    adjusted = holm([s.p_value for s in scores])
+    for score, p in zip(scores, adjusted):
+        score.p_value_corrected = p
+    return adjusted
+
+
+def _key_dict(mark, score, corrected: float) -> dict:
+    t = score.num_tokens_scored
+    return {"key_id": score.key_id, "num_tokens_scored": t, "z_score": z_of(score.p_value) if t else None,
+            "p_value": score.p_value, "p_value_corrected": corrected, "statistic": statistic_of(mark, score)}
+
+
+def _window_report(marks: list, scored: list, h: int, spans, alpha: float) -> dict:
+    """The best window over every key, Bonferroni-corrected for windows x keys (as KGW's)."""
+    num_positions = scored[0][0].shape[0]
+    report = {"num_windows_tested": count_windows(num_positions) * len(marks), "sizes": window_sizes(num_positions),
+              "stride_divisor": STRIDE_DIVISOR, "correction": "bonferroni", "alpha": alpha,
+              "detected": False, "best": None}
+    best, best_mark = None, None
+    for mark, (values, prev, _) in zip(marks, scored):
+        hit = window_of(mark, values, prev, tests_other_keys=len(marks))
+        if hit is not None and (best is None or hit.p_value < best.p_value):
+            best, best_mark = hit, mark
+    if best is None:
+        return report
+    token_start, token_end = best.start + h, best.end + h
+    report["detected"] = best.p_value_corrected <= alpha
+    report["best"] = {"key_id": best.key_id, "start": best.start, "end": best.end, "token_start": token_start,
+                      "token_end": token_end, "char_start": int(spans[token_start, 0]),
+                      "char_end": int(spans[token_end - 1, 1]), "num_tokens_scored": best.num_tokens_scored,
+                      "z_score": z_of(best.p_value), "p_value": best.p_value,
+                      "p_value_corrected": best.p_value_corrected, "statistic": statistic_of(best_mark, best)}
+    return report
+
+
+def _explanation(text: str, ids, spans, values: np.ndarray, counted: np.ndarray, h: int, mark) -> list[dict]:
+    """Per token: id, original-text span and piece, and (from position h on) its value: the Gumbel score
+    s = -log(1 - r) or the SynthID g-values (one per layer)."""
+    gumbel = mark.spec.kind in GUMBEL_KINDS
+    out = []
+    for i, token_id in enumerate(ids.tolist()):
+        start, end = int(spans[i, 0]), int(spans[i, 1])
+        scored = i >= h
+        entry = {"index": i, "token_id": token_id, "char_start": start, "char_end": end, "text": text[start:end],
+                 "scored": scored, "green": None, "counted": bool(counted[i - h]) if scored else False}
+        if gumbel:
+            entry["score"] = float(values[i - h]) if scored else None
+        else:
+            entry["g_values"] = values[i - h].tolist() if scored else None
+        out.append(entry)
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None

@@ -8,9 +8,9 @@ by ``close()``; for a public hf spec the null "keys" are other hashing keys.
 send each list of texts through ``detector.batch`` (every local core, or Ray Data on the cluster at
 ``ray_address``): the same verdicts, computed elsewhere. Prefix curves are always computed here.
 
-Sampling specs (gumbel:, synthid:, ...) are scored here with ``detector.scoring_sampling`` (the
-detector's exact tests, the same normalisation, tokenization and common-unit table), whatever the back
-end; their null keys are fresh random secrets.
+Sampling specs (gumbel:, synthid:, ...) go through the same detector (their z is the normal quantile
+of the exact p-value); their null keys are fresh random secrets scored with ``detector.scoring_sampling``
+directly (the same tests, normalisation, tokenization and common-unit table).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from detector import batch, batch_ray, common_units, scoring_sampling
 from detector.normalize import normalize as normalize_text
+from detector.sampling_verdict import z_of
 from detector.scoring import Decision
 from detector.service import Detector
 from detector.tokenizing import tokenize
@@ -63,12 +64,8 @@ class Scorer:
         """Per text: {"z", "detected", "p_value"} and, with ``prefixes``, "prefix": the Bool [T + 1]
         detection of every prefix and "prefix_p": its exact p-values (``evaluation.prefix``)."""
         keys = [key_id] if spec.needs_key else None
-        if is_sampling(spec):
-            mark = self._sampling_mark(spec, key_id)
-            verdicts = [self._sampling_verdict(mark, t, normalize) for t in texts]
-        else:
-            mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
-            verdicts = self._verdicts(self.detector, texts, spec, keys, normalize)
+        mark = self.detector.watermarks(spec, keys)[0] if prefixes else None
+        verdicts = self._verdicts(self.detector, texts, spec, keys, normalize)
         out = []
         for text, verdict in zip(texts, verdicts):
             self.last_alpha[spec.format()] = verdict["alpha"]
@@ -106,10 +103,8 @@ class Scorer:
             out += [v["z"] for v in self._verdicts(detector, texts, spec, [key], True)]
         return out
 
-    def _sampling_mark(self, spec: AnySpec, key_id: str | None, null_rng: random.Random | None = None):
-        if null_rng is None:
-            secret = self.detector.keyring.secret(key_id) if spec.needs_key else None
-            return make_watermark(spec, secret, self.vocab.vocab_size, key_id if spec.needs_key else None)
+    def _sampling_mark(self, spec: AnySpec, key_id: str | None, null_rng: random.Random):
+        """A null key's sampling watermark: a fresh secret (hf:synthid: other public keys)."""
         if spec.needs_key:
             return make_watermark(spec, null_rng.randbytes(32), self.vocab.vocab_size, "null")
         keys = tuple(null_rng.randrange(1, 2**31) for _ in spec.keys)  # hf:synthid: other public keys
@@ -120,7 +115,8 @@ class Scorer:
         ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
         score = scoring_sampling.score_text(mark, ids, common=common_units.for_vocabulary(self.vocab))
         alpha = Decision.make().alpha
-        return {"z": score.z_score, "watermarked": score.p_value <= alpha, "p_value": score.p_value, "alpha": alpha}
+        return {"z": z_of(score.p_value), "watermarked": score.p_value <= alpha, "p_value": score.p_value,
+                "alpha": alpha}
 
     def _verdicts(self, detector: Detector, texts: list[str], spec: AnySpec, keys, normalize: bool) -> list[dict]:
         """Per text {"z", "watermarked", "p_value", "alpha"} from the chosen detection back end."""

@@ -141,7 +141,7 @@ class Scorer:
             self._null_home = Path(tempfile.mkdtemp(prefix="provmark-null-keys-"))
             ring = Keyring(home=self._null_home, master_key=os.urandom(32))
             self._null_ids = [ring.create().key_id for _ in range(self.num_null_keys)]
-            self._null_detector = Detector(vocab=self.vocab, keyring=ring)
+            self._null_detector = Detector(vocab=self.vocab, keyring=ring, bind_keys=False)  # one null key, every scheme
         return self._null_detector
 
     def close(self) -> None:

@@ -31,11 +31,11 @@ def test_kgw_gumbel_and_synthid_side_by_side(tmp_path):
 
     keyring = Keyring(home=tmp_path / "home", master_key=bytes(range(32)))
     keyring.create("cmp", secret=hashlib.sha256(b"compare-key/0").digest())
-    config = EvalConfig(n=8, tokens=120, schemes=("selfhash", "gumbel", "synthid"), attacks=("token-delete",),
+    config = EvalConfig(n=8, tokens=120, schemes=("lefthash", "gumbel", "synthid"), attacks=("token-delete",),
                         rates=(0.0, 0.25), null_keys=1, lengths=(50, 120), max_num_seqs=32, seed=0)
     results = run_evaluation(config, tmp_path / "out", loaded=load_model(), keyring=keyring, progress=False)
     labels = [s["label"] for s in results["schemes"]]
-    assert labels == ["selfhash-h4-g0.25-d2", "gumbel-h4", "synthid-h4-m30"]
+    assert labels == ["lefthash-h1-g0.25-d2", "gumbel-h4", "synthid-h4-m30"]  # a non-default KGW spec: its null keys too
     for scheme in results["schemes"]:
         clean = next(c for c in scheme["results"] if c["rate"] == 0)
         by = clean["by_length"]

@@ -28,7 +28,7 @@ from generation.decoding.params import check_sampling_method
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sample.sampler import SamplingParams
-from generation.sample.sampling_stage import check_key_binding, check_request
+from generation.sample.sampling_stage import check_key_binding, check_spec
 from watermark.config import SpecError
 from watermark.key_info import ACTIVE, KeyringError
 from watermark.keys import Keyring
@@ -207,7 +207,7 @@ def _option_message(text: str) -> str:
     return text.replace("SamplingParams.", "")
 
 
-def _watermark(args, vocab):
+def _watermark(args, vocab, params, decoding):
 
     if args.no_watermark:
         if args.key:
@@ -215,6 +215,9 @@ def _watermark(args, vocab):
         return None
     try:
         spec = parse_spec(args.watermark)
+        check_spec(spec, params)  # greedy with a sampling watermark: refused before a key or the model
+        if decoding is not None:
+            check_sampling_method(spec, params, decoding.method, decoding.num_samples)
         if args.key is None and spec.needs_key:
             _ensure_key(vocab, spec)
         mark = generation_watermark(spec, vocab.vocab_size, key_id=args.key, create_if_missing=True)
@@ -252,10 +255,7 @@ def run(args) -> int:
         params = _sampling_params(args, vocab.tokenizer)
         params.validate_for_vocab(vocab.vocab_size)
         _check_decoding(params, decoding)
-        watermark = _watermark(args, vocab)
-        check_request(watermark, params)  # greedy with a sampling watermark: refused before the model loads
-        if decoding is not None:
-            check_sampling_method(watermark, params, decoding.method, decoding.num_samples)
+        watermark = _watermark(args, vocab, params, decoding)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_option_message(str(exc))) from None

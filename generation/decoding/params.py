@@ -16,22 +16,23 @@ from generation.decoding.engine_interface import DecodingEngine, check_watermark
 from generation.decoding.mbr import MBRConfig, run_mbr
 from generation.decoding.speculative.decode import SpeculativeConfig, run_speculative
 from generation.sample.params import SamplingParams
-from generation.sample.sampling_stage import check_request, is_sampling_mark, scheme_name
+from generation.sample.sampling_stage import check_request, scheme_name
 from generation.sequence import RequestOutput
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import Watermark
+from watermark.specs import is_sampling
 
 METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
 
 
-def check_sampling_method(watermark, params: SamplingParams, method: str | None, num_samples: int) -> None:
-    """SamplingWatermarkError for the decoding methods a sampling watermark (gumbel, synthid, hf:synthid)
+def check_sampling_method(spec, params: SamplingParams, method: str | None, num_samples: int) -> None:
+    """SamplingWatermarkError for the decoding methods a sampling ``spec`` (gumbel, synthid, hf:synthid)
     cannot serve: beam search (it ranks continuations, it does not sample: nothing to key) and, for
     Gumbel, several samples of one prompt (n / best_of > 1, MBR): the keyed race is a deterministic
     function of context and distribution, so every sibling would be the same text."""
-    if not is_sampling_mark(watermark):
+    if not is_sampling(spec):
         return
-    name = scheme_name(watermark)
+    name = scheme_name(spec)
     if method == "beam":
         raise SamplingWatermarkError(f"{name}: beam search ranks continuations and draws nothing, so a sampling "
                                      "watermark has nothing to key; sample (temperature > 0) or use a kgw: spec")
@@ -110,7 +111,7 @@ class DecodingParams:
         prompt_ids = engine.prompt_ids(prompt)  # the engine's own prompt checks, as submit
         params.validate_for_vocab(engine.vocab_size)
         check_watermark_vocab(engine, watermark)
-        check_sampling_method(watermark, params, method, self.num_samples)
+        check_sampling_method(getattr(watermark, "spec", None), params, method, self.num_samples)
         if method == "beam":
             return run_beam(engine, prompt_ids, params, self.beam, watermark, n=self.n)
         if method == "speculative":

@@ -43,21 +43,27 @@ def is_sampling_mark(mark) -> bool:
     return mark is not None and is_sampling(getattr(mark, "spec", None))
 
 
-def scheme_name(mark) -> str:
-    return SCHEME_NAMES.get(mark.spec.kind, mark.spec.kind)
+def scheme_name(spec) -> str:
+    return SCHEME_NAMES.get(spec.kind, spec.kind)
 
 
-def check_request(mark, params) -> None:
-    """SamplingWatermarkError (a ValueError) when ``mark`` cannot watermark a request under ``params``:
-    greedy decoding (temperature 0) or a ``vllm:gumbel`` spec (detection only). Nothing for other marks."""
-    if not is_sampling_mark(mark):
+def check_spec(spec, params) -> None:
+    """SamplingWatermarkError (a ValueError) when a sampling ``spec`` cannot watermark a request under
+    ``params``: greedy decoding (temperature 0) or ``vllm:gumbel`` (detection only). Nothing for other specs."""
+    if not is_sampling(spec):
         return
-    if isinstance(mark.spec, VLLMGumbelSpec):
+    if isinstance(spec, VLLMGumbelSpec):
         raise SamplingWatermarkError(
             "vllm:gumbel: provmark detects vLLM's Gumbel watermark but does not generate it (its Philox race "
             "over the whole vocabulary is too costly here); generate with vLLM's --watermark-config, or use "
             "a gumbel: spec")
-    require_sampling(0.0 if params.greedy else params.temperature, scheme_name(mark))
+    require_sampling(0.0 if params.greedy else params.temperature, scheme_name(spec))
+
+
+def check_request(mark, params) -> None:
+    """``check_spec`` of a watermark's spec (None: nothing to check)."""
+    if mark is not None:
+        check_spec(getattr(mark, "spec", None), params)
 
 
 def check_key_binding(mark, keyring) -> None:

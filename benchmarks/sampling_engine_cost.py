@@ -1,0 +1,92 @@
+"""Engine cost of each watermark per decode step at 16 concurrent sampled requests, in one run.
+
+    python benchmarks/sampling_engine_cost.py [--rounds 3] [--tokens 48] [--threads 2] [--out FILE]
+
+For each setting (FACTS.md's sampled setting: T 0.8, top-k 50, top-p 0.95; and plain temperature 1) and
+each watermark (none, the default KGW spec, gumbel:h=4, synthid:h=4, hf:synthid with 30 keys), 16 requests
+(FACTS.md prompts: 10..200 tokens) are submitted together and the engine is stepped to the end; each
+decode step (every row decoding) is timed. Reported: the median decode-step time per watermark and its
+cost relative to the unwatermarked step of the same setting, watermarks interleaved round by round so
+machine noise hits all alike. The bar (issue #19): <= 3 % of a decode step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.engine_throughput import BATCH, SAMPLED, make_prompts  # noqa: E402
+from generation.engine import Engine  # noqa: E402
+from generation.sample.params import SamplingParams  # noqa: E402
+from watermark.scheme import make_watermark  # noqa: E402
+
+SECRET = hashlib.sha256(b"provmark-bench/sampling-engine").digest()
+HF_SPEC = "hf:synthid,keys=" + ":".join(str(k) for k in range(101, 131)) + ",ngram_len=5"
+SPECS = {"none": None, "kgw": "kgw", "gumbel": "gumbel:h=4", "synthid": "synthid:h=4", "hf:synthid": HF_SPEC}
+SETTINGS = {"sampled_topk": SAMPLED, "temperature_1": {"temperature": 1.0}}
+
+
+def watermark(name: str, vocab_size: int):
+    spec = SPECS[name]
+    if spec is None:
+        return None
+    if spec.startswith("hf:"):
+        return make_watermark(spec, None, vocab_size)
+    return make_watermark(None if spec == "kgw" else spec, SECRET, vocab_size, "bench")
+
+
+def decode_steps(engine: Engine, prompts, setting: dict, mark, tokens: int) -> list[float]:
+    """Step 16 requests to the end; the wall time (ms) of each step in which all rows decode."""
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, seed=i, **setting)
+        engine.submit(prompt, params, mark)
+    times = []
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        outs = engine.step()
+        elapsed = (time.perf_counter() - start) * 1e3
+        if len(outs) == len(prompts) and all(len(o.token_ids) > 1 for o in outs):
+            times.append(elapsed)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per watermark and setting")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    engine = Engine(max_num_seqs=BATCH)
+    prompts = make_prompts(BATCH, engine.vocab_size)
+    marks = {name: watermark(name, engine.vocab_size) for name in SPECS}
+    results = {}
+    for setting_name, setting in SETTINGS.items():
+        for name, mark in marks.items():  # warm-up: kernels built, PRF caches and compiles done
+            decode_steps(engine, prompts, setting, mark, 4)
+        samples: dict[str, list[float]] = {name: [] for name in marks}
+        for _ in range(args.rounds):
+            for name, mark in marks.items():
+                samples[name].extend(decode_steps(engine, prompts, setting, mark, args.tokens))
+        base = statistics.median(samples["none"])
+        results[setting_name] = {
+            name: {"decode_step_ms": round(statistics.median(v), 2), "steps": len(v),
+                   "cost_vs_unwatermarked_pct": round(100 * (statistics.median(v) - base) / base, 2)}
+            for name, v in samples.items()}
+    write_json("sampling_engine_cost", {"machine": machine(), "batch": BATCH, "tokens": args.tokens,
+                                        "rounds": args.rounds, "specs": SPECS, "settings": SETTINGS,
+                                        "results": results}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

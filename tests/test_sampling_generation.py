@@ -96,6 +96,23 @@ def test_gumbel_rows_take_the_keyed_race_and_no_randomness():
     assert outs[0][3] == alone[0]
 
 
+@pytest.mark.parametrize("spec", ["gumbel:h=4", "synthid:h=4", "synthid:h=4,top_k=0", HF_SPEC])
+def test_top_k_rows_choose_from_their_head_as_from_the_whole_row(spec, monkeypatch):
+    """A top-k row's stage gets its head (sampling.head_distributions) and chooses the token the
+    whole-vocabulary path chooses, with the same draws: what speculative replay relies on."""
+    from generation.sample import sampler
+
+    keyed = not spec.startswith("hf:")
+    mark = make_watermark(spec, SECRET if keyed else None, V, "k" if keyed else None)
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(8)) * 2
+    chosen = {}
+    for head in (True, False):
+        monkeypatch.setattr(sampler, "TOP_K_HEAD", head)
+        states = _states(6, temperature=0.9, top_k=50, top_p=0.95)
+        chosen[head] = LogitsPipeline(V, "cpu").sample(logits, StepRows.of(states, [mark] * 6)).token_ids
+    assert torch.equal(chosen[True], chosen[False])
+
+
 @pytest.mark.parametrize("spec", ["gumbel:h=4", "synthid:h=4", HF_SPEC])
 def test_greedy_fails_closed(spec):
     mark = make_watermark(spec, None if spec.startswith("hf") else SECRET, V, None if spec.startswith("hf") else "k")

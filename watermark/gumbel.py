@@ -144,6 +144,12 @@ class GumbelWatermark:
         winners = scores == best[rows]
         return first.scatter_reduce_(0, rows[winners], cols[winners], reduce="amin")
 
+    def choose_among(self, probs: torch.Tensor, contexts: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """``choose_from_probs`` when only ``candidates`` [B, C] (ascending token ids) have p > 0 and
+        ``probs`` [B, C] are theirs: the same race (the same r per token, ties to the smallest id)."""
+        scores = race_scores(probs, self.one_minus_r(contexts, candidates).to(probs.device))
+        return candidates.gather(1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+
     @staticmethod
     def _survivors(probs: torch.Tensor, seeds: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, token ids) that can still win, row-major (the tensor code of ``choose_from_probs``)."""

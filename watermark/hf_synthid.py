@@ -123,25 +123,30 @@ class HFSynthID:
 
         return probs_to_logits(tournament_probs(probs, g_layer))
 
-    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor,
+                            candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``tournament_logits``' update from probabilities ``probs`` [B, V] (after temperature and
-        truncation): (winner probabilities [B, C], token ids [B, C] or None for the whole vocabulary).
-        A truncated row (top-k) plays only its live tokens: a token with p = 0 stays at 0 in every layer
-        and adds nothing to a layer's mean, so the winner distribution is the same, m passes over C not V."""
+        truncation), or [B, C] over token ids ``candidates``: (winner probabilities [B, K], token ids
+        [B, K] ascending, or None for the whole vocabulary). A truncated row plays only its live tokens:
+        a token with p = 0 stays at 0 in every layer and adds nothing to a layer's mean, so the winner
+        distribution is the same, m passes over K instead of V."""
         context_hash = self.context_hashes(contexts.to(torch.int64)).to(probs.device).unsqueeze(1)
         live = int((probs > 0).sum(dim=-1).max())
-        if 2 * live < probs.shape[-1]:
-            base, candidates = torch.topk(probs, live, dim=-1)
+        if 2 * live < probs.shape[-1] or candidates is not None:
+            base, at = torch.topk(probs, live, dim=-1)
+            ids = at if candidates is None else candidates.gather(1, at)
+            ids, order = ids.sort(dim=-1)  # token-id order: the same draw from a head or the whole row
+            base = base.gather(1, order)
         else:
-            base, candidates = probs, None
-        tokens = candidates if candidates is not None else torch.arange(probs.shape[-1], device=probs.device)[None]
+            base, ids = probs, None
+        tokens = ids if ids is not None else torch.arange(probs.shape[-1], device=probs.device)[None]
         hashes = accumulate(context_hash, tokens)
         layers = self.layers
 
         def g_layer(d: int):
             return None if d >= layers else self.layer_g(hashes, d).to(base.dtype)
 
-        return tournament_probs(base, g_layer), candidates
+        return tournament_probs(base, g_layer), ids
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

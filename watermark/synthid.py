@@ -122,20 +122,25 @@ class SynthIDWatermark:
         out = torch.full_like(logits, torch.finfo(logits.dtype).min)
         return out.scatter_(1, candidates, self._tournament(values, words))
 
-    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor,
+                            candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The tournament of ``tournament_logits`` from probabilities ``probs`` [B, V] (after temperature and
-        truncation): (winner probabilities [B, C], their token ids [B, C]), C = ``top_k``; with top_k 0
-        (or >= V) the whole vocabulary and None for the ids. Draw one index per row to sample."""
+        truncation), or [B, C] over token ids ``candidates`` (all others p = 0): (winner probabilities
+        [B, K], their token ids [B, K] ascending), K = ``top_k``; with top_k 0 (or >= the columns) all
+        columns, ids None for the whole vocabulary. Draw one index per row to sample."""
         seeds = self._seeds.seeds(contexts).to(probs.device)
         k = self.spec.top_k
         if k <= 0 or k >= probs.shape[-1]:
-            base, candidates = probs, None
+            base, ids = probs, candidates
         else:
-            base, candidates = torch.topk(probs, k, dim=-1)
-        words = keyed_words(seeds, candidates, self.vocab_size)
+            base, at = torch.topk(probs, k, dim=-1)
+            ids = at if candidates is None else candidates.gather(1, at)
+            ids, order = ids.sort(dim=-1)  # token-id order: the same draw from a head or the whole row
+            base = base.gather(1, order)
+        words = keyed_words(seeds, ids, self.vocab_size)
         base = base / base.sum(dim=-1, keepdim=True)
         layers = self.layers
-        return tournament_probs(base, lambda d: None if d >= layers else ((words >> d) & 1).to(base.dtype)), candidates
+        return tournament_probs(base, lambda d: None if d >= layers else ((words >> d) & 1).to(base.dtype)), ids
 
     def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)

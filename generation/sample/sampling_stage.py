@@ -108,13 +108,16 @@ class SamplingWatermarkStage:
     """Stage 5/8 for the sampling watermarks: nothing to transform; ``choose`` replaces the draw."""
 
     chooses_tokens = True
+    takes_candidates = True  # ``choose`` may get a top-k row's head: probs over ``candidates`` only
 
     def transform_(self, scores: torch.Tensor, contexts, marks) -> None:
         return None  # the logits stay the model's: the watermark is in the choice
 
     def choose(self, probs: torch.Tensor, contexts: Sequence[Sequence[int]], marks: Sequence,
-               generators: Sequence[torch.Generator]) -> torch.Tensor:
-        """One token per row of ``probs`` [R, V] (after temperature and truncation); LongTensor [R]."""
+               generators: Sequence[torch.Generator], candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row of ``probs`` [R, V] (after temperature and truncation); LongTensor [R]. With
+        ``candidates`` [R, C] (ascending token ids), ``probs`` [R, C] is the distribution over those ids
+        and every other token has probability 0: the same choice, C columns instead of V."""
         tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
         groups: dict[tuple, list[int]] = {}
         for j, mark in enumerate(marks):
@@ -124,14 +127,16 @@ class SamplingWatermarkStage:
             whole = len(rows) == probs.shape[0]
             index = None if whole else torch.tensor(rows, dtype=torch.long, device=probs.device)
             sub = probs if whole else probs.index_select(0, index)
+            ids = None if candidates is None else (candidates if whole else candidates.index_select(0, index))
             context = torch.tensor([list(contexts[j]) for j in rows], dtype=torch.int64)
             if isinstance(mark, GumbelWatermark):
-                got = mark.choose_from_probs(sub.contiguous(), context)
+                got = mark.choose_from_probs(sub.contiguous(), context) if ids is None else \
+                    mark.choose_among(sub, context, ids)
             else:  # SynthIDWatermark, HFSynthID: the winner distribution, drawn with the rows' generators
-                winner, candidates = mark.winner_distribution(sub, context)
+                winner, played = mark.winner_distribution(sub, context, ids)
                 got = draw_(winner, [generators[j] for j in rows])
-                if candidates is not None:
-                    got = candidates.gather(1, got[:, None])[:, 0]
+                if played is not None:
+                    got = played.gather(1, got[:, None])[:, 0]
             if whole:
                 tokens.copy_(got)
             else:

@@ -297,13 +297,10 @@ def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_val
     return rc == 0
 
 
-GUMBEL_SURVIVOR_CAP = 4096  # per row; a flatter distribution has more and falls back to the tensor code
-
-
 def gumbel_survivors(probs: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor,
                      slack: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """watermark.gumbel's survivors backend: (rows, token ids) of the tokens that can still win each row's
-    race, row-major and ascending, from one C++ pass; None for what it does not take (or too many)."""
+    race, row-major and ascending, from one C++ pass; None for what it does not take."""
     lib = _library()
     if (lib is None or probs.dim() != 2 or probs.dtype is not torch.float32 or not probs.is_cpu
             or not probs.is_contiguous() or token_mix.numel() != probs.shape[1]):
@@ -313,16 +310,16 @@ def gumbel_survivors(probs: torch.Tensor, seeds: torch.Tensor, token_mix: torch.
     if row_seeds.numel() != rows:
         return None
     mix = token_mix.reshape(-1).contiguous()
-    cap = min(GUMBEL_SURVIVOR_CAP, vocab)
-    idx = torch.empty((rows, cap), dtype=torch.int64)
+    idx = torch.empty((rows, vocab), dtype=torch.int64)  # room for every token: a flat row never overflows
     counts = torch.empty(rows, dtype=torch.int64)
     rc = lib.provmark_gumbel_survivors(probs.data_ptr(), rows, vocab, row_seeds.data_ptr(), mix.data_ptr(),
-                                       SEED_MULTIPLIER, float(slack), cap, idx.data_ptr(), counts.data_ptr(),
+                                       SEED_MULTIPLIER, float(slack), vocab, idx.data_ptr(), counts.data_ptr(),
                                        torch.get_num_threads())
-    if rc != 0 or int(counts.max()) > cap:
+    if rc != 0:
         return None
-    kept = torch.arange(cap)[None, :] < counts[:, None]
-    return torch.arange(rows).repeat_interleave(counts), idx[kept]
+    kept = counts.tolist()
+    return (torch.arange(rows).repeat_interleave(counts),
+            torch.cat([idx[b, :n] for b, n in enumerate(kept)]))
 
 
 def decode_linear_available() -> bool:

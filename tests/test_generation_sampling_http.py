@@ -16,8 +16,8 @@ from watermark.scheme import make_watermark
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # loads the embedded model
 
-# 80 tokens at temperature 1 score p ~ 1e-10 and below on this model (see test_sampling_generation_model.py);
-# 1e-4 leaves room for a low-entropy text and is still far beyond chance for an unwatermarked one
+# whole-text exact p-value; an unwatermarked text passes it with probability 1e-4 (p is uniform under H0),
+# 80 watermarked tokens at temperature 1 score far below it (test_sampling_generation_model.py)
 DETECTED_P = 1e-4
 
 

@@ -16,9 +16,9 @@ SECRET = bytes.fromhex("3b1f6e0d9a2c4b8e7f5a1d3c6b9e0f2a4c7d8e1b5a3f6c9d2e0b7a4f
 HF_KEYS = "654:400:836:123:340:443:597:160:57:590:37:845:167:654:400:836:123:340:443:597:160:57:590:37:845:167:777:888:999:111"
 PROMPTS = ["Tell me about lighthouses.", "Describe a storm at sea.", "Explain how bread rises."]
 TOKENS = 100
-# Whole-text exact p-values (Gamma / binomial). Watermarked: 100 tokens at temperature 1 score p ~ 1e-20 to
-# 1e-50 here; 1e-6 is the bar. Unwatermarked: p is uniform under H0, so p > 1e-4 fails with probability 1e-4
-# per text (seeds fixed: the same every run).
+# Whole-text exact p-values (Gamma / binomial). Watermarked: a 100-token story at temperature 1 scored
+# p = 4e-49 (gumbel), 2e-24 (synthid), 5e-185 (hf:synthid, 30 layers) in a trial run; 1e-6 is the bar.
+# Unwatermarked: p is uniform under H0, so p > 1e-4 fails with probability 1e-4 per text (seeds fixed).
 DETECTED_P = 1e-6
 NULL_P = 1e-4
 

@@ -36,6 +36,7 @@ from generation.models import LoadedModel, load_model
 from generation.runner import ModelRunner
 from generation.sample import LogitsPipeline, StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
+from generation.sample.sampling_stage import check_request
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
     RequestOutput,
@@ -44,6 +45,7 @@ from generation.sequence import (
     request_output,
 )
 from watermark.greenlist import set_bias_backend
+from watermark.gumbel import set_survivors_backend
 from watermark.scheme import Watermark
 
 LONG_JOB_PROMPTS = 16  # generate() shows a progress bar from this many prompts on (use_tqdm=None)
@@ -79,6 +81,7 @@ class Engine:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only
             set_bias_backend(native.watermark_bias)
+            set_survivors_backend(native.gumbel_survivors)  # the Gumbel race's pruning pass, same integers
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)
@@ -114,7 +117,8 @@ class Engine:
         """Queue a request (thread-safe); it joins the running batch at a later step. Returns its id.
 
         A ``params.constraint`` is compiled here: a grammar this vocabulary cannot follow raises
-        ValueError (generation.constraints.constraint.ConstraintError) before anything is queued."""
+        ValueError (generation.constraints.constraint.ConstraintError) before anything is queued; a
+        sampling watermark (gumbel, synthid) with a greedy request raises SamplingWatermarkError."""
         prompt_ids = self.prompt_ids(prompt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -122,6 +126,7 @@ class Engine:
         constraint = self.constraint_compiler().compile(params.constraint) if params.constraint is not None else None
         if watermark is not None and getattr(watermark, "vocab_size", self.vocab_size) != self.vocab_size:
             raise ValueError(f"watermark: built for vocab_size {watermark.vocab_size}, model has {self.vocab_size}")
+        check_request(watermark, params)  # a sampling watermark cannot serve greedy requests: refused here
         state = SamplerState(params, prompt_ids, self.eos_token_ids)
         with self._inbox_lock:
             rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"

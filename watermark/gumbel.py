@@ -26,6 +26,7 @@ from watermark.greenlist import kernels
 from watermark.keyed_words import ContextSeeds, fmix64, keyed_words, uniform_parts
 from watermark.prf import mix64, vocab_mix_table
 from watermark.sampling_common import ngram_units
+from watermark.seeding import secret_digest
 from watermark.sampling_specs import GumbelSpec, parse_sampling_spec, sampling_fingerprint
 
 
@@ -42,6 +43,34 @@ def gumbel_argmax(logits: torch.Tensor, one_minus_r: torch.Tensor) -> torch.Tens
 def _race(logits: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor) -> torch.Tensor:
     """keyed words -> 1 - r -> Gumbel noise -> argmax, one expression (fused by torch.compile)."""
     return gumbel_argmax(logits, uniform_parts(fmix64(mix64(seeds, token_mix)))[1])
+
+
+# Slack on the pruning bound (relative): float32 probabilities, their float64 logs and the reference's
+# exp differ from exact arithmetic by ~1e-7 relative; 1e-4 keeps every possible winner, prunes as well.
+PRUNE_SLACK = 1e-4
+
+
+def _race_candidates(probs: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor,
+                     bound: torch.Tensor) -> torch.Tensor:
+    """Tokens that can still win the race: 1 - r_v <= bound * p_v (integer mixing, no logarithm)."""
+    return uniform_parts(fmix64(mix64(seeds, token_mix)))[1] <= bound * probs.to(torch.float64)
+
+
+# An optional faster way to the survivors (the same race, a bound at least as wide), registered by a caller
+# that has one (the engine registers its C++ kernel, generation/cpu/native.py); it returns None for inputs
+# it does not take.
+_survivors_backend = None
+
+
+def set_survivors_backend(backend) -> None:
+    """``backend(probs, seeds, token_mix, slack) -> (rows, token ids) or None``, or None for the tensor code."""
+    global _survivors_backend
+    _survivors_backend = backend
+
+
+def race_scores(probs: torch.Tensor, one_minus_r: torch.Tensor) -> torch.Tensor:
+    """The race's score log p_v + G_v in float64 (the one formula every choice path compares)."""
+    return torch.log(probs.to(torch.float64)) + gumbel_noise(one_minus_r)
 
 
 def exponential_scores(one_minus_r: torch.Tensor) -> torch.Tensor:
@@ -67,6 +96,8 @@ class GumbelWatermark:
         self.key_id = key_id
         self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
         self._seeds = ContextSeeds(bytes(secret), self.spec.prf, self.SCHEME)
+        # rows whose watermarks share spec and key are served by one vectorised call (generation stage)
+        self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
 
     def __repr__(self) -> str:
         return f"GumbelWatermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
@@ -90,6 +121,44 @@ class GumbelWatermark:
         seeds = self._seeds.seeds(contexts).to(logits.device)
         token_mix = vocab_mix_table(self.vocab_size, logits.device).unsqueeze(0)
         return kernels.call("gumbel", _race, logits, seeds, token_mix)
+
+    def choose_from_probs(self, probs: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
+        """Token ids [B] = argmax_v ``race_scores`` (log p_v + G_v, first index on ties) for
+        probabilities ``probs`` [B, V] (after temperature and truncation), without a logarithm per token.
+
+        Exact pruning: with E_v = -log r_v the winner minimises E_v / p_v, so once a reference token
+        (each row's most likely) scores b = E_ref / p_ref, only tokens with E_v <= b p_v can win, and
+        1 - r_v <= E_v makes 1 - r_v <= b p_v a necessary condition: one integer pass over [B, V],
+        then the exact scores of the few (about b) survivors."""
+        if probs.shape[-1] != self.vocab_size:
+            raise ValueError(f"probs: expected width {self.vocab_size}, got {probs.shape[-1]}")
+        seeds = self._seeds.seeds(contexts).to(probs.device)
+        table = vocab_mix_table(self.vocab_size, probs.device)
+        found = _survivors_backend(probs, seeds, table, PRUNE_SLACK) if _survivors_backend is not None else None
+        rows, cols = found if found is not None else self._survivors(probs, seeds, table)
+        minus = uniform_parts(fmix64(mix64(seeds[rows, 0], table[cols])))[1]
+        scores = race_scores(probs[rows, cols], minus)
+        best = torch.full((probs.shape[0],), float("-inf"), dtype=torch.float64, device=probs.device)
+        best.scatter_reduce_(0, rows, scores, reduce="amax")
+        first = torch.full((probs.shape[0],), self.vocab_size, dtype=torch.long, device=probs.device)
+        winners = scores == best[rows]
+        return first.scatter_reduce_(0, rows[winners], cols[winners], reduce="amin")
+
+    def choose_among(self, probs: torch.Tensor, contexts: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """``choose_from_probs`` when only ``candidates`` [B, C] (ascending token ids) have p > 0 and
+        ``probs`` [B, C] are theirs: the same race (the same r per token, ties to the smallest id)."""
+        scores = race_scores(probs, self.one_minus_r(contexts, candidates).to(probs.device))
+        return candidates.gather(1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+
+    @staticmethod
+    def _survivors(probs: torch.Tensor, seeds: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, token ids) that can still win, row-major (the tensor code of ``choose_from_probs``)."""
+        reference = probs.argmax(dim=-1, keepdim=True)
+        ref_minus = uniform_parts(fmix64(mix64(seeds, table[reference])))[1]
+        ref_score = race_scores(probs.gather(1, reference), ref_minus)  # [B, 1]
+        bound = torch.exp(-ref_score) * (1.0 + PRUNE_SLACK)  # b = E_ref / p_ref, with slack
+        keep = kernels.call("gumbel_candidates", _race_candidates, probs, seeds, table.unsqueeze(0), bound)
+        return keep.nonzero(as_tuple=True)  # row-major: within a row, ascending token ids
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,6 +38,14 @@ def accumulate(acc: torch.Tensor, value) -> torch.Tensor:
     return (acc + value) * LCG_MULTIPLIER + LCG_INCREMENT
 
 
+def context_hash_value(context) -> int:
+    """``HFSynthID.context_hashes`` of one context, in Python integers (a per-step check without tensors)."""
+    acc = 1
+    for token in context:
+        acc = to_signed64((acc + int(token)) * LCG_MULTIPLIER + LCG_INCREMENT)
+    return acc
+
+
 @lru_cache(maxsize=8)
 def sampling_table(seed: int, size: int) -> torch.Tensor:
     """transformers' table of fair bits: randint(0, 2) from a CPU generator seeded ``seed``."""
@@ -57,6 +65,7 @@ class HFSynthID:
         self.vocab_size = vocab_size
         self.key_id = None
         self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
+        self.batch_key = (self.spec, vocab_size)  # rows with equal keys share one tournament call
         self.table = sampling_table(self.spec.sampling_table_seed, self.spec.sampling_table_size)
         self.keys = torch.tensor([to_signed64(k) for k in self.spec.keys], dtype=torch.int64)
         size = self.spec.sampling_table_size
@@ -113,6 +122,31 @@ class HFSynthID:
             return None if d >= layers else self.layer_g(hashes, d).to(probs.dtype)
 
         return probs_to_logits(tournament_probs(probs, g_layer))
+
+    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor,
+                            candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``tournament_logits``' update from probabilities ``probs`` [B, V] (after temperature and
+        truncation), or [B, C] over token ids ``candidates``: (winner probabilities [B, K], token ids
+        [B, K] ascending, or None for the whole vocabulary). A truncated row plays only its live tokens:
+        a token with p = 0 stays at 0 in every layer and adds nothing to a layer's mean, so the winner
+        distribution is the same, m passes over K instead of V."""
+        context_hash = self.context_hashes(contexts.to(torch.int64)).to(probs.device).unsqueeze(1)
+        live = int((probs > 0).sum(dim=-1).max())
+        if 2 * live < probs.shape[-1] or candidates is not None:
+            base, at = torch.topk(probs, live, dim=-1)
+            ids = at if candidates is None else candidates.gather(1, at)
+            ids, order = ids.sort(dim=-1)  # token-id order: the same draw from a head or the whole row
+            base = base.gather(1, order)
+        else:
+            base, ids = probs, None
+        tokens = ids if ids is not None else torch.arange(probs.shape[-1], device=probs.device)[None]
+        hashes = accumulate(context_hash, tokens)
+        layers = self.layers
+
+        def g_layer(d: int):
+            return None if d >= layers else self.layer_g(hashes, d).to(base.dtype)
+
+        return tournament_probs(base, g_layer), ids
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,7 @@ import torch
 from watermark.greenlist import kernels
 from watermark.keyed_words import ContextSeeds, keyed_words
 from watermark.sampling_common import ngram_units
+from watermark.seeding import secret_digest
 from watermark.sampling_specs import SynthIDSpec, parse_sampling_spec, sampling_fingerprint
 
 
@@ -83,6 +84,8 @@ class SynthIDWatermark:
         self.key_id = key_id
         self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
         self._seeds = ContextSeeds(bytes(secret), self.spec.prf, self.SCHEME)
+        # rows whose watermarks share spec and key are served by one vectorised call (generation stage)
+        self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
 
     def __repr__(self) -> str:
         return f"SynthIDWatermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
@@ -118,6 +121,26 @@ class SynthIDWatermark:
         words = keyed_words(seeds, candidates, self.vocab_size)
         out = torch.full_like(logits, torch.finfo(logits.dtype).min)
         return out.scatter_(1, candidates, self._tournament(values, words))
+
+    def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor,
+                            candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The tournament of ``tournament_logits`` from probabilities ``probs`` [B, V] (after temperature and
+        truncation), or [B, C] over token ids ``candidates`` (all others p = 0): (winner probabilities
+        [B, K], their token ids [B, K] ascending), K = ``top_k``; with top_k 0 (or >= the columns) all
+        columns, ids None for the whole vocabulary. Draw one index per row to sample."""
+        seeds = self._seeds.seeds(contexts).to(probs.device)
+        k = self.spec.top_k
+        if k <= 0 or k >= probs.shape[-1]:
+            base, ids = probs, candidates
+        else:
+            base, at = torch.topk(probs, k, dim=-1)
+            ids = at if candidates is None else candidates.gather(1, at)
+            ids, order = ids.sort(dim=-1)  # token-id order: the same draw from a head or the whole row
+            base = base.gather(1, order)
+        words = keyed_words(seeds, ids, self.vocab_size)
+        base = base / base.sum(dim=-1, keepdim=True)
+        layers = self.layers
+        return tournament_probs(base, lambda d: None if d >= layers else ((words >> d) & 1).to(base.dtype)), ids
 
     def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)

@@ -24,13 +24,16 @@ from generation.constraints.constraint import ConstraintError, ConstraintSpec
 from generation.decoding import DecodingParams
 from generation.decoding.beam import check_beam_params
 from generation.decoding.best_of import check_best_of_params
+from generation.decoding.params import check_sampling_method
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sample.sampler import SamplingParams
-from watermark.config import SpecError, WatermarkSpec
-from watermark.key_info import KeyringError
+from generation.sample.sampling_stage import check_key_binding, check_spec
+from watermark.config import SpecError
+from watermark.key_info import ACTIVE, KeyringError
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
+from watermark.specs import is_sampling, parse_spec
 from watermark.vocab import load_vocabulary
 
 
@@ -204,24 +207,37 @@ def _option_message(text: str) -> str:
     return text.replace("SamplingParams.", "")
 
 
-def _watermark(args, vocab):
+def _watermark(args, vocab, params, decoding):
 
     if args.no_watermark:
         if args.key:
             raise CLIError("--key: nothing to key with --no-watermark")
         return None
     try:
-        if args.key is None and (args.watermark is None or WatermarkSpec.parse(args.watermark).needs_key):
-            _ensure_key(vocab)
-        return generation_watermark(args.watermark, vocab.vocab_size, key_id=args.key, create_if_missing=True)
+        spec = parse_spec(args.watermark)
+        check_spec(spec, params)  # greedy with a sampling watermark: refused before a key or the model
+        if decoding is not None:
+            check_sampling_method(spec, params, decoding.method, decoding.num_samples)
+        if args.key is None and spec.needs_key:
+            _ensure_key(vocab, spec)
+        mark = generation_watermark(spec, vocab.vocab_size, key_id=args.key, create_if_missing=True)
+        check_key_binding(mark, Keyring())
+        return mark
     except (SpecError, KeyringError, ValueError) as exc:
         raise CLIError(str(exc)) from None
 
 
-def _ensure_key(vocab) -> None:
-    """A first key, screened and calibrated like `provmark keys create` makes it, on an empty keyring."""
+def _ensure_key(vocab, spec) -> None:
+    """A first key, screened and calibrated like `provmark keys create` makes it, on an empty keyring; for a
+    sampling spec (gumbel, synthid) a first key bound to that spec (screening and calibration are KGW's)."""
 
     keyring = Keyring()
+    if is_sampling(spec):
+        if not any(k.status == ACTIVE for k in keyring.list()):
+            info = keyring.create(spec=spec)
+            print(f"provmark: created watermark key {info.key_id} (active, bound to {spec.format()})", file=sys.stderr)
+            _audit([("create", info)])
+        return
     info, calibration = ensure_screened_active_key(keyring, vocab)
     if calibration is not None:
         print(f"provmark: created watermark key {info.key_id} (active, calibration {calibration['id']})", file=sys.stderr)
@@ -239,7 +255,7 @@ def run(args) -> int:
         params = _sampling_params(args, vocab.tokenizer)
         params.validate_for_vocab(vocab.vocab_size)
         _check_decoding(params, decoding)
-        watermark = _watermark(args, vocab)
+        watermark = _watermark(args, vocab, params, decoding)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_option_message(str(exc))) from None

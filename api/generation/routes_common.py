@@ -24,8 +24,10 @@ from db.receipts import ReceiptSigner, issue_receipt
 from db.rows import new_id, text_sha256
 from db.store import Store
 from generation.sample.params import SamplingParams
+from generation.sample.sampling_stage import check_key_binding, check_request
 from watermark.config import SpecError
-from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, validate_key_id
+from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError, validate_key_id
+from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import generation_watermark
 
 NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)
@@ -134,18 +136,26 @@ class GenerationService:
             except InvalidKeyIdError as exc:  # its message does not echo the value (it may be a pasted secret)
                 raise invalid_field("key_id", str(exc)) from None
         try:
-            return generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
+            mark = generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
                                         keyring=self.keyring)
+            check_key_binding(mark, self.keyring)  # a sampling spec under a key bound to another spec
+            return mark
         except SpecError as exc:
             raise invalid_field("watermark", str(exc)) from None
         except KeyNotFoundError as exc:
             raise ApiError(404, "key_not_found", str(exc)) from None
+        except KeySpecError as exc:
+            raise invalid_field("key_id", str(exc)) from None
         except ValueError as exc:  # an hf spec with a key id
             raise invalid_field("key_id", str(exc).removeprefix("key: ")) from None
 
     # ------------------------------------------------------------------ running
     def start(self, prompt_ids: list[int], params: SamplingParams, watermark, *, streaming: bool,
               rename: dict[str, str] | None = None) -> Started:
+        try:
+            check_request(watermark, params)
+        except SamplingWatermarkError as exc:  # greedy under gumbel/synthid, or vllm:gumbel: never unwatermarked
+            raise ApiError(400, "watermark_needs_sampling", str(exc)) from None
         try:
             handle = self.worker.submit(prompt_ids, params, watermark, streaming=streaming)
         except WorkerUnavailable as exc:

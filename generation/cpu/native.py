@@ -137,6 +137,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_rms_norm": [i32, ptr, i64, ptr, f32, ptr, i64, i64],
         "provmark_silu_mul": [i32, ptr, i64, i64, ptr, i64],
         "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
+        "provmark_gumbel_survivors": [ptr, i64, i64, ptr, ptr, i64, ctypes.c_double, i64, ptr, ptr, i32],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
@@ -294,6 +295,31 @@ def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_val
                                      int(threshold), float(delta), int(bool(hard)), torch.get_num_threads())
     del keep
     return rc == 0
+
+
+def gumbel_survivors(probs: torch.Tensor, seeds: torch.Tensor, token_mix: torch.Tensor,
+                     slack: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """watermark.gumbel's survivors backend: (rows, token ids) of the tokens that can still win each row's
+    race, row-major and ascending, from one C++ pass; None for what it does not take."""
+    lib = _library()
+    if (lib is None or probs.dim() != 2 or probs.dtype is not torch.float32 or not probs.is_cpu
+            or not probs.is_contiguous() or token_mix.numel() != probs.shape[1]):
+        return None
+    rows, vocab = probs.shape
+    row_seeds = seeds.reshape(-1).to(torch.int64).contiguous()
+    if row_seeds.numel() != rows:
+        return None
+    mix = token_mix.reshape(-1).contiguous()
+    idx = torch.empty((rows, vocab), dtype=torch.int64)  # room for every token: a flat row never overflows
+    counts = torch.empty(rows, dtype=torch.int64)
+    rc = lib.provmark_gumbel_survivors(probs.data_ptr(), rows, vocab, row_seeds.data_ptr(), mix.data_ptr(),
+                                       SEED_MULTIPLIER, float(slack), vocab, idx.data_ptr(), counts.data_ptr(),
+                                       torch.get_num_threads())
+    if rc != 0:
+        return None
+    kept = counts.tolist()
+    return (torch.arange(rows).repeat_interleave(counts),
+            torch.cat([idx[b, :n] for b, n in enumerate(kept)]))
 
 
 def decode_linear_available() -> bool:

@@ -16,10 +16,33 @@ from generation.decoding.engine_interface import DecodingEngine, check_watermark
 from generation.decoding.mbr import MBRConfig, run_mbr
 from generation.decoding.speculative.decode import SpeculativeConfig, run_speculative
 from generation.sample.params import SamplingParams
+from generation.sample.sampling_stage import check_request, scheme_name
 from generation.sequence import RequestOutput
+from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import Watermark
+from watermark.specs import is_sampling
 
 METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
+
+
+def check_sampling_method(spec, params: SamplingParams, method: str | None, num_samples: int) -> None:
+    """SamplingWatermarkError for the decoding methods a sampling ``spec`` (gumbel, synthid, hf:synthid)
+    cannot serve: beam search (it ranks continuations, it does not sample: nothing to key) and, for
+    Gumbel, several samples of one prompt (n / best_of > 1, MBR): the keyed race is a deterministic
+    function of context and distribution, so every sibling would be the same text."""
+    if not is_sampling(spec):
+        return
+    name = scheme_name(spec)
+    if method == "beam":
+        raise SamplingWatermarkError(f"{name}: beam search ranks continuations and draws nothing, so a sampling "
+                                     "watermark has nothing to key; sample (temperature > 0) or use a kgw: spec")
+    if name == "gumbel" and (method == "mbr" or (method is None and num_samples > 1)):
+        what = "MBR candidates" if method == "mbr" else "n / best_of siblings"
+        raise SamplingWatermarkError(f"gumbel: {what} of one prompt would all be the same text (the keyed race "
+                                     "is deterministic given the context); use one sample, or a synthid: spec")
+    if method == "speculative" and name == "hf:synthid":
+        raise SamplingWatermarkError("hf:synthid: speculative decoding is not supported (transformers' context "
+                                     "window follows committed tokens only); decode without it")
 
 
 def _fail(field: str, value: object, rule: str) -> None:
@@ -84,9 +107,11 @@ class DecodingParams:
         method = self.method
         if method is None and self.num_samples == 1:
             return engine.generate([prompt], params, watermarks=[watermark], use_tqdm=False)
+        check_request(watermark, params)  # greedy with a sampling watermark: refused, as Engine.submit
         prompt_ids = engine.prompt_ids(prompt)  # the engine's own prompt checks, as submit
         params.validate_for_vocab(engine.vocab_size)
         check_watermark_vocab(engine, watermark)
+        check_sampling_method(getattr(watermark, "spec", None), params, method, self.num_samples)
         if method == "beam":
             return run_beam(engine, prompt_ids, params, self.beam, watermark, n=self.n)
         if method == "speculative":

@@ -168,7 +168,7 @@ class SamplerState:
     __slots__ = (
         "params", "eos_token_ids", "generator", "history", "prompt_len", "counts", "mirostat_mu",
         "pending_surprise", "_seen", "_seen_ids", "_count_tensors", "_ngrams", "_bad_single",
-        "_bad_multi", "_bias", "_min_new_bans",
+        "_bad_multi", "_bias", "_min_new_bans", "watermark_memory",
     )
 
     def __init__(self, params: SamplingParams, prompt_ids: list[int], eos_token_ids: set[int]):
@@ -196,6 +196,8 @@ class SamplerState:
         bias = params.logit_bias or {}
         self._bias = (torch.tensor(list(bias), dtype=torch.long), torch.tensor(list(bias.values()), dtype=torch.float32)) if bias else None
         self._min_new_bans = sorted(self.eos_token_ids | set(params.stop_token_ids or ()))
+        # a sampling watermark's per-sequence memory (generation.sample.context_memory), made on first use
+        self.watermark_memory = None
 
     @property
     def generated(self) -> list[int]:

@@ -10,7 +10,8 @@ bit-for-bit untouched:
                      (a ban always wins: a +inf bias on a banned token stays -inf, never NaN)
    -- reported logprobs are read here: before the watermark, so they do not reveal green lists --
 5. watermark stage   each watermarked row's WatermarkStage (watermark_stage.py): the KGW bias transforms
-                     the logits; a sampler stage (Gumbel-max, SynthID tournament) chooses in stage 8.
+                     the logits; a sampler stage (Gumbel-max, SynthID tournament: sampling_stage.py)
+                     chooses in stage 8, over the distribution stages 6-7 leave.
                      A row's context (its last context_width tokens) is computed once per step (StepRows).
 6. temperature       divide, clamped to the float range (sampling.apply_temperature_: the one clamp)
 7. truncation        top-k, top-p, min-p, typical, epsilon, eta; or mirostat
@@ -48,6 +49,7 @@ from generation.sample.sampler import (
     rows_where,
     truncate_,
 )
+from generation.sample.sampling_stage import check_request, is_sampling_mark, row_context
 from generation.sample.watermark_stage import stage_for
 from watermark.scheme import Watermark
 
@@ -71,6 +73,9 @@ class StepRows:
     watermarks: list[Watermark | None]
     contexts: list[list[int]]  # a watermarked row's last context_width tokens (at least 1); [] elsewhere
     constraint: ConstraintMasks | None = None
+    # rows whose sampling watermark sits this position out (short or repeated context): the plain draw;
+    # None when no row has a sampling watermark
+    unmarked: list[bool] | None = None
     allowed_counts: list[int | None] | None = None  # from the constraint mask, per row
     _masked: torch.Tensor | None = field(default=None, repr=False)  # constrained rows after stage 1
 
@@ -86,14 +91,22 @@ class StepRows:
             raise ValueError(f"StepRows: {len(states)} states, {len(marks)} watermarks"
                              + (f", {len(histories)} histories" if histories is not None else ""))
         contexts: list[list[int]] = []
+        unmarked: list[bool] | None = None
         for i, mark in enumerate(marks):
             if mark is None:
                 contexts.append([])
                 continue
             history = histories[i] if histories is not None else states[i].history
+            if is_sampling_mark(mark):  # the sampler is the watermark: greedy fails closed here too
+                check_request(mark, states[i].params)
+                context, marked = row_context(mark, states[i], history)
+                contexts.append(context)
+                unmarked = unmarked if unmarked is not None else [False] * len(marks)
+                unmarked[i] = not marked
+                continue
             width = max(mark.context_width, 1)  # the stage only reads the last context_width tokens
             contexts.append(list(history[max(0, len(history) - width):]))
-        return cls(states, marks, contexts, constraint)
+        return cls(states, marks, contexts, constraint, unmarked=unmarked)
 
     @property
     def params(self):
@@ -171,7 +184,9 @@ class LogitsPipeline:
         greedy = rows_where([p.greedy for p in params], scores.device)
         if greedy is not None:  # max(dim) gives argmax's first maximal index, several times faster on CPU
             tokens[greedy] = (scores if greedy.numel() == len(states) else scores.index_select(0, greedy)).max(-1).indices
-        staged = [not p.greedy and m is not None and stage_for(m).chooses_tokens for p, m in zip(params, rows.watermarks)]
+        unmarked = rows.unmarked or [False] * len(states)
+        staged = [not p.greedy and m is not None and not off and stage_for(m).chooses_tokens
+                  for p, m, off in zip(params, rows.watermarks, unmarked)]
         sampled = rows_where([not p.greedy and not s for p, s in zip(params, staged)], scores.device)
         if sampled is not None:
             tokens[sampled] = self._sample_rows(scores, sampled, states)
@@ -245,20 +260,61 @@ class LogitsPipeline:
         return sub, (miro, miro_logp)
 
     def _stage_choices(self, scores: torch.Tensor, rows: StepRows, staged: list[bool], tokens: torch.Tensor) -> None:
-        """Sampled rows whose watermark stage chooses: stages 6-7 here, then the stage's own choice."""
+        """Sampled rows whose watermark stage chooses: stages 6-7 here, then the stage's own choice. Rows
+        with top-k whose stage takes candidates get 6-7 on their head only (sampling.head_distributions:
+        the same survivors, far faster than a full-vocabulary top-p sort)."""
         at = [i for i, s in enumerate(staged) if s]
         picked = [rows.states[i] for i in at]
-        sub, _ = self._shaped(scores, self._index(at), picked)  # a choosing stage owns its rows' randomness
-        probs = sub.softmax(-1)
         marks = [rows.watermarks[i] for i in at]
+        chosen = torch.empty(len(at), dtype=torch.long, device=scores.device)
+        heads = [j for j in head_rows([st.params for st in picked], self.vocab_size)
+                 if getattr(stage_for(marks[j]), "takes_candidates", False)] if sampling.TOP_K_HEAD else []
+        served: list[int] = []
+        if heads:
+            head_scores = scores.index_select(0, self._index([at[j] for j in heads]))
+            got, probs, ids = sampling.head_distributions(head_scores, [picked[j].params for j in heads])
+            served = [heads[g] for g in got]
+            if served:
+                chosen[self._index(served)] = self._choose_by_stage(probs, ids, served, rows, at, picked, marks)
+        rest = [j for j in range(len(at)) if j not in set(served)]
+        if rest:  # a choosing stage owns its rows' randomness
+            rest_picked = [picked[j] for j in rest]
+            sub, miro = self._shaped(scores, self._index([at[j] for j in rest]), rest_picked)
+            got = self._choose_by_stage(sub.softmax(-1), None, rest, rows, at, picked, marks)
+            if miro is not None:  # mirostat's mu follows the surprise of the token the stage chose
+                _record_surprise(miro, got, rest_picked)
+            chosen[self._index(rest)] = got
+        tokens[self._index(at)] = chosen
+
+    def _choose_by_stage(self, probs, candidates, local: list[int], rows: StepRows, at, picked, marks) -> torch.Tensor:
+        """Each stage's tokens for rows ``local`` (row j of ``probs`` is staged row local[j]); ``candidates``
+        [R, C] the token ids of probs' columns (None: the whole vocabulary)."""
+        got = torch.empty(len(local), dtype=torch.long, device=probs.device)
         groups: dict[int, tuple[object, list[int]]] = {}
-        for j, mark in enumerate(marks):
-            groups.setdefault(id(stage_for(mark)), (stage_for(mark), []))[1].append(j)
-        for stage, local in groups.values():
-            index = torch.tensor(local, dtype=torch.long, device=probs.device)
-            got = stage.choose(probs.index_select(0, index), [rows.contexts[at[j]] for j in local],
-                               [marks[j] for j in local], [picked[j].generator for j in local])
-            tokens[torch.tensor([at[j] for j in local], device=tokens.device)] = got
+        for j, staged_row in enumerate(local):
+            stage = stage_for(marks[staged_row])
+            groups.setdefault(id(stage), (stage, []))[1].append(j)
+        for stage, members in groups.values():
+            index = torch.tensor(members, dtype=torch.long, device=probs.device)
+            whole = len(members) == probs.shape[0]
+            served = probs if whole else probs.index_select(0, index)
+            args = ([rows.contexts[at[local[j]]] for j in members], [marks[local[j]] for j in members],
+                    [picked[local[j]].generator for j in members])
+            if candidates is None:
+                got[index] = stage.choose(served, *args)
+            else:
+                got[index] = stage.choose(served, *args, candidates=candidates if whole else candidates.index_select(0, index))
+        return got
+
+    def staged_choice(self, probs: torch.Tensor, rows: StepRows, row: int, generator: torch.Generator) -> int:
+        """Stage 8 alone for one row's probabilities [V] (after stages 6-7, ``probabilities``): the
+        choosing stage's token, or the plain draw from ``generator`` (speculative verification: one
+        position at a time, so a rejected draft's positions consume no randomness)."""
+        mark = rows.watermarks[row]
+        off = rows.unmarked is not None and rows.unmarked[row]
+        if mark is None or off or not stage_for(mark).chooses_tokens:
+            return int(draw_(probs[None], [generator])[0])
+        return int(stage_for(mark).choose(probs[None], [rows.contexts[row]], [mark], [generator])[0])
 
     @staticmethod
     def _output(tokens, logp, lp_rows, params) -> SampleOutput:

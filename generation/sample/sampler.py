@@ -316,6 +316,26 @@ def head_rows(params: list[SamplingParams], vocab: int) -> list[int]:
             if p.mirostat_mode == 0 and p.top_k > 0 and (p.top_k + HEAD_SPARE) * FULL_SORT_FRACTION <= vocab]
 
 
+def head_distributions(scores: torch.Tensor, params: list[SamplingParams]
+                       ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Stages 6-7 of rows of scores[R, V] on each row's head (see ``sample_heads``): (rows served, the
+    head's probabilities [S, H] and token ids [S, H], in ascending token-id order)."""
+    k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
+    values, ids = scores.topk(int(k.max()) + HEAD_SPARE)
+    if any(p.temperature != 1.0 for p in params):
+        apply_temperature_(values, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+    fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
+    served = [j for j, f in enumerate(fits) if f]
+    if not served:
+        return served, values[:0], ids[:0]
+    if len(served) < len(params):
+        at = torch.tensor(served, device=scores.device)
+        values, ids = values[at], ids[at]
+    truncate_(values, [params[j] for j in served], presorted=True)
+    ids_ascending, by_id = ids.sort(-1)  # draw_ walks the CDF in token-id order, as over the full row
+    return served, values.softmax(-1).gather(1, by_id), ids_ascending
+
+
 def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator]) -> tuple[list[int], torch.Tensor]:
     """Draw for rows of scores[R, V] (before temperature) from each row's head; returns (rows served, tokens).
@@ -325,18 +345,8 @@ def sample_heads(scores: torch.Tensor, params: list[SamplingParams],
     the order, so topk may come first), truncations on the same survivors, and draw_ over them in
     token-id order. Rows not served (ties at the k-th value reaching past the head) are left to the caller.
     """
-    k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
-    values, ids = scores.topk(int(k.max()) + HEAD_SPARE)
-    if any(p.temperature != 1.0 for p in params):
-        apply_temperature_(values, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
-    fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
-    served = [j for j, f in enumerate(fits) if f]
+    served, probs, ids_ascending = head_distributions(scores, params)
     if not served:
-        return served, ids[:0, 0]
-    if len(served) < len(params):
-        at = torch.tensor(served, device=scores.device)
-        values, ids = values[at], ids[at]
-    truncate_(values, [params[j] for j in served], presorted=True)
-    ids_ascending, by_id = ids.sort(-1)  # draw_ walks the CDF in token-id order, as over the full row
-    at = draw_(values.softmax(-1).gather(1, by_id), [generators[j] for j in served])
+        return served, ids_ascending[:0, 0]
+    at = draw_(probs, [generators[j] for j in served])
     return served, ids_ascending.gather(1, at[:, None])[:, 0]

@@ -3,7 +3,8 @@
 A stage serves the rows whose watermark names it. It may **transform** the logits (the KGW bias:
 ``transform_``) and, when ``chooses_tokens`` is True, **choose** each sampled row's token in place of
 the pipeline's draw (a Gumbel-max or SynthID tournament sampler: ``choose``). A Watermark names its
-stage with a ``pipeline_stage`` attribute; watermarks without one (KGW, hf) get the KGW bias stage.
+stage with a ``pipeline_stage`` attribute; sampling specs get ``sampling_stage.SAMPLING_STAGE``, the
+others (KGW, hf) the KGW bias stage.
 Every call gets each row's context (its last ``context_width`` tokens, computed once per row per step).
 """
 
@@ -14,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from generation.sample.sampling_stage import SAMPLING_STAGE, is_sampling_mark
 from watermark.processor import WatermarkProcessor
 from watermark.scheme import Watermark
 
@@ -53,5 +55,9 @@ KGW_BIAS = KGWBiasStage()  # stateless: one instance serves every pipeline
 
 
 def stage_for(mark: Watermark) -> WatermarkStage:
-    """The stage a watermark names (``pipeline_stage``), else the KGW bias."""
-    return getattr(mark, "pipeline_stage", None) or KGW_BIAS
+    """The stage a watermark names (``pipeline_stage``); the sampling stage for a sampling spec
+    (gumbel, synthid, hf:synthid); else the KGW bias."""
+    stage = getattr(mark, "pipeline_stage", None)
+    if stage is not None:
+        return stage
+    return SAMPLING_STAGE if is_sampling_mark(mark) else KGW_BIAS

@@ -9,6 +9,7 @@
 //   provmark_pack_linear,
 //   provmark_linear                linears at decode batch sizes, weights streamed at memory speed;
 //   provmark_watermark_bias        the green-list bias, the same integers as watermark/greenlist.py.
+//   provmark_gumbel_survivors      the tokens that can still win the Gumbel race (watermark/gumbel.py).
 // The small ones replace a handful of torch ops each (a few microseconds of dispatch apiece, about a
 // thousand per decode step of the default model).
 //
@@ -795,6 +796,67 @@ int provmark_decode_attention(int dtype, const void* query, int64_t q_sb, int64_
                       kv_heads, dim, scale, threads);
     } else {
         return -1;
+    }
+    return 0;
+}
+
+// The Gumbel race's survivors (watermark/gumbel.py, GumbelWatermark.choose_from_probs): per row b, the
+// reference token is the first most likely one, with E = -log r and bound = E / p * (1 + slack); token v
+// can win only if 1 - r_v <= bound * p_v, with word = fmix64(mix64(seed[b], mix[v])) and 1 - r =
+// ((~word >> 12) + 1/2) / 2**52 (watermark/keyed_words.py). The test here is on the top 31 bits of ~word
+// (1 - r >= (~word >> 33) / 2**31), in float32 with the slack: a superset, vectorised on AVX2 too (no
+// 64-bit integer to double conversion there); the caller scores the survivors exactly. Writes the first
+// ``cap`` survivors of row b, ascending, to idx[b * cap ...] and their number to counts[b].
+static inline void gumbel_keep_span(const float* __restrict p, const int64_t* __restrict mix, uint64_t s,
+                                    uint64_t m, float scaled_bound, int64_t n, uint8_t* __restrict keep) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+        uint64_t x = (s ^ static_cast<uint64_t>(mix[j])) * m;
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x = x ^ (x >> 31);
+        const int32_t high = static_cast<int32_t>(~x >> 33);
+        keep[j] = static_cast<float>(high) <= scaled_bound * p[j];
+    }
+}
+
+int provmark_gumbel_survivors(const float* probs, int64_t rows, int64_t vocab, const int64_t* row_seeds,
+                              const int64_t* mix, int64_t multiplier, double slack, int64_t cap, int64_t* idx,
+                              int64_t* counts, int threads) {
+    if (rows < 0 || vocab < 1 || cap < 1 || threads < 1) return -1;
+    constexpr int64_t chunk = 4096;
+    constexpr double two52 = 4503599627370496.0;
+    const uint64_t mult = static_cast<uint64_t>(multiplier);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < rows; ++b) {
+        const float* p = probs + b * vocab;
+        const uint64_t s = static_cast<uint64_t>(row_seeds[b]);
+        const uint64_t m = (s * mult) | 1u;
+        float top = p[0];
+#pragma omp simd reduction(max : top)
+        for (int64_t v = 0; v < vocab; ++v) top = p[v] > top ? p[v] : top;
+        int64_t best = 0;
+        while (p[best] != top) ++best;
+        uint64_t x = (s ^ static_cast<uint64_t>(mix[best])) * m;
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x = x ^ (x >> 31);
+        const double one_minus = (static_cast<double>(~x >> 12) + 0.5) / two52;
+        const double bound = -std::log1p(-one_minus) / static_cast<double>(top) * (1.0 + slack);
+        const float scaled = static_cast<float>(bound * 2147483648.0 * (1.0 + slack));  // x 2**31, float rounding
+        int64_t count = 0;
+        uint8_t keep[chunk];
+        for (int64_t v0 = 0; v0 < vocab; v0 += chunk) {
+            const int64_t n = v0 + chunk < vocab ? chunk : vocab - v0;
+            gumbel_keep_span(p + v0, mix + v0, s, m, scaled, n, keep);
+            for (int64_t j = 0; j < n; ++j) {
+                if (keep[j]) {
+                    if (count < cap) idx[b * cap + count] = v0 + j;
+                    ++count;
+                }
+            }
+        }
+        counts[b] = count;
     }
     return 0;
 }

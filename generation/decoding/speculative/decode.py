@@ -5,7 +5,8 @@ drafts gives the target's logits at every drafted position and one past; each po
 distribution (the engine's LogitsPipeline, watermark included, see speculative_positions) verifies the drafts
 left to right (speculative_verify); the accepted drafts plus one replacement or bonus token are
 committed, and both caches are cropped back to the committed prefix. Sampled outputs are distributed
-exactly as the engine's (watermarked) target; greedy outputs equal plain greedy decoding token for token.
+exactly as the engine's (watermarked) target; greedy outputs equal plain greedy decoding token for token,
+and so do sampled outputs under a sampling watermark (gumbel, synthid: verified by replay, verify.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from generation.decoding.speculative.drafters import (
     load_draft_model,
 )
 from generation.decoding.speculative.positions import RequestPositions
-from generation.decoding.speculative.verify import verify_round, verify_round_greedy
+from generation.decoding.speculative.verify import verify_round, verify_round_greedy, verify_round_replay
 from generation.sample.sampler import SamplingParams
 from generation.sequence import RequestOutput, TextTracker, request_output
 from watermark.scheme import Watermark
@@ -143,6 +144,9 @@ def speculative_decode(engine: DecodingEngine, prompt_ids: list[int], params: Sa
         dists = positions.distributions(penalised, rows)
         if params.greedy:
             accepted, token = verify_round_greedy(dists, drafts)
+        elif positions.replays:
+            accepted, token = verify_round_replay(
+                lambda j: positions.choice(dists[j], rows, j, positions.generator), drafts)
         else:
             accepted, token = verify_round(dists, q_rows, drafts, positions.generator)
         proposed += len(drafts)

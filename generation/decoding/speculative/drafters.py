@@ -73,6 +73,7 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.lm = CachedLM(model)
+        self.generator = torch.Generator(device="cpu").manual_seed(0)  # drafts' own draws (replay verification)
 
     def propose(self, history: list[int], k: int, positions: RequestPositions):
         drafts: list[int] = []
@@ -82,6 +83,8 @@ class ModelDrafter:
             dist = positions.distribution_of(logits, [list(drafts)])[0]
             if positions.params.greedy:
                 token = int(dist.argmax())
+            elif positions.replays:  # the stage's own choice over q; its draws never touch the request's stream
+                token = positions.choice(dist, positions.rows([list(drafts)]), 0, self.generator)
             else:
                 token = draw_token(dist, positions.generator)
                 q_rows.append(dist)

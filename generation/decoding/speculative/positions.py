@@ -12,6 +12,7 @@ import torch
 
 from generation.sample import LogitsPipeline, StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
+from generation.sample.sampling_stage import is_sampling_mark
 from watermark.scheme import Watermark
 
 
@@ -60,11 +61,23 @@ class RequestPositions:
         states = [self._state_after(ext) for ext in extensions]
         marks = [self.watermark] * len(extensions)
         histories = None
-        if self.watermark is not None:
+        if self.replays:  # a sampling watermark's dedup reads the whole committed history
+            histories = [self.history + list(ext) for ext in extensions]
+        elif self.watermark is not None:
             width = max(self.watermark.context_width, 1)  # the watermark only reads the last context_width tokens
             recent = self.history[max(0, len(self.history) - width):]
             histories = [recent + list(ext) for ext in extensions]
         return StepRows.of(states, marks, histories=histories)
+
+    @property
+    def replays(self) -> bool:
+        """True when drafts are verified by replaying the target's choice (a sampled request under a
+        sampling watermark: gumbel, synthid)."""
+        return not self.params.greedy and is_sampling_mark(self.watermark)
+
+    def choice(self, probs: torch.Tensor, rows: StepRows, row: int, generator: torch.Generator) -> int:
+        """The pipeline's token for row ``row`` of ``rows`` from its probabilities [V] (stage 8 alone)."""
+        return self.pipeline.staged_choice(probs, rows, row, generator)
 
     def penalised(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
         """Pipeline stages 1-4 on a copy of ``logits`` [R, V] (what logprobs are reported from)."""

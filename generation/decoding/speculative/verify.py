@@ -5,7 +5,10 @@ et al. 2023: a token x drafted from q is kept with probability min(1, p(x) / q(x
 replacement is drawn from norm(max(0, p - q)). The kept-or-replaced token is then distributed exactly
 as p, whatever q is. A deterministic proposal (prompt lookup) is q = one-hot(x): keep with
 probability p(x), else draw from p with x removed. Greedy decoding keeps a draft while it equals the
-target's argmax, which makes the output token-identical to plain greedy decoding.
+target's argmax, which makes the output token-identical to plain greedy decoding. A sampling watermark
+(Gumbel, SynthID) is verified by replay: the target's own choice at each position, left to right (a keyed
+race needs no randomness; a draw takes one uniform, as the engine's), keeps a draft iff it equals it, so
+the output is token-identical to the engine's for the same seed.
 """
 
 from __future__ import annotations
@@ -71,3 +74,14 @@ def verify_round_greedy(score_rows: torch.Tensor, drafts: list[int]) -> tuple[in
         if int(x) != best[j]:
             return j, best[j]
     return len(drafts), best[len(drafts)]
+
+
+def verify_round_replay(choose, drafts: list[int]) -> tuple[int, int]:
+    """Replay verification: ``choose(j)`` is the target's token at drafted position j (called left to right,
+    and not past the first mismatch, so the request's generator advances exactly as without drafts);
+    returns (accepted, next token)."""
+    for j, x in enumerate(drafts):
+        token = choose(j)
+        if int(x) != token:
+            return j, token
+    return len(drafts), choose(len(drafts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -12,6 +13,19 @@ from pathlib import Path
 import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(doc: str, argv: list[str] | None, threads: int, **integers: int) -> argparse.Namespace:
+    """The options most benchmarks share: ``--NAME N`` for each integer default given, ``--threads``
+    (applied to torch here) and ``--out FILE`` (the JSON result)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, default in integers.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def time_call(fn, repeats: int, warmup: int = 2) -> dict:

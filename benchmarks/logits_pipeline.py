@@ -9,7 +9,6 @@ watermarked (ours: the default kgw spec; transformers: its WatermarkLogitsProces
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from transformers.generation import logits_process as lp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine, time_call, write_json  # noqa: E402
+from benchmarks.common import machine, parse_args, time_call, write_json  # noqa: E402
 from generation.sample import LogitsPipeline, StepRows  # noqa: E402
 from generation.sample.sampler import SamplerState, SamplingParams  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
@@ -56,13 +55,7 @@ def transformers_step(fields: dict, watermarked: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, argv, threads=1, batch=16, repeats=30)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (args.batch, HISTORY), generator=gen)
     logits = torch.randn(args.batch, V, generator=gen) * 3

@@ -11,7 +11,6 @@ below the rate), median p, and the first length (in tokens) at which p < 1e-5.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import statistics
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.common import machine, parse_args, write_json  # noqa: E402
 from detector.scoring import score_positions  # noqa: E402
 from detector.scoring_sampling import score_text  # noqa: E402
 from generation.models import load_model  # noqa: E402
@@ -103,14 +102,7 @@ def p_values_by_length(name, mark, ids: torch.Tensor, lengths) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, argv, threads=2, prompts=32, tokens=200, batch=16)
     loaded = load_model()
     V = loaded.vocab.vocab_size
     schemes = {"gumbel": GumbelWatermark("gumbel:h=4", SECRET, V),

@@ -16,7 +16,6 @@ transformers' KGW WatermarkDetector end to end on the same texts (the peer of de
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 import time
@@ -26,7 +25,7 @@ import torch
 from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine, time_call, write_json  # noqa: E402
+from benchmarks.common import machine, parse_args, time_call, write_json  # noqa: E402
 from benchmarks.detector_throughput import corpus_texts  # noqa: E402
 from detector.scoring_sampling import score_text  # noqa: E402
 from watermark.gumbel import GumbelWatermark  # noqa: E402
@@ -111,14 +110,7 @@ def detection_rates(vocab, texts: list[str], repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--texts", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, argv, threads=2, batch=16, repeats=20, texts=8)
     vocab = load_vocabulary()
     payload = {
         "benchmark": "sampling_watermarks",

@@ -10,7 +10,6 @@ scope sees neither (``detector.disclosure``). ``num_green_tokens`` is None: ther
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -19,7 +18,6 @@ from scipy import special
 from detector.calibration import guarded_p_value, verdict_calibration
 from detector.disclosure import MAX_Z, dither
 from detector.scoring import (
-    CORRECTION,
     WATERMARKED,
     WINDOW_ALPHA_SHARE,
     effective_z,
@@ -27,7 +25,7 @@ from detector.scoring import (
     verdict_of,
 )
 from detector.scoring_sampling import GUMBEL_KINDS, counted_score, positions, window_of
-from detector.verdict import Verdict
+from detector.verdict import Verdict, text_fields
 from detector.windows import STRIDE_DIVISOR, count_windows, window_sizes
 from watermark.stats import p_value_normal
 
@@ -118,20 +116,8 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         num_green_tokens=None,
         green_fraction=float("nan"),
         key_id=best.key_id,
-        watermark=spec.format(),
-        fingerprint=first.fingerprint,
-        num_tokens=int(ids.shape[0]),
-        alpha=text_alpha,
-        z_threshold=decision.z_threshold,
-        min_tokens=min_tokens,
-        dedup=options.dedup,
-        correction=CORRECTION,
         keys=[_key_dict(mark, score, p) for mark, score, p in zip(marks, scores, adjusted)],
-        normalizations=list(normalized.changes),
-        tokenizer_fingerprint=vocab.fingerprint,
-        model_id=vocab.model_id,
-        text_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
-        text_length=len(text),
+        **text_fields(text, normalized, ids, spec, first, vocab, options, decision, text_alpha, min_tokens),
         decided_by=decided_by,
         num_forced_positions=int(forced.shape[0]),
         num_common_positions=num_common[best_index],

@@ -9,7 +9,6 @@ Loads a tokenizer, never model weights (this package does not import ``generatio
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import threading
 from collections.abc import Iterable
@@ -25,7 +24,6 @@ from detector.disclosure import dither
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
 from detector.scoring import (
-    CORRECTION,
     INSUFFICIENT_TEXT,
     NOT_WATERMARKED,
     WATERMARKED,
@@ -42,7 +40,7 @@ from detector.scoring import (
 )
 from detector.sampling_verdict import score_sampling
 from detector.tokenizing import tokenize
-from detector.verdict import Verdict
+from detector.verdict import Verdict, text_fields
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound
 from watermark.key_info import KeyNotFoundError
@@ -313,20 +311,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         num_green_tokens=best.num_green_tokens,
         green_fraction=best.num_green_tokens / total if total else float("nan"),
         key_id=best.key_id,
-        watermark=spec.format(),
-        fingerprint=first.fingerprint,
-        num_tokens=int(ids.shape[0]),
-        alpha=text_alpha,
-        z_threshold=decision.z_threshold,
-        min_tokens=min_tokens,
-        dedup=options.dedup,
-        correction=CORRECTION,
         keys=[s.to_dict() for s in scores],
-        normalizations=list(normalized.changes),
-        tokenizer_fingerprint=vocab.fingerprint,
-        model_id=vocab.model_id,
-        text_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
-        text_length=len(text),
+        **text_fields(text, normalized, ids, spec, first, vocab, options, decision, text_alpha, min_tokens),
         decided_by=decided_by,
         num_forced_positions=int(forced.shape[0]),
         num_common_positions=num_common[best_index],

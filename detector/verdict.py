@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 
 from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose, unit_variance
-from detector.scoring import WATERMARKED
+from detector.scoring import CORRECTION, WATERMARKED
 
 
 @dataclass(slots=True)
@@ -71,3 +72,15 @@ class Verdict:
         if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
             raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
         return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, unit_variance(self.watermark))
+
+
+def text_fields(text: str, normalized, ids, spec, first, vocab, options, decision, alpha: float,
+                min_tokens: int) -> dict:
+    """The Verdict fields every scheme fills the same way: the spec and its fingerprint, the text's
+    digest and lengths, the decision's alpha and threshold, the tokenizer and the normalisations."""
+    return {"watermark": spec.format(), "fingerprint": first.fingerprint, "num_tokens": int(ids.shape[0]),
+            "alpha": alpha, "z_threshold": decision.z_threshold, "min_tokens": min_tokens, "dedup": options.dedup,
+            "correction": CORRECTION, "normalizations": list(normalized.changes),
+            "tokenizer_fingerprint": vocab.fingerprint, "model_id": vocab.model_id,
+            "text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+            "text_length": len(text)}

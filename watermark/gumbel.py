@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 
 from watermark.greenlist import kernels
-from watermark.keyed_words import ContextSeeds, fmix64, keyed_words, uniform_parts
+from watermark.keyed_words import fmix64, keyed_words, uniform_parts
 from watermark.prf import mix64, vocab_mix_table
+from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
-from watermark.seeding import secret_digest
-from watermark.sampling_specs import GumbelSpec, parse_sampling_spec, sampling_fingerprint
+from watermark.sampling_specs import GumbelSpec
 
 
 def gumbel_noise(one_minus_r: torch.Tensor) -> torch.Tensor:
@@ -78,33 +78,12 @@ def exponential_scores(one_minus_r: torch.Tensor) -> torch.Tensor:
     return -torch.log(one_minus_r)
 
 
-class GumbelWatermark:
+class GumbelWatermark(KeyedSamplingWatermark):
     """``GumbelWatermark(spec, secret, vocab_size, key_id)``: the keyed race for generation and the
     per-position scores for detection, from one definition of r."""
 
+    SPEC_TYPE = GumbelSpec
     SCHEME = "gumbel"  # the PRF's scheme tag: seeds are domain-separated from kgw's
-
-    def __init__(self, spec: GumbelSpec | str, secret: bytes, vocab_size: int, key_id: str | None = None) -> None:
-        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
-        if not isinstance(self.spec, GumbelSpec):
-            raise ValueError(f"GumbelWatermark needs a gumbel: spec, got {self.spec.format()!r}")
-        if not isinstance(vocab_size, int) or vocab_size <= 1:
-            raise ValueError(f"vocab_size: expected an integer > 1, got {vocab_size!r}")
-        if not secret:
-            raise ValueError("a gumbel watermark needs a key: create one with `provmark keys create`")
-        self.vocab_size = vocab_size
-        self.key_id = key_id
-        self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
-        self._seeds = ContextSeeds(bytes(secret), self.spec.prf, self.SCHEME)
-        # rows whose watermarks share spec and key are served by one vectorised call (generation stage)
-        self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
-
-    def __repr__(self) -> str:
-        return f"GumbelWatermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
-
-    @property
-    def context_width(self) -> int:
-        return self.spec.context_width
 
     def one_minus_r(self, contexts: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
         """1 - r for [N, h] contexts and the whole vocabulary ([N, V]) or candidate ids ([N, C])."""

@@ -26,10 +26,10 @@ from __future__ import annotations
 import torch
 
 from watermark.greenlist import kernels
-from watermark.keyed_words import ContextSeeds, keyed_words
+from watermark.keyed_words import keyed_words
+from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
-from watermark.seeding import secret_digest
-from watermark.sampling_specs import SynthIDSpec, parse_sampling_spec, sampling_fingerprint
+from watermark.sampling_specs import SynthIDSpec
 
 
 def layer_bits(words: torch.Tensor, layers: int) -> torch.Tensor:
@@ -67,32 +67,11 @@ def _tournament_from_words(logits: torch.Tensor, words: torch.Tensor, layers: in
     return probs_to_logits(tournament_probs(probs, g_layer))
 
 
-class SynthIDWatermark:
+class SynthIDWatermark(KeyedSamplingWatermark):
     """``SynthIDWatermark(spec, secret, vocab_size, key_id)``: keyed g-values, the tournament, scoring."""
 
+    SPEC_TYPE = SynthIDSpec
     SCHEME = "synthid"
-
-    def __init__(self, spec: SynthIDSpec | str, secret: bytes, vocab_size: int, key_id: str | None = None) -> None:
-        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
-        if not isinstance(self.spec, SynthIDSpec):
-            raise ValueError(f"SynthIDWatermark needs a synthid: spec, got {self.spec.format()!r}")
-        if not isinstance(vocab_size, int) or vocab_size <= 1:
-            raise ValueError(f"vocab_size: expected an integer > 1, got {vocab_size!r}")
-        if not secret:
-            raise ValueError("a synthid watermark needs a key: create one with `provmark keys create`")
-        self.vocab_size = vocab_size
-        self.key_id = key_id
-        self.fingerprint = sampling_fingerprint(self.spec, vocab_size)
-        self._seeds = ContextSeeds(bytes(secret), self.spec.prf, self.SCHEME)
-        # rows whose watermarks share spec and key are served by one vectorised call (generation stage)
-        self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
-
-    def __repr__(self) -> str:
-        return f"SynthIDWatermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
-
-    @property
-    def context_width(self) -> int:
-        return self.spec.context_width
 
     @property
     def layers(self) -> int:

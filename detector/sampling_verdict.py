@@ -27,7 +27,7 @@ from detector.scoring import (
 from detector.scoring_sampling import GUMBEL_KINDS, counted_score, positions, window_of
 from detector.verdict import Verdict, text_fields
 from detector.windows import STRIDE_DIVISOR, count_windows, window_sizes
-from watermark.stats import p_value_normal
+from watermark.stats import holm, p_value_normal
 
 # The reference position for "how long must a watermarked text be": the model spreads its probability
 # evenly over 4 tokens (2 bits), as KGW's min_tokens takes a best-case position (detector.scoring).
@@ -132,8 +132,6 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
 
 
 def _holm(scores: list) -> list[float]:
-    from watermark.stats import holm
-
     adjusted = holm([s.p_value for s in scores])
     for score, p in zip(scores, adjusted):
         score.p_value_corrected = p

@@ -6,11 +6,10 @@ token-identical to the engine (a tiny random Llama; the embedded model is in tes
 from __future__ import annotations
 
 import hashlib
-import types
 
 import pytest
 import torch
-from test_speculative import TINY_EOS, TINY_PROMPTS, TINY_VOCAB, LetterTokenizer, _tiny_llama
+from test_speculative import TINY_PROMPTS, TINY_VOCAB, _tiny_llama, tiny_engine  # noqa: F401 (a fixture)
 
 from generation.decoding import DecodingParams
 from generation.decoding.beam import BeamConfig
@@ -205,15 +204,6 @@ def test_decoding_methods_a_sampling_watermark_cannot_serve_are_refused(decoding
 
 # ------------------------------------------------------------------ speculative decoding: exact by replay
 
-@pytest.fixture(scope="module")
-def tiny_engine():
-    from generation.engine import Engine
-    from generation.models import LoadedModel
-
-    vocab = types.SimpleNamespace(tokenizer=LetterTokenizer(), eos_token_id=TINY_EOS, fingerprint="tiny")
-    loaded = LoadedModel(model=_tiny_llama(0), vocab=vocab, model_id="tiny", device=torch.device("cpu"),
-                         dtype=torch.float32)
-    return Engine(loaded, max_num_seqs=4, max_model_len=128)
 
 
 @pytest.mark.parametrize("spec", ["gumbel:h=2", "synthid:h=2,layers=8,top_k=0", "gumbel:h=1,dedup=false"])

@@ -102,6 +102,20 @@ def test_a_key_is_scored_only_under_its_own_family_and_spec(service, keyring):
     assert status == 422 and "no detection key is bound to gumbel:h=5" in body["error"]["message"]
 
 
+def test_naming_keys_without_a_spec_scores_under_the_keys_own_spec(service, keyring):
+    """What the generation side does (a request naming no spec writes the key's own): `detect --key g1`
+    verifies g1's gumbel text without the caller restating its spec; keys of different specs need one."""
+    base_url, _, explain, _ = service
+    status, body, _ = detect(base_url, explain, watermarked(keyring, "g1"), keys=["g1"])
+    assert status == 200 and body["verdict"] == "watermarked", body
+    assert body["watermark"].startswith("gumbel:h=4") and body["key_id"] == "g1"
+    status, body, _ = detect(base_url, explain, watermarked(keyring, "g1"), keys=["g1", "s1"])
+    assert status == 422 and body["error"]["code"] == "spec_not_bound_to_key"
+    assert "g1: gumbel:h=4" in body["error"]["message"] and "s1: synthid:h=4" in body["error"]["message"]
+    status, body, _ = detect(base_url, explain, "a few human words, nothing more than that", keys=["kgw1"])
+    assert status == 200 and body["watermark"].startswith("kgw:scheme=selfhash,h=4"), body
+
+
 @pytest.mark.parametrize("spec", ["gumbel:h=0", "synthid:layers=99", "gumbel:colour=red", "vllm:kgw",
                                   "hf:synthid,ngram_len=5"])
 def test_bad_sampling_specs_are_a_json_4xx_naming_the_field(service, spec):

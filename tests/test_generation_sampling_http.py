@@ -103,3 +103,16 @@ def test_a_key_bound_to_another_spec_is_refused(live):
                                                       "watermark": "gumbel:h=4", "key_id": live.synthid_key})
     assert status == 422, answer
     assert answer["error"]["details"][0]["field"] == "key_id" and "bound to synthid" in answer["error"]["message"]
+
+
+def test_no_spec_writes_the_keys_own_and_other_colours_are_refused(live):
+    """A request naming a key and no spec gets the key's own spec (gumbel here: greedy is then refused, as
+    for an explicit gumbel spec); a kgw spec under that key is refused like any spec with other colours."""
+    status, answer, _ = post(live, "/v1/generate", {"prompt": "Hello", "max_new_tokens": 4, "temperature": 0,
+                                                      "key_id": live.gumbel_key})
+    assert status == 400 and answer["error"]["code"] == "watermark_needs_sampling", answer
+    status, answer, _ = post(live, "/v1/generate", {"prompt": "Hello", "max_new_tokens": 4,
+                                                      "watermark": "kgw:scheme=selfhash,h=1",
+                                                      "key_id": live.gumbel_key})
+    assert status == 422 and answer["error"]["details"][0]["field"] == "key_id", answer
+    assert f"key {live.gumbel_key} is bound to gumbel" in answer["error"]["message"]

@@ -51,6 +51,24 @@ def require_bound(info: KeyInfo, spec: AnySpec) -> None:
                            f"(asked: {spec.format()})")
 
 
+def require_generation_bound(mark, keyring) -> None:
+    """KeySpecError (a ValueError naming the key, its spec and the fix) when a generation watermark's keyring
+    key is bound to other colours. Text written under a key is a sample of that key's colours: a caller free
+    to pick ``selfhash, h=1`` under the production key would get text whose statistics predict its ``h=4``
+    colours, and the detector would never verify it. hf specs (no keyring key) pass."""
+    key_id = getattr(mark, "key_id", None)
+    if mark is None or key_id is None:
+        return
+    info = next((k for k in keyring.list() if k.key_id == key_id), None)
+    if info is None:
+        return
+    try:
+        require_bound(info, mark.spec)
+    except KeySpecError as exc:
+        raise KeySpecError(f"{exc}; name no spec to use the key's own, or create a key for this spec "
+                           f"(`provmark keys create --spec {mark.spec.format()}`)") from None
+
+
 def keys_bound_to(infos: list[KeyInfo], spec: AnySpec) -> list[KeyInfo]:
     """The keys of ``infos`` bound to ``spec``; KeySpecError naming each key's spec when there is none."""
     found = [info for info in infos if same_colours(bound_spec(info), spec)]

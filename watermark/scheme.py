@@ -12,6 +12,7 @@ import torch
 from watermark.config import WatermarkSpec
 from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
+from watermark.key_binding import bound_spec
 from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
 from watermark.prf import green_threshold, mix64, vocab_mix_table
@@ -177,12 +178,13 @@ def make_watermark(spec: AnySpec | str | None, secret: bytes | None, vocab_size:
 
 def generation_watermark(spec: AnySpec | str | None, vocab_size: int, key_id: str | None = None,
                          keyring=None, create_if_missing: bool = False):
-    """The Watermark a generation request uses: ``spec`` (default spec when None) bound to the
-    named key, or to the keyring's active key. hf specs need no key. Sampling specs (gumbel, synthid, ...)
+    """The Watermark a generation request uses: ``spec`` (None: the key's own spec) under the named
+    key, or under the keyring's active key. hf specs need no key. Sampling specs (gumbel, synthid, ...)
     give their sampling watermark (see ``make_watermark``).
 
     Raises ``watermark.key_info.KeyNotFoundError`` for an unknown key or one not usable for
     generation (retired); ``create_if_missing`` makes a first key on an empty keyring."""
+    own_spec = spec is None  # the key's own spec (the default spec for the keys made before specs were bound)
     spec = parse_spec(spec)
     if not spec.needs_key:
         if key_id is not None:
@@ -196,4 +198,6 @@ def generation_watermark(spec: AnySpec | str | None, vocab_size: int, key_id: st
         if info is None or not info.usable_for_generation:
             state = "unknown" if info is None else info.status
             raise KeyNotFoundError(f"key {key_id!r} cannot be used for generation ({state})")
+    if own_spec:
+        spec = bound_spec(info)
     return make_watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id)

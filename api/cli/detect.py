@@ -45,7 +45,7 @@ def add_scoring_options(parser) -> None:
     keys.add_argument("--key", action="append", dest="keys", metavar="ID",
                       help="test this key (repeat for several); default: every detection key")
     keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
-    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec); also "
+    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the --key keys' own spec, else the default kgw spec); also "
                         "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")
     parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
     parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
@@ -77,6 +77,12 @@ def _run(args) -> int:
     if args.keys and not spec.needs_key:
         raise CLIError("--key: an hf spec is public and takes no key")
     detector = _detector(args.model)
+    named = args.watermark or None
+    if named is None and args.keys:  # the keys' own spec, as `provmark generate --key ID` writes it
+        try:
+            spec = detector.own_spec(args.keys) or spec
+        except KeyringError as exc:  # KeySpecError: keys bound to different specs
+            raise CLIError(str(exc)) from None
     options = dict(keys=args.keys if spec.needs_key else None, spec=spec, windows=args.windows,
                    explain=args.explain, normalize=not args.no_normalize, dedup=not args.no_dedup,
                    z_threshold=args.z_threshold, fpr=args.fpr)

@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     shape.add_argument("--allowed-token-id", action="append", metavar="ID",
                        help="every token must come from these ids (repeatable, or a comma list)")
     mark = p.add_mutually_exclusive_group()
-    mark.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the default kgw spec)")
+    mark.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the key's own spec; see `provmark keys list`)")
     mark.add_argument("--no-watermark", action="store_true", help="generate without a watermark")
     p.add_argument("--key", metavar="ID", help="keyring key id (default: the active key)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")

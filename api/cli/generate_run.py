@@ -28,8 +28,9 @@ from generation.decoding.params import check_sampling_method
 from generation.engine import Engine
 from generation.models import load_model
 from generation.sample.sampler import SamplingParams
-from generation.sample.sampling_stage import check_key_binding, check_spec
+from generation.sample.sampling_stage import check_spec
 from watermark.config import SpecError
+from watermark.key_binding import bound_spec, require_generation_bound
 from watermark.key_info import ACTIVE, KeyringError
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
@@ -214,17 +215,28 @@ def _watermark(args, vocab, params, decoding):
             raise CLIError("--key: nothing to key with --no-watermark")
         return None
     try:
-        spec = parse_spec(args.watermark)
+        spec = parse_spec(args.watermark) if args.watermark is not None else _key_spec(args.key)
         check_spec(spec, params)  # greedy with a sampling watermark: refused before a key or the model
         if decoding is not None:
             check_sampling_method(spec, params, decoding.method, decoding.num_samples)
         if args.key is None and spec.needs_key:
             _ensure_key(vocab, spec)
         mark = generation_watermark(spec, vocab.vocab_size, key_id=args.key, create_if_missing=True)
-        check_key_binding(mark, Keyring())
+        require_generation_bound(mark, Keyring())  # a key writes only its own colours
         return mark
     except (SpecError, KeyringError, ValueError) as exc:
         raise CLIError(str(exc)) from None
+
+
+def _key_spec(key_id: str | None):
+    """The spec of the named key, or of the active one: a request naming no spec writes the key's own
+    (the default spec when there is no key yet: the first key is made for it)."""
+    keyring = Keyring()
+    if key_id is None:
+        info = next((k for k in keyring.list() if k.status == ACTIVE), None)
+    else:
+        info = next((k for k in keyring.list() if k.key_id == key_id), None)
+    return parse_spec(None) if info is None else bound_spec(info)
 
 
 def _ensure_key(vocab, spec) -> None:

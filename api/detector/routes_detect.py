@@ -79,7 +79,10 @@ def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
                        f"at midnight UTC", headers={"Retry-After": str(wait)})
 
 
-def _parse_spec(raw: str | None) -> AnySpec:
+def _parse_spec(raw: str | None) -> AnySpec | None:
+    """The request's spec; None when it names none (the named keys' own spec, else the default spec)."""
+    if raw is None:
+        return None
     try:
         return parse_spec(raw)
     except SpecError as error:
@@ -87,11 +90,11 @@ def _parse_spec(raw: str | None) -> AnySpec:
                        details=[{"field": "watermark", "message": str(error)}]) from None
 
 
-def _run_detection(services, body: DetectRequest, spec: AnySpec):
+def _run_detection(services, body: DetectRequest, spec: AnySpec | None):
     if body.all_keys and body.keys is not None:
         raise ApiError(422, "invalid_fields", "invalid fields: all_keys (give keys or all_keys=true, not both)",
                        details=[{"field": "all_keys", "message": "give either keys or all_keys=true, not both"}])
-    if body.keys is not None and not spec.needs_key:
+    if body.keys is not None and spec is not None and not spec.needs_key:
         raise ApiError(422, "invalid_fields", "invalid fields: keys (an hf spec is public and takes no key)",
                        details=[{"field": "keys", "message": "an hf spec is public and takes no key"}])
     try:

@@ -41,7 +41,7 @@ class DetectRequest(StrictModel):
                                      description="key ids to test (default: every detection key)")
     all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
     watermark: StrictStr | None = Field(None, min_length=1, max_length=max(MAX_SPEC_CHARS, MAX_HF_SPEC_CHARS),
-                                        description="watermark spec string (default: the default kgw spec); "
+                                        description="watermark spec string (default: the named keys' own spec, else the default kgw spec); "
                                                     "kgw:, hf:, gumbel:, synthid:, hf:synthid,... or vllm:gumbel,...")
     windows: StrictBool = Field(False, description="also search for a watermarked passage (WinMax)")
     explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")

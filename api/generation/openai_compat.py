@@ -180,7 +180,7 @@ def _sampler_values(req: OpenAIRequest, max_new_tokens: int, logprobs: int | Non
 
 
 def _run(service, req: OpenAIRequest, prompt_ids: list[int], params, rename: dict, chat: bool):
-    spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the default spec
+    spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the key's own spec
     mark = service.watermark(False if spec is None else spec, req.key_id)
     started = service.start(prompt_ids, params, mark, streaming=req.stream, rename=rename)
     actor = g.token.caller.actor

@@ -24,8 +24,9 @@ from db.receipts import ReceiptSigner, issue_receipt
 from db.rows import new_id, text_sha256
 from db.store import Store
 from generation.sample.params import SamplingParams
-from generation.sample.sampling_stage import check_key_binding, check_request
+from generation.sample.sampling_stage import check_request
 from watermark.config import SpecError
+from watermark.key_binding import require_generation_bound
 from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError, validate_key_id
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import generation_watermark
@@ -124,7 +125,7 @@ class GenerationService:
         return params
 
     def watermark(self, spec, key_id: str | None):
-        """The request's Watermark: ``spec`` None/True -> the default spec, False -> none, else a spec
+        """The request's Watermark: ``spec`` None/True -> the key's own spec, False -> none, else a spec
         string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
         if spec is False:
             if key_id is not None:
@@ -138,7 +139,7 @@ class GenerationService:
         try:
             mark = generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
                                         keyring=self.keyring)
-            check_key_binding(mark, self.keyring)  # a sampling spec under a key bound to another spec
+            require_generation_bound(mark, self.keyring)  # a key writes only its own colours
             return mark
         except SpecError as exc:
             raise invalid_field("watermark", str(exc)) from None

@@ -82,7 +82,7 @@ class SamplerFields(BaseModel):
     ignore_eos: bool = Field(False, description="keep going past end-of-text")
     watermark: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SPEC_CHARS)] | bool | None = Field(
         None, description="watermark spec string (grammar and bounds: docs/deploy.md, watermark/config.py; "
-                          "422 otherwise); false or null = no watermark; absent or true = the default spec")
+                          "422 otherwise); false or null = no watermark; absent or true = the key's own spec")
     key_id: KeyId | None = Field(None, description="keyring key id (default: the active key); needs a keyed "
                                                    "watermark spec: with the watermark off or an hf: spec, 422")
 

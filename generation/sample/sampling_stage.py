@@ -29,8 +29,6 @@ from generation.sample.context_memory import GeneratedContexts, HFContextWindow
 from generation.sample.sampler import draw_
 from watermark.gumbel import GumbelWatermark
 from watermark.hf_synthid import HFSynthID
-from watermark.key_binding import require_bound
-from watermark.key_info import KeySpecError
 from watermark.sampling_common import SamplingWatermarkError, require_sampling
 from watermark.sampling_specs import VLLMGumbelSpec
 from watermark.specs import is_sampling
@@ -64,21 +62,6 @@ def check_request(mark, params) -> None:
     """``check_spec`` of a watermark's spec (None: nothing to check)."""
     if mark is not None:
         check_spec(getattr(mark, "spec", None), params)
-
-
-def check_key_binding(mark, keyring) -> None:
-    """KeySpecError (a ValueError naming the key and its spec) when a sampling watermark's keyring key is
-    bound to another spec (``watermark.key_binding``): the detector scores a key only under its own spec,
-    so such text could never be verified. KGW marks keep their own rules (not checked here)."""
-    if not is_sampling_mark(mark) or mark.key_id is None:
-        return
-    info = next((k for k in keyring.list() if k.key_id == mark.key_id), None)
-    if info is not None:
-        try:
-            require_bound(info, mark.spec)
-        except KeySpecError as exc:
-            raise KeySpecError(f"{exc}; create a key for this spec (`provmark keys create --spec "
-                               f"{mark.spec.format()}`) and name it") from None
 
 
 def row_context(mark, state, history: Sequence[int]) -> tuple[list[int], bool]:

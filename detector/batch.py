@@ -46,7 +46,7 @@ from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from detector.service import Detector
 from watermark.config import SpecError
-from watermark.key_binding import keys_bound_to, require_bound
+from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
 from watermark.specs import AnySpec, parse_spec
@@ -134,8 +134,13 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     jobs: list[DetectJob] = []
     for number, record in enumerate(records, start=1):
         text, forced, own_spec, own_keys = _record_fields(record, number)
-        record_spec = _parse_spec(own_spec, f"record {number}: watermark") if own_spec is not None else default_spec
         chosen = own_keys if own_keys is not None else default_keys
+        if own_spec is not None:
+            record_spec = _parse_spec(own_spec, f"record {number}: watermark")
+        elif spec is None and chosen is not None and bind_keys and isinstance(keyring, Keyring):
+            record_spec = _keys_own_spec(keyring, chosen, f"record {number}") or default_spec
+        else:
+            record_spec = default_spec
         if not record_spec.needs_key:
             if own_keys is not None:
                 raise BatchError(f"record {number}: keys: an hf spec is public and takes no key")
@@ -199,6 +204,15 @@ def _bound_keys(keyring, key_ids: tuple[str, ...], spec: AnySpec, explicit: bool
                     require_bound(infos[key_id], spec)
             return key_ids
         return tuple(info.key_id for info in keys_bound_to([infos[k] for k in key_ids], spec))
+    except KeyringError as exc:  # names key ids and their public specs, never secrets
+        raise BatchError(f"{where}: {exc}") from None
+
+
+def _keys_own_spec(keyring, key_ids: tuple[str, ...], where: str) -> AnySpec | None:
+    """The named keys' own spec when a record names keys and no spec (as ``provmark detect --key``)."""
+    try:
+        infos = {info.key_id: info for info in keyring.list()}
+        return shared_spec([infos[k] for k in key_ids if k in infos])
     except KeyringError as exc:  # names key ids and their public specs, never secrets
         raise BatchError(f"{where}: {exc}") from None
 

@@ -42,8 +42,8 @@ from detector.sampling_verdict import score_sampling
 from detector.tokenizing import tokenize
 from detector.verdict import Verdict, text_fields
 from watermark.config import WatermarkSpec
-from watermark.key_binding import bound_spec, keys_bound_to, require_bound, same_colours
-from watermark.key_info import KeyNotFoundError, KeySpecError
+from watermark.key_binding import keys_bound_to, require_bound, shared_spec
+from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, make_watermark
 from watermark.specs import AnySpec, is_sampling, parse_spec
@@ -212,10 +212,8 @@ class Detector:
                 for key_id in key_ids]
 
     def own_spec(self, keys: Iterable[str]) -> AnySpec | None:
-        """The spec the named keys are bound to (what a request naming keys but no spec is scored under, as
-        generation writes a key's own spec when none is named); None (the default spec) for a keyring
-        stand-in or unknown ids (they fail later with the keyring's message). KeySpecError when the keys
-        are bound to different colours: the caller must say which spec to test."""
+        """The spec the named keys are bound to (``watermark.key_binding.shared_spec``); None (the default
+        spec) for a keyring stand-in or unknown ids (they fail later with the keyring's message)."""
         key_ids = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
         if not key_ids or not self._keys_are_bound():
             return None
@@ -224,13 +222,7 @@ class Detector:
             if self._all_infos is None:
                 self._all_infos = {info.key_id: info for info in self.keyring.list()}
             infos = [self._all_infos[k] for k in key_ids if k in self._all_infos]
-        if not infos:
-            return None
-        first = bound_spec(infos[0])
-        if any(not same_colours(first, bound_spec(info)) for info in infos[1:]):
-            owned = ", ".join(f"{info.key_id}: {bound_spec(info).format()}" for info in infos)
-            raise KeySpecError(f"the keys are bound to different specs ({owned}); name the spec to test")
-        return first
+        return shared_spec(infos)
 
     def _keys_are_bound(self) -> bool:
         """A real keyring records each key's spec; a stand-in holding secrets only has no binding to check."""

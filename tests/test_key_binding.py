@@ -14,6 +14,7 @@ from watermark.config import WatermarkSpec
 from watermark.key_binding import bound_spec, keys_bound_to, require_bound
 from watermark.key_info import KeySpecError, KeyringIntegrityError
 from watermark.keys import Keyring
+from watermark.specs import parse_spec
 
 MASTER = bytes(range(32))
 LEFT = "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0,prf=hmac-sha256"
@@ -110,6 +111,24 @@ def test_detect_batch_scores_a_key_only_under_its_own_spec(home, tmp_path, capsy
     source.write_text(json.dumps({"text": "x", "keys": ["a1"], "watermark": "kgw:gamma=0.5"}) + "\n")
     assert main(["detect-batch", str(source), "--out", str(tmp_path / "out.jsonl")]) != 0
     assert "bound to" in capsys.readouterr().err
+
+
+def test_detect_batch_records_naming_keys_and_no_spec_use_the_keys_own_spec(home):
+    from detector.batch import BatchError, DetectOptions, prepare_jobs
+
+    ring = Keyring(home)
+    ring.create("a1")
+    ring.create("b1", spec=LEFT)
+    ring.create("g1", spec="gumbel:h=4")
+    records = [{"text": "x", "keys": ["b1"]}, {"text": "y", "key": "g1"}, {"text": "z", "keys": ["a1"]}]
+    prepared = prepare_jobs(records, DetectOptions(), keyring=ring, vocab=object())
+    assert [(job.spec, job.keys) for job in prepared.jobs] == [
+        (parse_spec(LEFT).format(), ("b1",)), ("gumbel:h=4,prf=hmac-sha256,dedup=true", ("g1",)),
+        (parse_spec(None).format(), ("a1",))]
+    prepared = prepare_jobs([{"text": "x"}], DetectOptions(), keys=["b1"], keyring=ring, vocab=object())
+    assert prepared.jobs[0].spec == parse_spec(LEFT).format()  # --key b1 for the whole batch: b1's spec
+    with pytest.raises(BatchError, match="record 1: the keys are bound to different specs"):
+        prepare_jobs([{"text": "x", "keys": ["a1", "g1"]}], DetectOptions(), keyring=ring, vocab=object())
 
 
 def test_sampling_specs_parse_and_bind_by_their_random_values():

@@ -69,6 +69,19 @@ def require_generation_bound(mark, keyring) -> None:
                            f"(`provmark keys create --spec {mark.spec.format()}`)") from None
 
 
+def shared_spec(infos: list[KeyInfo]) -> AnySpec | None:
+    """The spec the keys ``infos`` are bound to (a request naming keys and no spec is scored under it, as
+    generation writes a key's own spec when none is named); None for no keys; KeySpecError naming each
+    key's spec when they are bound to different colours (the caller must say which spec to test)."""
+    if not infos:
+        return None
+    first = bound_spec(infos[0])
+    if any(not same_colours(first, bound_spec(info)) for info in infos[1:]):
+        owned = ", ".join(f"{info.key_id}: {bound_spec(info).format()}" for info in infos)
+        raise KeySpecError(f"the keys are bound to different specs ({owned}); name the spec to test")
+    return first
+
+
 def keys_bound_to(infos: list[KeyInfo], spec: AnySpec) -> list[KeyInfo]:
     """The keys of ``infos`` bound to ``spec``; KeySpecError naming each key's spec when there is none."""
     found = [info for info in infos if same_colours(bound_spec(info), spec)]

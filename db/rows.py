@@ -7,7 +7,7 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -187,3 +187,29 @@ class DetectionUsageRow(Base):
     day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
     tokens: Mapped[int] = mapped_column(Integer)
     exhausted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class OutputUnitRow(Base):
+    """In how many of a key's watermarked outputs a unit occurred (``db.output_memory``; the spoof check's
+    learnability). Key-free unit identities (``watermark.units``, a uint64 stored as its int64 bits), no text."""
+
+    __tablename__ = "output_units"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    unit: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    outputs: Mapped[int] = mapped_column(Integer)
+
+
+class KeyOutputRow(Base):
+    """One watermarked output the generation service remembered for a key (``db.output_memory``): how many
+    of the key's outputs were remembered before it, and its spoof z against their counts (None when it had
+    too few counted units): the null ``detector.spoof_check`` compares a verdict's spoof z with."""
+
+    __tablename__ = "key_outputs"
+    __table_args__ = (Index("ix_key_outputs_key_id_id", "key_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(32))
+    outputs_before: Mapped[int] = mapped_column(Integer)
+    z: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)

@@ -28,9 +28,10 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
                 correction, normalizations, tokenizer_fingerprint, model_id, text_sha256,
                 text_length, common_units, disclosure
     scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
-    watermarked key_id, decided_by, windows {detected, char_start, char_end}
+    watermarked key_id, decided_by, windows {detected, char_start, char_end}, spoof_suspected (one bit:
+                the spoof check's decision, ``detector.spoof_check``; None while it cannot judge)
     never       num_tokens_scored, num_green_tokens, green_fraction, p_value_normal, keys (per-key z/p),
-                num_common_positions, num_forced_positions, calibration details, explanation
+                num_common_positions, num_forced_positions, calibration details, explanation, spoof_check
 
 The stored verdict row keeps the full numbers (the audit trail loses nothing) and what was shown.
 """
@@ -102,7 +103,7 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: 
     out = {name: full[name] for name in DETECT_FIELDS}
     out["disclosure"] = DISCLOSURE
     out.update(z_score=None, p_value=None, key_id=None, decided_by=None, windows=None,
-               calibration_id=(full.get("calibration") or {}).get("id"))
+               calibration_id=(full.get("calibration") or {}).get("id"), spoof_suspected=None)
     exact = full["verdict"]
     if exact == "insufficient_text" or u is None:
         return out
@@ -122,7 +123,8 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: 
     out.update(z_score=max(z, 0.0), p_value=p_value_normal(z) if z > 0 else 1.0)
     if verdict == "watermarked":
         out.update(key_id=full["key_id"], decided_by=decided_by,
-                   windows={"detected": window is not None, **(window or {})} if full.get("windows") else None)
+                   windows={"detected": window is not None, **(window or {})} if full.get("windows") else None,
+                   spoof_suspected=(full.get("spoof_check") or {}).get("suspected"))
     elif full.get("windows") is not None:
         out["windows"] = {"detected": False}
     return out

@@ -39,6 +39,7 @@ from detector.scoring import (
     verdict_of,
 )
 from detector.sampling_verdict import score_sampling
+from detector.spoof_check import verdict_spoof_check
 from detector.tokenizing import tokenize
 from detector.verdict import Verdict, text_fields
 from watermark.config import WatermarkSpec
@@ -80,11 +81,14 @@ class Detector:
     first use). ``keyring``: where kgw secrets come from (default: ``Keyring()`` of PROVMARK_HOME).
     Secrets and green tables are cached per process and dropped when the keyring file changes.
     ``bind_keys``: score each key only under its own spec (``watermark.key_binding``); only a caller that
-    holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off."""
+    holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off.
+    ``output_memory``: the service's record of its own output (``db.output_memory.OutputMemory``); with
+    it, a KGW verdict that says ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
-                 bind_keys: bool = True) -> None:
+                 bind_keys: bool = True, output_memory=None) -> None:
         self._vocab = vocab
+        self.output_memory = output_memory
         self._bind_keys = bind_keys
         self._dither_key: bytes | None = None
         self._keyring = keyring
@@ -151,8 +155,14 @@ class Detector:
             calibrations = _current(self.calibrations_for(marks), common)
             return score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
                                   dither_key, common)
-        return _score(text, normalized, ids, offsets, marks, spec, vocab, options, self.calibrations_for(marks),
-                      dither_key)
+        verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
+                         self.calibrations_for(marks), dither_key)
+        if self.output_memory is not None and verdict.watermarked and spec.needs_key:
+            # only positives: a spoof is a text the detector accepted (human text costs no lookup)
+            mark = next(m for m in marks if m.key_id == verdict.key_id)
+            verdict.spoof_check = verdict_spoof_check(mark, ids, common_units.for_spec(spec, vocab),
+                                                      self.output_memory)
+        return verdict
 
     @property
     def dither_key(self) -> bytes:

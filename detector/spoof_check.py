@@ -29,6 +29,8 @@ from detector.common_units import CommonUnits
 from detector.scoring import score_positions
 
 MIN_UNITS = 16  # fewer counted units: no spoof check (the permutation variance is too coarse)
+MIN_NULL = 100  # the key's own outputs (past db.output_memory.WARMUP) needed before a spoof p-value is given
+SPOOF_ALPHA = 1e-3  # spoof_suspected when the normal-fit p-value is at most this
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,43 @@ def spoof_statistic(green: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
         return SpoofCheck(n, float("nan"))
     variance = g * (n - g) / (n * (n - 1)) * spread
     return SpoofCheck(n, float((y * centred).sum() / math.sqrt(variance)))
+
+
+class StoredCounts:
+    """``OutputCounts.of`` for one key, read from the service's shared memory (``db.output_memory``)."""
+
+    def __init__(self, memory, key_id: str) -> None:
+        self.memory, self.key_id = memory, key_id
+
+    def of(self, identities: np.ndarray, without: np.ndarray | None = None) -> np.ndarray:
+        found = self.memory.counts_of(self.key_id, identities)
+        if without is not None:
+            found -= np.isin(identities, without)
+        return found
+
+
+def output_null_z(mark, token_ids, common: CommonUnits, memory) -> float | None:
+    """The spoof z of one of the service's own outputs against the counts before it (its null sample)."""
+    check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
+    return None if check is None or not math.isfinite(check.z) else check.z
+
+
+def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | None:
+    """What a ``watermarked`` KGW verdict reports: the text's spoof z, its p-value under the key's own
+    outputs (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size.
+    ``suspected`` is None while the key's null has fewer than MIN_NULL outputs; None when the text has
+    fewer than MIN_UNITS counted units or the spec is not KGW."""
+    check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
+    if check is None or not math.isfinite(check.z):
+        return None
+    null = SpoofNull(memory.null_of(mark.key_id))
+    size = int(null.z.shape[0])
+    if size < MIN_NULL:
+        return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": None,
+                "p_value_empirical": None, "suspected": None}
+    p_normal = null.p_value_normal(check.z)
+    return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": p_normal,
+            "p_value_empirical": null.p_value(check.z), "suspected": bool(p_normal <= SPOOF_ALPHA)}
 
 
 class SpoofNull:

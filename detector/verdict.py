@@ -51,12 +51,16 @@ class Verdict:
     explanation: list[dict] | None = None
     # sampling specs: the scheme's own statistic (Gumbel sum; SynthID ones, mean and weighted-mean g)
     statistic: dict | None = None
+    # KGW verdicts that say watermarked, where the service keeps its own output (db.output_memory): the
+    # spoof check (detector.spoof_check.verdict_spoof_check): z, p-values, null size, suspected
+    spoof_check: dict | None = None
     # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
     dither: float | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         del out["dither"]
+        out["spoof_suspected"] = (self.spoof_check or {}).get("suspected") if self.watermarked else None
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
             value = out[name]
             out[name] = float(value) if value is not None and math.isfinite(value) else None

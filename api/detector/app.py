@@ -42,6 +42,7 @@ from api.metrics import count_verdict, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
+from db.output_memory import OutputMemory
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
 from watermark.keys import Keyring
@@ -95,7 +96,7 @@ def create_app(config: dict | None = None) -> Flask:
     settings = Settings.load(config)
     store = config.get("store") or Store(settings.database_url, home=settings.home,
                                           retain_text=settings.retain_text)
-    detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"))
+    detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"), store)
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
     services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store))
 
@@ -142,9 +143,11 @@ def _install_metrics(app: Flask) -> None:
         return response
 
 
-def _make_detector(settings: Settings, vocab, keyring):
-    # Load the tokenizer now, once per process, rather than inside the first request.
-    return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home))
+def _make_detector(settings: Settings, vocab, keyring, store: Store):
+    # Load the tokenizer now, once per process, rather than inside the first request. The generation
+    # service's record of its own output (same store) gives positives their spoof check.
+    return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home),
+                    output_memory=OutputMemory(store))
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:

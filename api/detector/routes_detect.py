@@ -141,6 +141,8 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, shown
     options["null"] = null_record(verdict.to_dict())
     if verdict.statistic is not None:  # sampling specs: the scheme's own statistic (no green count)
         options["statistic"] = verdict.statistic
+    if verdict.spoof_check is not None:
+        options["spoof_check"] = verdict.spoof_check
     return VerdictRecord(
         text_sha256=verdict.text_sha256,
         verdict=verdict.verdict,

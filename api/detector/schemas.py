@@ -114,6 +114,12 @@ class DetectResponse(BaseModel):
     calibration: dict[str, Any] | None = Field(
         None, description="explain scope: the best key's calibration: id, length bucket, its measured null, and "
                           "whether that null set the p-value (guarded); None when the key has no calibration")
+    spoof_suspected: bool | None = Field(
+        None, description="watermarked KGW verdicts: the text's greens sit on the units the service's own output "
+                          "made learnable, as a watermark thief's do (p <= 1e-3 under the key's own outputs); "
+                          "None when it cannot judge (too few units, or too little recorded output)")
+    spoof_check: dict[str, Any] | None = Field(
+        None, description="explain scope: the spoof check's z, p-values (normal fit, empirical), units and null size")
     explanation: list[dict[str, Any]] | None = None
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
+from api.generation.own_output import OwnOutput
 from api.http import ApiError
 from db.receipts import ReceiptSigner, issue_receipt
 from db.rows import new_id, text_sha256
@@ -85,6 +86,7 @@ class GenerationService:
         self.tokenizer = self.engine.tokenizer
         self.vocab_size = self.engine.vocab_size
         self._tokenizer_lock = threading.Lock()  # one Rust tokenizer shared by request threads
+        self.output_memory = OwnOutput(store)  # what each key wrote, for the detector's spoof check
 
     # ------------------------------------------------------------------ request -> engine inputs
     def prompt_ids(self, prompt, field: str = "prompt") -> list[int]:
@@ -175,8 +177,10 @@ class GenerationService:
             raise ApiError(500, "generation_failed", str(exc)) from None
 
     def receipt(self, out, started: Started, actor: str) -> dict:
-        """Sign and store the receipt of a finished output (with its audit event, one transaction)."""
+        """Sign and store the receipt of a finished output (with its audit event, one transaction), and
+        remember the output's units for the spoof check (``api.generation.own_output``)."""
         mark = out.watermark
+        self.output_memory.remember(mark, out.token_ids, self.engine.loaded.vocab)
         return issue_receipt(
             self.store, self.signer, actor,
             text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,

@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import torch
@@ -54,10 +54,24 @@ def green_threshold(gamma: float) -> int:
     return int(gamma * (1 << 64)) - (1 << 63)
 
 
+_HMAC_BLOCK = 64  # SHA-256's block size: HMAC pads (or first hashes) the key to it (RFC 2104)
+
+
+def _hmac_sha256_states(key: bytes, prefix: bytes) -> tuple:
+    """HMAC-SHA256's inner hash after (key XOR ipad, prefix) and outer hash after (key XOR opad): with
+    them one message costs two hashlib copies and no HMAC object (RFC 2104, as ``hmac`` computes it)."""
+    if len(key) > _HMAC_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_HMAC_BLOCK, b"\x00")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+    inner.update(prefix)
+    return inner, hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+
 class KeyedPRF:
     """PRF_key(domain, scheme, token ids) -> signed 64-bit seed. Never exposes the key."""
 
-    __slots__ = ("_prefixed", "algorithm")
+    __slots__ = ("_prefixed", "_hmac_states", "algorithm")
 
     def __init__(self, key: bytes, algorithm: str = "hmac-sha256", scheme: str = "lefthash") -> None:
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
@@ -65,9 +79,11 @@ class KeyedPRF:
         prefix = DOMAIN + b"\x00" + scheme.encode() + b"\x00"
         if algorithm == "hmac-sha256":
             self._prefixed = hmac.new(bytes(key), prefix, hashlib.sha256)
+            self._hmac_states = _hmac_sha256_states(bytes(key), prefix)
         elif algorithm == "sha3-256":
             # key length first, so (key, message) pairs cannot be re-split
             self._prefixed = hashlib.sha3_256(struct.pack("<I", len(key)) + bytes(key) + prefix)
+            self._hmac_states = None
         else:
             raise ValueError(f"prf: expected hmac-sha256 or sha3-256, got {algorithm!r}")
         self.algorithm = algorithm
@@ -80,6 +96,27 @@ class KeyedPRF:
         h = self._prefixed.copy()
         h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
         return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+    def seed_words(self, messages: Iterable[bytes]) -> bytes:
+        """For each message (token ids already packed as ``seed`` packs them) the 8 bytes ``seed`` reads,
+        concatenated: ``seed(ids)`` is the i-th 8 bytes read as a little-endian signed integer. The batch
+        path of per-context seeding: no struct packing, no Python int per message."""
+        out = []
+        if self._hmac_states is not None:
+            inner_copy, outer_copy = self._hmac_states[0].copy, self._hmac_states[1].copy
+            for message in messages:
+                inner = inner_copy()
+                inner.update(message)
+                outer = outer_copy()
+                outer.update(inner.digest())
+                out.append(outer.digest()[:8])
+        else:
+            copy = self._prefixed.copy
+            for message in messages:
+                h = copy()
+                h.update(message)
+                out.append(h.digest()[:8])
+        return b"".join(out)
 
     def table(self, vocab_size: int) -> torch.Tensor:
         """PRF of every single token, [V] int64: V PRF calls, done once per key and scheme."""

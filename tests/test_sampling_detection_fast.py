@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from detector.scoring_sampling import score_text
+from watermark import prf as prf_module
+from watermark import prf_kernel
 from watermark.keyed_words import ContextSeeds, fmix64_reference
 from watermark.prf import MASK64, KeyedPRF, mix64_reference, to_signed64
 from watermark.sampling_scheme import sampling_watermark
@@ -30,21 +32,33 @@ def reference_words(secret: bytes, prf: str, scheme: str, units: torch.Tensor) -
     return [fmix64_reference(mix64_reference(keyed.seed(row[:-1]), row[-1]) & MASK64) for row in units.tolist()]
 
 
+@pytest.fixture(params=["kernel", "hashlib"])
+def prf_path(request, monkeypatch):
+    """Run a test with the C batch kernel (skipped where it cannot be built) and with the hashlib loop."""
+    if request.param == "kernel":
+        if not prf_kernel.available():
+            pytest.skip("the batched PRF kernel is not built here (no C compiler or OpenSSL headers)")
+    else:
+        monkeypatch.setattr(prf_module, "hmac_sha256_words", lambda *args: None)
+    return request.param
+
+
 @pytest.mark.parametrize("prf", ["hmac-sha256", "sha3-256"])
 @pytest.mark.parametrize("key_length", [16, 32, 64, 65, 100])
-def test_batched_prf_words_are_the_single_call_seeds(prf, key_length):
+def test_batched_prf_words_are_the_single_call_seeds(prf, key_length, prf_path):
     key = bytes(range(key_length))
     keyed = KeyedPRF(key, prf, "gumbel")
-    contexts = [(), (0,), (5, 49151), (1, 2, 3, 4), (2**32 - 1,) * 7]
-    packed = keyed.seed_words(struct.pack(f"<{len(c)}I", *c) for c in contexts)
-    assert np.frombuffer(packed, dtype="<i8").tolist() == [keyed.seed(c) for c in contexts]
+    for contexts in ([(), (0,), (5, 49151), (1, 2, 3, 4), (2**32 - 1,) * 7],  # mixed widths
+                     [tuple(range(i, i + 4)) for i in range(0, 400, 4)]):  # one width: the kernel's batch
+        packed = keyed.seed_words([struct.pack(f"<{len(c)}I", *c) for c in contexts])
+        assert np.frombuffer(packed, dtype="<i8").tolist() == [keyed.seed(c) for c in contexts]
     if prf == "hmac-sha256":  # the single call is the standard library's HMAC
         message = b"provmark/kgw/v1\x00gumbel\x00" + struct.pack("<4I", 1, 2, 3, 4)
         digest = hmac.new(key, message, hashlib.sha256).digest()
         assert keyed.seed((1, 2, 3, 4)) == int.from_bytes(digest[:8], "little", signed=True)
 
 
-def test_context_seeds_cached_or_not_are_the_prf_seeds():
+def test_context_seeds_cached_or_not_are_the_prf_seeds(prf_path):
     seeds = ContextSeeds(SECRET, "hmac-sha256", "synthid")
     contexts = random_ids(1, 4 * 300, high=50).reshape(-1, 4)  # small ids: repeated rows inside one call
     expected = [KeyedPRF(SECRET, "hmac-sha256", "synthid").seed(row) for row in contexts.tolist()]
@@ -56,7 +70,7 @@ def test_context_seeds_cached_or_not_are_the_prf_seeds():
 
 
 @pytest.mark.parametrize("spec", ["gumbel:h=4", "gumbel:h=1,prf=sha3-256", "synthid:h=4", "synthid:h=2,layers=7"])
-def test_keyed_spec_positions_equal_the_reference_words(spec):
+def test_keyed_spec_positions_equal_the_reference_words(spec, prf_path):
     mark = sampling_watermark(spec, SECRET, V)
     ids = random_ids(2, 700)
     values, units = mark.scored_positions(ids)

@@ -33,12 +33,9 @@ PHILOX_ROUNDS = 10
 START_PAD = -1  # vLLM's token id for positions before the text
 
 
-def _mul_hi_lo(multiplier: int, x):
-    """High and low 32-bit halves of multiplier * x for x < 2**32. numpy uint64 holds the 64-bit product
-    (one multiply); torch has no unsigned 64-bit type, so there it is assembled from 16-bit halves."""
-    if isinstance(x, np.ndarray):
-        product = x * np.uint64(multiplier)
-        return product >> np.uint64(32), product & np.uint64(UINT32)
+def _mul_hi_lo(multiplier: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32-bit halves of multiplier * x for x < 2**32 (the product fits 64 unsigned
+    bits, but not int64, so it is assembled from 16-bit halves)."""
     xl, xh = x & 0xFFFF, x >> 16
     ml, mh = multiplier & 0xFFFF, multiplier >> 16
     low = xl * ml
@@ -49,7 +46,10 @@ def _mul_hi_lo(multiplier: int, x):
 
 
 def philox4x32_10(counter: tuple, key: tuple) -> tuple:
-    """Philox4x32-10 on 32-bit words held in int64 tensors or uint64 numpy arrays (broadcast shapes)."""
+    """Philox4x32-10 on 32-bit words held in int64 tensors or numpy uint64 arrays/scalars (broadcast
+    shapes); numpy words take ``_philox_uint64``."""
+    if any(isinstance(w, (np.ndarray, np.generic)) for w in counter):
+        return _philox_uint64(counter, key)
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for round_index in range(PHILOX_ROUNDS):
@@ -62,19 +62,37 @@ def philox4x32_10(counter: tuple, key: tuple) -> tuple:
     return c0, c1, c2, c3
 
 
+def _philox_uint64(counter: tuple, key: tuple) -> tuple:
+    """The same rounds in numpy uint64: a 32 x 32-bit product is one multiply, and XORs of 32-bit words
+    need no mask."""
+    u64 = np.uint64
+    m0, m1, w0, w1, shift, mask = (u64(PHILOX_M0), u64(PHILOX_M1), u64(PHILOX_W0), u64(PHILOX_W1), u64(32),
+                                   u64(UINT32))
+    c0, c1, c2, c3 = (np.asarray(c, dtype=u64) for c in counter)
+    k0, k1 = (np.asarray(k, dtype=u64) for k in key)
+    for round_index in range(PHILOX_ROUNDS):
+        if round_index:
+            k0 = (k0 + w0) & mask
+            k1 = (k1 + w1) & mask
+        p0, p1 = c0 * m0, c2 * m1
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & mask, (p0 >> shift) ^ c3 ^ k1, p0 & mask
+    return c0, c1, c2, c3
+
+
 def philox_words(key: int, contexts: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """vLLM's 32-bit word per (context row, token): contexts [N, h], token_ids [N, 1] or [V] -> [N, C]
     (int64). Computed in numpy uint64 (a 32 x 32-bit product in one multiply, no per-op dispatch)."""
     u64 = np.uint64
     contexts = np.asarray(torch.as_tensor(contexts).cpu().numpy(), dtype=np.int64).astype(u64) & u64(UINT32)
-    n, h = contexts.shape
+    contexts = np.ascontiguousarray(contexts.T)  # one contiguous row per context position
+    h, n = contexts.shape
     k0, k1 = u64(key & UINT32), u64(key >> 32)
     state = [np.full(n, CONTEXT_DOMAIN, dtype=u64), np.full(n, h, dtype=u64), np.zeros(n, dtype=u64),
              np.zeros(n, dtype=u64)]
     for offset in range(0, h, 4):
-        block = [contexts[:, offset + i] if offset + i < h else np.full(n, UINT32 - i, dtype=u64) for i in range(4)]
+        block = [contexts[offset + i] if offset + i < h else u64(UINT32 - i) for i in range(4)]
         counter = tuple(state[i] ^ block[i] for i in range(4))
-        state = list(philox4x32_10(counter, (np.full(n, k0 ^ u64(offset)), np.full(n, k1))))
+        state = list(philox4x32_10(counter, (k0 ^ u64(offset), k1)))  # one key for every row
     tokens = np.asarray(torch.as_tensor(token_ids).cpu().numpy(), dtype=np.int64).astype(u64) & u64(UINT32)
     tokens = tokens[None, :] if tokens.ndim == 1 else tokens
     column = [s[:, None] for s in state]

@@ -85,7 +85,8 @@ def available() -> bool:
     return _library() is not None
 
 
-def hmac_sha256_words(inner_block: bytes, outer_block: bytes, prefix: bytes, messages: bytes, width: int) -> bytes | None:
+def hmac_sha256_words(inner_block: bytes, outer_block: bytes, prefix: bytes, messages: bytes,
+                      width: int) -> bytes | None:
     """The first 8 bytes of HMAC-SHA256(key, prefix + m) for each ``width``-byte message m of ``messages``
     (``inner_block`` / ``outer_block``: the 64-byte key XOR ipad / opad), concatenated; None without the kernel."""
     function = _library()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from watermark.greenlist import kernels
-from watermark.keyed_words import fmix64, keyed_words, uniform_parts
+from watermark.keyed_words import fmix64, keyed_word_values, keyed_words, one_minus_r_values, uniform_parts
 from watermark.prf import mix64, vocab_mix_table
 from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
@@ -145,6 +145,7 @@ class GumbelWatermark(KeyedSamplingWatermark):
         units = ngram_units(token_ids, self.context_width)
         if units.shape[0] == 0:
             return torch.zeros(0, dtype=torch.float64), units
+        rows = units.numpy()
         h = self.context_width
-        one_minus = self.one_minus_r(units[:, :h], units[:, h:])
-        return exponential_scores(one_minus)[:, 0], units
+        words = keyed_word_values(self._seeds.seed_values(rows[:, :h]), rows[:, h], self.vocab_size)
+        return exponential_scores(torch.from_numpy(one_minus_r_values(words))), units

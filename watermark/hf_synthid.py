@@ -69,6 +69,7 @@ class HFSynthID:
         self.table = sampling_table(self.spec.sampling_table_seed, self.spec.sampling_table_size)
         self.keys = torch.tensor([to_signed64(k) for k in self.spec.keys], dtype=torch.int64)
         size = self.spec.sampling_table_size
+        self._null_g_rate = float(self.table.sum().item()) / self.table.shape[0]
         self._unit_modulus = size if size & (size - 1) == 0 else None
 
     def __repr__(self) -> str:
@@ -85,7 +86,7 @@ class HFSynthID:
     @property
     def null_g_rate(self) -> float:
         """P(g = 1) under H0: the table's exact fraction of ones."""
-        return float(self.table.sum().item()) / self.table.shape[0]
+        return self._null_g_rate
 
     # ---- hashing --------------------------------------------------------------------------------
     def context_hashes(self, contexts: torch.Tensor) -> torch.Tensor:
@@ -157,7 +158,8 @@ class HFSynthID:
         if ids.shape[0] < n:
             return torch.zeros((0, self.layers), dtype=torch.uint8), ids.new_zeros((0, 1))
         hashes = self.context_hashes(ids.unfold(0, n, 1))
-        g = torch.stack([self.layer_g(hashes, d) for d in range(self.layers)], dim=-1).to(torch.uint8)
+        g = self.table[torch.remainder(accumulate(hashes.unsqueeze(1), self.keys), self.spec.sampling_table_size)]
+        g = g.to(torch.uint8)  # [N, m]: every layer's ``layer_g`` in one broadcast pass
         units = hashes if self._unit_modulus is None else torch.remainder(hashes, self._unit_modulus)
         return g, units.unsqueeze(1)
 

@@ -34,6 +34,10 @@ class KeyedSamplingWatermark:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
 
+    def clear_seed_cache(self) -> None:
+        """Forget the cached per-context seeds: the next texts pay one PRF call per context again."""
+        self._seeds.clear()
+
     @property
     def context_width(self) -> int:
         return self.spec.context_width

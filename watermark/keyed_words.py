@@ -24,7 +24,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from watermark.prf import KeyedPRF, mix64, to_signed64, vocab_mix_table
+from watermark.prf import MASK64, SEED_MULTIPLIER, KeyedPRF, mix64, to_signed64, vocab_mix_table
 
 CONTEXT_CACHE_SIZE = 65536  # repeated contexts (templates, a long prompt) skip the PRF call
 _FMIX_M1 = to_signed64(0xBF58476D1CE4E5B9)
@@ -57,26 +57,48 @@ class ContextSeeds:
 
     def __init__(self, secret: bytes, prf: str, scheme: str) -> None:
         self._prf = KeyedPRF(secret, prf, scheme)
-        self._cache: OrderedDict[tuple[int, ...], int] = OrderedDict()
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()  # PRF message -> its 8 seed bytes
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ContextSeeds({self._prf!r})"
 
+    def clear(self) -> None:
+        """Forget every cached seed (what a text of new contexts costs is then measurable)."""
+        with self._lock:
+            self._cache.clear()
+
     def seeds(self, contexts: torch.Tensor) -> torch.Tensor:
         """[N, h] contexts -> [N, 1] int64 seeds (one PRF call per context not in the cache)."""
-        rows = list(map(tuple, np.ascontiguousarray(contexts.cpu().numpy()).tolist()))
+        values = self.seed_values(np.ascontiguousarray(contexts.cpu().numpy()))
+        return torch.from_numpy(values).reshape(-1, 1).to(contexts.device)
+
+    def seed_values(self, contexts: np.ndarray) -> np.ndarray:
+        """``seeds`` on a numpy array [N, h] -> [N] int64. Rows are cached by their PRF message (the
+        packed context), so a cached row costs one bytes object and a dict lookup, not a tuple of ints."""
+        rows, width = contexts.shape[0], contexts.shape[1] * 4
+        if rows == 0:
+            return np.zeros(0, dtype=np.int64)
+        if contexts.size and (contexts.min() < 0 or contexts.max() > 0xFFFFFFFF):
+            bad = contexts[(contexts < 0).any(axis=1) | (contexts > 0xFFFFFFFF).any(axis=1)][0]
+            self._prf.seed(bad.tolist())  # raises, as packing any id outside uint32 does
+        # one bytes object per row, the message PRF.seed would pack (a void view: no per-row slicing)
+        messages = contexts.astype("<u4", order="C").view(f"V{width}").ravel().tolist() if width else [b""] * rows
         cache = self._cache
         with self._lock:
-            found = [cache.get(row) for row in rows]
-        computed = {row: self._prf.seed(row) for row, hit in zip(rows, found) if hit is None}
-        if computed:
+            found = list(map(cache.get, messages))
+        try:
+            packed = b"".join(found)
+        except TypeError:  # a row not in the cache (None)
+            missing = list(dict.fromkeys(m for m, hit in zip(messages, found) if hit is None))
+            words = self._prf.seed_words(missing)
+            computed = {m: words[8 * i:8 * i + 8] for i, m in enumerate(missing)}
             with self._lock:
                 cache.update(computed)
                 while len(cache) > CONTEXT_CACHE_SIZE:
                     cache.popitem(last=False)
-        values = [hit if hit is not None else computed[row] for row, hit in zip(rows, found)]
-        return torch.tensor(values, dtype=torch.int64, device=contexts.device).reshape(-1, 1)
+            packed = b"".join([hit if hit is not None else computed[m] for m, hit in zip(messages, found)])
+        return np.frombuffer(packed, dtype="<i8").astype(np.int64)
 
 
 def keyed_words(seeds: torch.Tensor, candidates: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -85,6 +107,23 @@ def keyed_words(seeds: torch.Tensor, candidates: torch.Tensor | None, vocab_size
     table = vocab_mix_table(vocab_size, seeds.device)
     token_mix = table.unsqueeze(0) if candidates is None else table[candidates]
     return fmix64(mix64(seeds, token_mix))
+
+
+def keyed_word_values(seeds: np.ndarray, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """``keyed_words`` for detection, in numpy uint64: seeds [N] (int64) and one token id each [N] -> [N].
+    The same wrapping integer arithmetic bit for bit; numpy runs it without torch's per-op dispatch."""
+    u64 = np.uint64
+    seeds = seeds.view(u64)
+    table = vocab_mix_table(vocab_size).numpy().view(u64)
+    x = (seeds ^ table[tokens]) * ((seeds * u64(SEED_MULTIPLIER & MASK64)) | u64(1))  # mix64
+    x = (x ^ (x >> u64(30))) * u64(_FMIX_M1 & MASK64)  # fmix64: logical shifts, as uint64's are
+    x = (x ^ (x >> u64(27))) * u64(_FMIX_M2 & MASK64)
+    return x ^ (x >> u64(31))
+
+
+def one_minus_r_values(words: np.ndarray) -> np.ndarray:
+    """``uniform_parts(words)[1]`` for uint64 words: (2**52 - k - 1/2) / 2**52, every step exact."""
+    return (_TWO52 - (words >> np.uint64(12)).astype(np.float64) - 0.5) / _TWO52
 
 
 def uniform_parts(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,8 @@ from functools import lru_cache
 
 import torch
 
+from watermark.prf_kernel import hmac_sha256_words
+
 DOMAIN = b"provmark/kgw/v1"  # domain separation for every PRF input
 MASK64 = (1 << 64) - 1
 SEED_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # golden-ratio constant as a signed int64 (odd)
@@ -54,10 +56,22 @@ def green_threshold(gamma: float) -> int:
     return int(gamma * (1 << 64)) - (1 << 63)
 
 
+_HMAC_BLOCK = 64  # SHA-256's block size: HMAC pads (or first hashes) the key to it (RFC 2104)
+
+
+def _hmac_sha256_blocks(key: bytes) -> tuple[bytes, bytes]:
+    """HMAC-SHA256's two key blocks (RFC 2104, as ``hmac`` computes them): the key (hashed first when
+    longer than a block) zero-padded to 64 bytes, XOR ipad and XOR opad."""
+    if len(key) > _HMAC_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_HMAC_BLOCK, b"\x00")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
 class KeyedPRF:
     """PRF_key(domain, scheme, token ids) -> signed 64-bit seed. Never exposes the key."""
 
-    __slots__ = ("_prefixed", "algorithm")
+    __slots__ = ("_prefixed", "_hmac_blocks", "_hmac_states", "_message_prefix", "algorithm")
 
     def __init__(self, key: bytes, algorithm: str = "hmac-sha256", scheme: str = "lefthash") -> None:
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
@@ -65,11 +79,18 @@ class KeyedPRF:
         prefix = DOMAIN + b"\x00" + scheme.encode() + b"\x00"
         if algorithm == "hmac-sha256":
             self._prefixed = hmac.new(bytes(key), prefix, hashlib.sha256)
+            # for seed_words: the key blocks (the C batch) and the hash states after them (hashlib)
+            self._hmac_blocks = _hmac_sha256_blocks(bytes(key))
+            inner = hashlib.sha256(self._hmac_blocks[0])
+            inner.update(prefix)
+            self._hmac_states = (inner, hashlib.sha256(self._hmac_blocks[1]))
         elif algorithm == "sha3-256":
             # key length first, so (key, message) pairs cannot be re-split
             self._prefixed = hashlib.sha3_256(struct.pack("<I", len(key)) + bytes(key) + prefix)
+            self._hmac_blocks = self._hmac_states = None
         else:
             raise ValueError(f"prf: expected hmac-sha256 or sha3-256, got {algorithm!r}")
+        self._message_prefix = prefix
         self.algorithm = algorithm
 
     def __repr__(self) -> str:
@@ -80,6 +101,32 @@ class KeyedPRF:
         h = self._prefixed.copy()
         h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
         return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+    def seed_words(self, messages: list[bytes]) -> bytes:
+        """For each message (token ids already packed as ``seed`` packs them) the 8 bytes ``seed`` reads,
+        concatenated: ``seed(ids)`` is the i-th 8 bytes read as a little-endian signed integer. The batch
+        path of per-context seeding: HMAC messages of one width go to the C kernel when it is built
+        (``watermark.prf_kernel``), the others to hashlib (no struct packing, no Python int per message)."""
+        if self._hmac_blocks is not None and messages and len(set(map(len, messages))) == 1:
+            words = hmac_sha256_words(*self._hmac_blocks, self._message_prefix, b"".join(messages), len(messages[0]))
+            if words is not None:
+                return words
+        out = []
+        if self._hmac_states is not None:
+            inner_copy, outer_copy = self._hmac_states[0].copy, self._hmac_states[1].copy
+            for message in messages:
+                inner = inner_copy()
+                inner.update(message)
+                outer = outer_copy()
+                outer.update(inner.digest())
+                out.append(outer.digest()[:8])
+        else:
+            copy = self._prefixed.copy
+            for message in messages:
+                h = copy()
+                h.update(message)
+                out.append(h.digest()[:8])
+        return b"".join(out)
 
     def table(self, vocab_size: int) -> torch.Tensor:
         """PRF of every single token, [V] int64: V PRF calls, done once per key and scheme."""

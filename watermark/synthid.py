@@ -23,10 +23,11 @@ weighted mean g-values are SynthID's own scores.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from watermark.greenlist import kernels
-from watermark.keyed_words import keyed_words
+from watermark.keyed_words import keyed_word_values, keyed_words
 from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
 from watermark.sampling_specs import SynthIDSpec
@@ -130,5 +131,8 @@ class SynthIDWatermark(KeyedSamplingWatermark):
         units = ngram_units(token_ids, self.context_width)
         if units.shape[0] == 0:
             return torch.zeros((0, self.layers), dtype=torch.uint8), units
+        rows = units.numpy()
         h = self.context_width
-        return layer_bits(self.words(units[:, :h], units[:, h:])[:, 0], self.layers), units
+        words = keyed_word_values(self._seeds.seed_values(rows[:, :h]), rows[:, h], self.vocab_size)
+        shifts = np.arange(self.layers, dtype=np.uint64)
+        return torch.from_numpy(((words[:, None] >> shifts) & np.uint64(1)).astype(np.uint8)), units

@@ -20,6 +20,7 @@ Gamma(T, 1) survival of the sum.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from watermark.sampling_specs import VLLMGumbelSpec, parse_sampling_spec, sampling_fingerprint, vllm_key_from_secret
@@ -45,7 +46,10 @@ def _mul_hi_lo(multiplier: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def philox4x32_10(counter: tuple, key: tuple) -> tuple:
-    """Philox4x32-10 on int64 tensors holding 32-bit words (broadcast shapes)."""
+    """Philox4x32-10 on 32-bit words held in int64 tensors or numpy uint64 arrays/scalars (broadcast
+    shapes); numpy words take ``_philox_uint64``."""
+    if any(isinstance(w, (np.ndarray, np.generic)) for w in counter):
+        return _philox_uint64(counter, key)
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for round_index in range(PHILOX_ROUNDS):
@@ -58,27 +62,47 @@ def philox4x32_10(counter: tuple, key: tuple) -> tuple:
     return c0, c1, c2, c3
 
 
+def _philox_uint64(counter: tuple, key: tuple) -> tuple:
+    """The same rounds in numpy uint64: a 32 x 32-bit product is one multiply, and XORs of 32-bit words
+    need no mask."""
+    u64 = np.uint64
+    m0, m1, w0, w1, shift, mask = (u64(PHILOX_M0), u64(PHILOX_M1), u64(PHILOX_W0), u64(PHILOX_W1), u64(32),
+                                   u64(UINT32))
+    c0, c1, c2, c3 = (np.asarray(c, dtype=u64) for c in counter)
+    k0, k1 = (np.asarray(k, dtype=u64) for k in key)
+    for round_index in range(PHILOX_ROUNDS):
+        if round_index:
+            k0 = (k0 + w0) & mask
+            k1 = (k1 + w1) & mask
+        p0, p1 = c0 * m0, c2 * m1
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & mask, (p0 >> shift) ^ c3 ^ k1, p0 & mask
+    return c0, c1, c2, c3
+
+
 def philox_words(key: int, contexts: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """vLLM's 32-bit word per (context row, token): contexts [N, h], token_ids [N, 1] or [V] -> [N, C]."""
-    contexts = contexts.to(torch.int64) & UINT32
-    n, h = contexts.shape
-    k0, k1 = key & UINT32, key >> 32
-    state = [torch.full((n,), CONTEXT_DOMAIN, dtype=torch.int64), torch.full((n,), h, dtype=torch.int64),
-             torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)]
+    """vLLM's 32-bit word per (context row, token): contexts [N, h], token_ids [N, 1] or [V] -> [N, C]
+    (int64). Computed in numpy uint64 (a 32 x 32-bit product in one multiply, no per-op dispatch)."""
+    u64 = np.uint64
+    contexts = np.asarray(torch.as_tensor(contexts).cpu().numpy(), dtype=np.int64).astype(u64) & u64(UINT32)
+    contexts = np.ascontiguousarray(contexts.T)  # one contiguous row per context position
+    h, n = contexts.shape
+    k0, k1 = u64(key & UINT32), u64(key >> 32)
+    state = [np.full(n, CONTEXT_DOMAIN, dtype=u64), np.full(n, h, dtype=u64), np.zeros(n, dtype=u64),
+             np.zeros(n, dtype=u64)]
     for offset in range(0, h, 4):
-        block = [contexts[:, offset + i] if offset + i < h else torch.full((n,), UINT32 - i, dtype=torch.int64)
-                 for i in range(4)]
-        counter = tuple((state[i] ^ block[i]) & UINT32 for i in range(4))
-        state = list(philox4x32_10(counter, (torch.full((n,), k0 ^ offset), torch.full((n,), k1))))
-    tokens = torch.as_tensor(token_ids, dtype=torch.int64) & UINT32
-    tokens = tokens.unsqueeze(0) if tokens.dim() == 1 else tokens
-    column = [s.unsqueeze(1) for s in state]
-    out = philox4x32_10((tokens >> 2, column[0], column[1], column[2]),
-                        ((k0 ^ column[3]) & UINT32, (k1 ^ TOKEN_DOMAIN) & UINT32))
-    lane = tokens & 3
-    word = torch.where(lane == 0, out[0], out[1].expand_as(out[0]))
-    word = torch.where(lane == 2, out[2], word)
-    return torch.where(lane == 3, out[3], word)
+        block = [contexts[offset + i] if offset + i < h else u64(UINT32 - i) for i in range(4)]
+        counter = tuple(state[i] ^ block[i] for i in range(4))
+        state = list(philox4x32_10(counter, (k0 ^ u64(offset), k1)))  # one key for every row
+    tokens = np.asarray(torch.as_tensor(token_ids).cpu().numpy(), dtype=np.int64).astype(u64) & u64(UINT32)
+    tokens = tokens[None, :] if tokens.ndim == 1 else tokens
+    column = [s[:, None] for s in state]
+    out = philox4x32_10((tokens >> u64(2), column[0], column[1], column[2]),
+                        (k0 ^ column[3], k1 ^ u64(TOKEN_DOMAIN)))
+    lane = tokens & u64(3)
+    word = np.where(lane == 0, out[0], out[1])
+    word = np.where(lane == 2, out[2], word)
+    word = np.where(lane == 3, out[3], word)
+    return torch.from_numpy(np.ascontiguousarray(word.astype(np.int64)))
 
 
 def philox_uniforms(words: torch.Tensor) -> torch.Tensor:

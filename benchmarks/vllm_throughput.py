@@ -228,24 +228,29 @@ def summarise(samples: dict[str, list[float]]) -> dict:
     return entry
 
 
-def apply_cost_ms(batch: int, steps: int = 50) -> dict:
-    """The plugin's own work per decoding step (its ``apply`` on [batch, V] logits, default spec),
-    outside vLLM: the part of the cost that does not depend on the machine's other load as much."""
+def apply_cost_ms(batch: int, spec: str | None = None, steps: int = 50) -> dict:
+    """The plugin's own work per decoding step (its ``apply`` on [batch, V] logits; the default spec, or
+    ``spec``, sampling specs with the sampled settings), outside vLLM: the part of the cost that does
+    not depend on the machine's other load as much."""
     import secrets
 
     import torch
 
-    from benchmarks.engine_throughput import make_prompts
+    from benchmarks.engine_throughput import SAMPLED, make_prompts
+    from generation.sample.params import SamplingParams as OurParams
     vocab_size = 49152  # SmolLM2's logits width
     use_native_kernels()  # as the plugin does in vLLM's worker
     keyring = Keyring(Path(tempfile.mkdtemp(prefix="provmark-vllm-bench-")),
                       master_key=secrets.token_bytes(32))
     keyring.create("bench")
+    extra = None if spec is None else {"provmark_watermark": spec,
+                                       "provmark_key_id": keyring.create("bench-spec", spec=spec).key_id}
     rows = WatermarkedBatch(RequestWatermarks(vocab_size, keyring))
     prompts = make_prompts(batch, vocab_size)
     outputs: list[list[int]] = [[] for _ in prompts]
-    rows.update([], [(i, None, p, outputs[i]) for i, p in enumerate(prompts)], [])
-    logits = torch.randn(batch, vocab_size, generator=torch.Generator().manual_seed(0))
+    params = OurParams(**SAMPLED, seed=0)
+    rows.update([], [(i, extra, p, outputs[i], params) for i, p in enumerate(prompts)], [])
+    logits = torch.randn(batch, vocab_size, generator=torch.Generator().manual_seed(0)) * 3
     samples = []
     for step in range(steps + 3):  # 3 warm-up steps
         for i, out in enumerate(outputs):
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         for child in children.values():
             child.close()
     apply_ms = {f"batch{batch}": apply_cost_ms(batch) for batch in batches}
+    apply_ms.update({f"batch{batch} {spec}": apply_cost_ms(batch, spec) for batch in batches for spec in sampling_specs})
 
     from importlib.metadata import version
 

@@ -7,18 +7,31 @@ Load it by name::
 
 Per request, through ``SamplingParams(extra_args={...})`` (``vllm_xargs`` in the OpenAI server):
 
-* ``provmark_watermark``: a spec string (``kgw:...`` or ``hf:...``); absent, None or True -> the
-  default spec; False or ``"off"`` -> this request is not watermarked.
-* ``provmark_key_id``: a keyring key id (active or standby); absent -> the keyring's active key.
+* ``provmark_watermark``: a spec string (``kgw:...``, ``hf:...``, or a sampling spec ``gumbel:...``,
+  ``synthid:...``, ``hf:synthid,...``); absent, None or True -> the default spec; False or ``"off"`` ->
+  this request is not watermarked.
+* ``provmark_key_id``: a keyring key id (active or standby); absent -> the keyring's active key. A sampling
+  spec needs a key bound to it (``provmark keys create --spec gumbel:h=4``).
 
 So an engine built with the plugin watermarks every request by default, like provmark's own
 generation service: opting out is explicit. Keys come from the keyring of the process's
 environment (``PROVMARK_HOME``, ``PROVMARK_MASTER_KEY``), which vLLM's workers inherit; a request
 naming an unknown or retired key, or arriving while the keyring has no active key, is rejected
-at admission (``validate_params``, HTTP 400 in the server). The bias reads the same token history
-(prompt and output ids) with the same PRF as provmark's engine, so ``provmark detect`` scores the
-text exactly as text from ``provmark generate``. vLLM applies it to raw logits, before penalties
-and temperature; the green lists, hence detection, do not depend on that order.
+at admission (``validate_params``, HTTP 400 in the server).
+
+vLLM applies the plugin to raw logits (after its allowed-token mask, bad words, min_tokens and
+logit_bias; before penalties, temperature and truncation: ``vllm/v1/sample/sampler.py``).
+
+* kgw/hf specs: the bias reads the same token history (prompt and output ids) with the same PRF as
+  provmark's engine, so ``provmark detect`` scores the text exactly as text from ``provmark generate``;
+  the green lists, hence detection, do not depend on the order. The bias runs on the engine's C++ kernel
+  (``generation/cpu/native.py``) when it builds, as in our engine.
+* sampling specs (``sampling_rows.py``): the plugin computes the row's distribution as our engine does
+  (temperature, top-k, top-p, min-p from the request's SamplingParams), lets our keyed race or
+  tournament choose, and sets every other logit to -inf, so vLLM's own draw returns that token. What
+  vLLM would apply afterwards and that changes the distribution (repetition/presence/frequency
+  penalties) is refused at admission, as are greedy requests (the sampler IS the watermark), a key
+  bound to another spec, and ``vllm:gumbel`` (use vLLM's own ``--watermark-config``).
 """
 
 from __future__ import annotations
@@ -44,7 +57,8 @@ PLUGIN_FQCN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"  # what 
 
 
 class ProvmarkWatermarkLogitsProcessor(LogitsProcessor):
-    """Biases each request's logits with its keyed watermark; rows without one are left untouched."""
+    """Biases each request's logits with its keyed watermark, or (sampling specs) leaves only the keyed
+    sampler's token; rows without a watermark are left untouched."""
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:

@@ -62,10 +62,12 @@ def test_forced_tokens_equal_our_engines_choices_step_by_step(keyring, sampling_
     outputs: list[list[int]] = [[] for _ in extras]
     vllm_params = [_vllm_params(seed=50 + i, **s) for i, s in enumerate(settings)]
     batch = WatermarkedBatch(RequestWatermarks(V, keyring))
-    batch.update([], [(i, extras[i], prompts[i], outputs[i], our_params(vllm_params[i])) for i in range(len(extras))], [])
+    added = [(i, extras[i], prompts[i], outputs[i], our_params(vllm_params[i])) for i in range(len(extras))]
+    batch.update([], added, [])
     sampled_rows = [0, 1, 2, 5]
     marks = [batch.watermark_at(i) for i in sampled_rows]
-    states = [SamplerState(our_params(vllm_params[i]), prompts[i], set()) for i in sampled_rows]
+    # our engine's rows, built from the same settings directly (not through the plugin's conversion)
+    states = [SamplerState(SamplingParams(seed=50 + i, **settings[i]), prompts[i], set()) for i in sampled_rows]
     pipeline = LogitsPipeline(V, "cpu")
     for step in range(steps):
         logits = torch.randn(len(extras), V, generator=gen) * 3

@@ -11,8 +11,10 @@ watermarked with the default spec and a throwaway key; also timed with every req
 plugin's floor, and, sampled only, under each ``--sampling-specs`` spec). The parent alternates the
 engines round by round (each round runs every variant once, the order rotating), so machine load
 drifts over both alike; it reports per variant the median and the spread over rounds, and the
-plugin's cost as the median of the per-round ratios. Child processes get the "tuned" LD_PRELOAD
-(tcmalloc + the venv's libiomp5) when both libraries are found.
+plugin's cost as the median of the per-round ratios. The plugin engine runs the plugin with a
+stopwatch (``vllm_plugin_timer.py``): ``time_in_plugin`` is the share of each run's wall time vLLM's
+worker spent inside it, the plugin's own cost without the machine's load drift between runs. Child
+processes get the "tuned" LD_PRELOAD (tcmalloc + the venv's libiomp5) when both libraries are found.
 
 Writes benchmarks/results/vllm_throughput.json and prints it. ``run_in_vllm_venv()`` runs this
 script from any interpreter (e.g. .venv's engine_throughput.py) and returns the JSON.
@@ -39,7 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULT_PATH = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SETUP_SCRIPT = "scripts/setup_vllm_venv.sh"
-PLUGIN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # FACTS.md, "vLLM on this CPU": a bounded KV cache, no core held back for the front end
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
@@ -85,14 +86,14 @@ def _sampling(sampled: bool, seed: int, extra_args: dict | None):
                           extra_args=extra_args, **settings)
 
 
-def _timed_generate(llm, prompts, sampled: bool, extra_args: dict | None) -> float:
-    """Tokens per second of one batch: every prompt submitted at once."""
+def _timed_generate(llm, prompts, sampled: bool, extra_args: dict | None) -> tuple[float, float]:
+    """(tokens per second, seconds) of one batch: every prompt submitted at once."""
     inputs = [{"prompt_token_ids": p} for p in prompts]
     params = [_sampling(sampled, seed, extra_args) for seed in range(len(prompts))]
     start = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed, elapsed
 
 
 def _variant_args(variant: str, spec_keys: dict[str, str]) -> dict | None:
@@ -126,17 +127,23 @@ def serve_child(engine: str, dtype: str, eager: bool, sampling_specs: list[str])
         for spec in sampling_specs:  # a sampling key is bound to its spec
             spec_keys[spec] = keyring.create(f"bench-{secrets.token_hex(3)}", spec=spec).key_id
     start = time.perf_counter()
+    if engine == "plugin":  # the plugin with a stopwatch; reading it back sends a function to the worker
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        from benchmarks.vllm_plugin_timer import TIMED_PLUGIN, read_and_reset
     llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, seed=0,
-              enforce_eager=eager, logits_processors=[PLUGIN] if engine == "plugin" else None)
+              enforce_eager=eager, logits_processors=[TIMED_PLUGIN] if engine == "plugin" else None)
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     reply.write(json.dumps({"startup_s": round(time.perf_counter() - start, 1)}) + "\n")
     prompts: dict[int, list[list[int]]] = {}
     for line in sys.stdin:
         ask = json.loads(line)
         batch_prompts = prompts.setdefault(ask["batch"], make_prompts(ask["batch"], vocab_size))
-        rate = _timed_generate(llm, batch_prompts, ask["mode"] == "sampled",
-                               _variant_args(ask["variant"], spec_keys))
-        reply.write(json.dumps({"tokens_per_s": rate}) + "\n")
+        if engine == "plugin":
+            llm.collective_rpc(read_and_reset)
+        rate, elapsed = _timed_generate(llm, batch_prompts, ask["mode"] == "sampled",
+                                        _variant_args(ask["variant"], spec_keys))
+        share = sum(llm.collective_rpc(read_and_reset)) / elapsed if engine == "plugin" else None
+        reply.write(json.dumps({"tokens_per_s": rate, "plugin_share": share}) + "\n")
     return 0
 
 
@@ -167,9 +174,10 @@ class _Child:
     def ready(self) -> None:
         self.startup_s = self._read()["startup_s"]
 
-    def rate(self, batch: int, mode: str, variant: str) -> float:
+    def rate(self, batch: int, mode: str, variant: str) -> dict:
+        """``{"tokens_per_s", "plugin_share"}``: the share of the run's time spent in the plugin (plugin engine)."""
         self.process.stdin.write(json.dumps({"batch": batch, "mode": mode, "variant": variant}) + "\n")
-        return self._read()["tokens_per_s"]
+        return self._read()
 
     def close(self) -> None:
         if self.process.stdin:
@@ -191,34 +199,43 @@ def _variants(engines: list[str], mode: str, sampling_specs: list[str]) -> list[
 
 
 def alternate_rounds(children: dict[str, _Child], batch: int, mode: str, runs: int,
-                     sampling_specs: list[str]) -> dict[str, list[float]]:
-    """Every variant once per round after one warm-up round, the order rotating each round."""
+                     sampling_specs: list[str]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every variant once per round after one warm-up round, the order rotating each round; (tokens/s,
+    plugin's share of the time) per variant and round."""
     pairs = _variants(list(children), mode, sampling_specs)
     samples: dict[str, list[float]] = {variant: [] for _, variant in pairs}
+    shares: dict[str, list[float]] = {variant: [] for engine, variant in pairs if engine == "plugin"}
     for round_no in range(runs + 1):
         shift = round_no % len(pairs)
         for engine, variant in pairs[shift:] + pairs[:shift]:
-            rate = children[engine].rate(batch, mode, variant)
+            got = children[engine].rate(batch, mode, variant)
             if round_no:  # round 0 warms every variant up
-                samples[variant].append(rate)
+                samples[variant].append(got["tokens_per_s"])
+                if variant in shares:
+                    shares[variant].append(got["plugin_share"])
         print(f"batch {batch} {mode} round {round_no}: "
               + json.dumps({v: round(s[-1], 1) for v, s in samples.items() if s and round_no}),
               file=sys.stderr, flush=True)
-    return samples
+    return samples, shares
 
 
 def _paired_cost(marked: list[float], baseline: list[float]) -> dict:
     """The cost (1 - marked / baseline) per round, its median and spread: rounds pair runs made close in time."""
     per_round = [1 - m / b for m, b in zip(marked, baseline)]
     return {"median": round(statistics.median(per_round), 4), "min": round(min(per_round), 4),
-            "max": round(max(per_round), 4), "of_medians": _cost(statistics.median(marked), statistics.median(baseline))}
+            "max": round(max(per_round), 4),
+            "of_medians": _cost(statistics.median(marked), statistics.median(baseline))}
 
 
-def summarise(samples: dict[str, list[float]]) -> dict:
-    """Per variant: median and spread (tokens/s); the plugin's costs against plain and opted-out."""
+def summarise(samples: dict[str, list[float]], shares: dict[str, list[float]]) -> dict:
+    """Per variant: median and spread (tokens/s), the plugin's share of the time (median, spread); the
+    plugin's costs against plain and opted-out (per-round ratios)."""
     entry: dict = {variant: {"tokens_per_s": round(statistics.median(v), 2),
                              "spread": [round(min(v), 2), round(max(v), 2)], "runs": [round(x, 2) for x in v]}
                    for variant, v in samples.items()}
+    for variant, v in shares.items():
+        entry[variant]["time_in_plugin"] = {"median": round(statistics.median(v), 4),
+                                            "spread": [round(min(v), 4), round(max(v), 4)]}
     marked = [v for v in samples if v not in ("plain", "opted_out")]
     for baseline in ("plain", "opted_out"):
         if baseline in samples:
@@ -301,14 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for child in children.values():
             child.ready()
-        results = {f"batch{batch}_{mode}": summarise(alternate_rounds(children, batch, mode, args.runs,
-                                                                      sampling_specs))
+        results = {f"batch{batch}_{mode}": summarise(*alternate_rounds(children, batch, mode, args.runs,
+                                                                       sampling_specs))
                    for batch in batches for mode in modes}
     finally:
         for child in children.values():
             child.close()
     apply_ms = {f"batch{batch}": apply_cost_ms(batch) for batch in batches}
-    apply_ms.update({f"batch{batch} {spec}": apply_cost_ms(batch, spec) for batch in batches for spec in sampling_specs})
+    apply_ms.update({f"batch{batch} {spec}": apply_cost_ms(batch, spec)
+                     for batch in batches for spec in sampling_specs})
 
     from importlib.metadata import version
 

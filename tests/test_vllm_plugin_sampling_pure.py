@@ -121,3 +121,27 @@ def test_a_sampling_row_without_its_parameters_is_left_unwatermarked_and_reporte
     batch.update([], [(0, extra, [1, 2, 3, 4], []), (1, extra, [1, 2, 3, 4], [], SamplingParams(temperature=0.0))], [])
     assert [index for index, _ in errors] == [0, 1] and "greedy" in str(errors[1][1])
     assert len(batch) == 0
+
+
+def test_a_batch_of_sampling_rows_only_is_forced_in_place_to_our_engines_choices(keyring, sampling_keys):
+    """Every row sampled (the plugin's no-copy path): the same tokens as our engine, step by step."""
+    specs = [GUMBEL, SYNTHID, GUMBEL]
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, V, (n,), generator=gen).tolist() for n in (6, 8, 5)]
+    outputs: list[list[int]] = [[] for _ in specs]
+    batch = WatermarkedBatch(RequestWatermarks(V, keyring))
+    added = [(i, {WATERMARK_ARG: spec, KEY_ID_ARG: sampling_keys[spec]}, prompts[i], outputs[i],
+              our_params(_vllm_params(seed=70 + i, **SAMPLED))) for i, spec in enumerate(specs)]
+    batch.update([], added, [])
+    marks = [batch.watermark_at(i) for i in range(len(specs))]
+    states = [SamplerState(SamplingParams(seed=70 + i, **SAMPLED), prompts[i], set()) for i in range(len(specs))]
+    pipeline = LogitsPipeline(V, "cpu")
+    for _ in range(12):
+        logits = torch.randn(len(specs), V, generator=gen) * 3
+        want = pipeline.sample(logits, StepRows.of(states, marks)).token_ids
+        forced = batch.apply(logits.clone())
+        assert torch.isfinite(forced).sum(1).tolist() == [1] * len(specs)
+        assert torch.equal(forced.argmax(1), want)
+        for state, out, token in zip(states, outputs, want.tolist()):
+            state.append(token)
+            out.append(token)

@@ -119,10 +119,16 @@ class SamplingChoices:
         """``logits`` [B, >= V] in place: each listed batch row keeps only its chosen token (logit 0)."""
         if not rows:
             return
-        index = torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)
         vocab = self.pipeline.vocab_size  # padded columns past it are forced to -inf too
-        scores = logits.index_select(0, index)[:, :vocab].to(torch.float32).contiguous()
         step = StepRows.of([row.state for _, row in rows], [row.watermark for _, row in rows])
+        if [i for i, _ in rows] == list(range(logits.shape[0])):  # every row sampled: no [B, V] copies
+            scores = logits if logits.shape[1] == vocab and logits.dtype == torch.float32 else \
+                logits[:, :vocab].to(torch.float32).contiguous()
+            tokens = self.pipeline.choose(scores, step)  # may scale ``logits`` in place: all overwritten below
+            logits.fill_(NEG_INF).scatter_(1, tokens[:, None].to(logits.device), 0.0)
+            return
+        index = torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)
+        scores = logits.index_select(0, index)[:, :vocab].to(torch.float32).contiguous()
         tokens = self.pipeline.choose(scores, step)
         forced = torch.full((len(rows), logits.shape[1]), NEG_INF, dtype=logits.dtype, device=logits.device)
         forced.scatter_(1, tokens[:, None].to(logits.device), 0.0)

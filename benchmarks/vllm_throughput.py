@@ -1,16 +1,20 @@
 """vLLM (CPU build) throughput without and with provmark's watermark plugin. Runs in .venv-vllm:
 
     bash scripts/setup_vllm_venv.sh
-    .venv-vllm/bin/python benchmarks/vllm_throughput.py [--runs 3] [--dtype float32] [--batches 1,16]
-        [--modes greedy,sampled] [--engines plain,plugin] [--eager] [--no-tuned]
+    .venv-vllm/bin/python benchmarks/vllm_throughput.py [--runs 5] [--dtype float32] [--batches 1,16]
+        [--modes greedy,sampled] [--engines plain,plugin] [--sampling-specs gumbel:h=4,...] [--eager] [--no-tuned]
 
 Workload: engine_throughput.py's (its make_prompts: the same prompts, 10..200 tokens, 128 new tokens
-forced, greedy and sampled). Two engines, each in its own child process (vLLM keeps one engine per
-process well; start-up takes minutes): ``plain`` (no plugin) and ``plugin`` (every request
+forced, greedy and sampled). Two engines, each in its own long-lived child process (vLLM keeps one
+engine per process well; start-up takes minutes): ``plain`` (no plugin) and ``plugin`` (every request
 watermarked with the default spec and a throwaway key; also timed with every request opted out, the
-plugin's floor). The plugin's cost is reported against both, the in-process opted-out figure being
-the steadier one (its runs interleave with the watermarked ones). Child processes get the "tuned"
-LD_PRELOAD (tcmalloc + the venv's libiomp5) when both libraries are found.
+plugin's floor, and, sampled only, under each ``--sampling-specs`` spec). The parent alternates the
+engines round by round (each round runs every variant once, the order rotating), so machine load
+drifts over both alike; it reports per variant the median and the spread over rounds, and the
+plugin's cost as the median of the per-round ratios. The plugin engine runs the plugin with a
+stopwatch (``vllm_plugin_timer.py``): ``time_in_plugin`` is the share of each run's wall time vLLM's
+worker spent inside it, the plugin's own cost without the machine's load drift between runs. Child
+processes get the "tuned" LD_PRELOAD (tcmalloc + the venv's libiomp5) when both libraries are found.
 
 Writes benchmarks/results/vllm_throughput.json and prints it. ``run_in_vllm_venv()`` runs this
 script from any interpreter (e.g. .venv's engine_throughput.py) and returns the JSON.
@@ -30,14 +34,13 @@ import time
 from pathlib import Path
 
 from generation.models import ensure_default_model
-from generation.vllm.rows import RequestWatermarks, WatermarkedBatch
+from generation.vllm.rows import RequestWatermarks, WatermarkedBatch, use_native_kernels
 from watermark.keys import Keyring
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_PATH = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SETUP_SCRIPT = "scripts/setup_vllm_venv.sh"
-PLUGIN = "generation.vllm.plugin:ProvmarkWatermarkLogitsProcessor"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # FACTS.md, "vLLM on this CPU": a bounded KV cache, no core held back for the front end
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
@@ -72,7 +75,7 @@ def tuned_preload() -> str | None:
     return None
 
 
-# ---- child: one engine in this process --------------------------------------------------------
+# ---- child: one engine in this process, serving timed batches on request --------------------------
 def _sampling(sampled: bool, seed: int, extra_args: dict | None):
     from vllm import SamplingParams
 
@@ -83,82 +86,188 @@ def _sampling(sampled: bool, seed: int, extra_args: dict | None):
                           extra_args=extra_args, **settings)
 
 
-def _timed_generate(llm, prompts, sampled: bool, extra_args: dict | None) -> float:
-    """Tokens per second of one batch: every prompt submitted at once."""
+def _timed_generate(llm, prompts, sampled: bool, extra_args: dict | None) -> tuple[float, float]:
+    """(tokens per second, seconds) of one batch: every prompt submitted at once."""
     inputs = [{"prompt_token_ids": p} for p in prompts]
     params = [_sampling(sampled, seed, extra_args) for seed in range(len(prompts))]
     start = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed, elapsed
 
 
-def run_child(engine: str, dtype: str, batches: list[int], modes: list[str], runs: int, eager: bool) -> dict:
-    """Figures of one engine ('plain' or 'plugin') built in this process."""
+def _variant_args(variant: str, spec_keys: dict[str, str]) -> dict | None:
+    """extra_args of a variant: 'plain'/'watermarked' (default spec), 'opted_out', or a sampling spec."""
+    if variant in ("plain", "watermarked"):
+        return None
+    if variant == "opted_out":
+        return {"provmark_watermark": "off"}
+    return {"provmark_watermark": variant, "provmark_key_id": spec_keys[variant]}
+
+
+def serve_child(engine: str, dtype: str, eager: bool, sampling_specs: list[str]) -> int:
+    """Build one engine ('plain' or 'plugin'), then answer JSON requests from stdin, one a line:
+    ``{"batch", "mode", "variant"}`` -> ``{"tokens_per_s"}``; EOF ends. Replies go to the original
+    stdout; everything vLLM prints goes to stderr."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     import secrets
 
     from vllm import LLM
 
-    from benchmarks.engine_throughput import make_prompts, median_of
+    from benchmarks.engine_throughput import make_prompts
+    spec_keys: dict[str, str] = {}
+    model = str(ensure_default_model())  # before PROVMARK_HOME moves: the user's converted model, not a new copy
     if engine == "plugin":  # a throwaway keyring: the user's is never touched
         home = Path(tempfile.mkdtemp(prefix="provmark-vllm-bench-"))
         os.environ["PROVMARK_HOME"] = str(home)
         os.environ.pop("PROVMARK_MASTER_KEY", None)
-        Keyring(home).create(f"bench-{secrets.token_hex(2)}")
+        keyring = Keyring(home)
+        keyring.create(f"bench-{secrets.token_hex(2)}")
+        for spec in sampling_specs:  # a sampling key is bound to its spec
+            spec_keys[spec] = keyring.create(f"bench-{secrets.token_hex(3)}", spec=spec).key_id
     start = time.perf_counter()
-    llm = LLM(str(ensure_default_model()), dtype=dtype, max_model_len=MAX_MODEL_LEN, seed=0,
-              enforce_eager=eager, logits_processors=[PLUGIN] if engine == "plugin" else None)
-    startup_s = time.perf_counter() - start
+    if engine == "plugin":  # the plugin with a stopwatch; reading it back sends a function to the worker
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        from benchmarks.vllm_plugin_timer import TIMED_PLUGIN, read_and_reset
+    llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, seed=0,
+              enforce_eager=eager, logits_processors=[TIMED_PLUGIN] if engine == "plugin" else None)
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
-    results = {}
-    for batch in batches:
-        prompts = make_prompts(batch, vocab_size)
-        for mode in modes:
-            sampled = mode == "sampled"
-            if engine == "plain":
-                fns = {"plain": lambda p=prompts, s=sampled: _timed_generate(llm, p, s, None)}
-            else:
-                fns = {"watermarked": lambda p=prompts, s=sampled: _timed_generate(llm, p, s, None),
-                       "opted_out": lambda p=prompts, s=sampled: _timed_generate(
-                           llm, p, s, {"provmark_watermark": "off"})}
-            results[f"batch{batch}_{mode}"] = median_of(fns, runs)
-            print(f"{engine} batch {batch} {mode}: {json.dumps(results[f'batch{batch}_{mode}'])}",
-                  file=sys.stderr, flush=True)
-    return {"startup_s": round(startup_s, 1), "results": results}
+    reply.write(json.dumps({"startup_s": round(time.perf_counter() - start, 1)}) + "\n")
+    prompts: dict[int, list[list[int]]] = {}
+    for line in sys.stdin:
+        ask = json.loads(line)
+        batch_prompts = prompts.setdefault(ask["batch"], make_prompts(ask["batch"], vocab_size))
+        if engine == "plugin":
+            llm.collective_rpc(read_and_reset)
+        rate, elapsed = _timed_generate(llm, batch_prompts, ask["mode"] == "sampled",
+                                        _variant_args(ask["variant"], spec_keys))
+        share = sum(llm.collective_rpc(read_and_reset)) / elapsed if engine == "plugin" else None
+        reply.write(json.dumps({"tokens_per_s": rate, "plugin_share": share}) + "\n")
+    return 0
 
 
-# ---- parent: both engines, one child process each --------------------------------------------
-def _child_process(engine: str, args) -> dict:
-    env = {**os.environ, **{k: os.environ.get(k, v) for k, v in VLLM_ENV.items()}}
-    preload = tuned_preload() if args.tuned else None
-    if preload:
-        env["LD_PRELOAD"] = preload
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", engine, "--child-output", out.name,
-               "--dtype", args.dtype, "--batches", args.batches, "--modes", args.modes, "--runs", str(args.runs)]
+# ---- parent: both engines, one long-lived child process each, rounds alternating ------------------
+class _Child:
+    """One engine's child process, asked for one timed batch at a time."""
+
+    def __init__(self, engine: str, args) -> None:
+        env = {**os.environ, **{k: os.environ.get(k, v) for k, v in VLLM_ENV.items()}}
+        self.preload = tuned_preload() if args.tuned else None
+        if self.preload:
+            env["LD_PRELOAD"] = self.preload
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", engine, "--dtype", args.dtype,
+               "--sampling-specs", args.sampling_specs]
         if args.eager:
             cmd.append("--eager")
-        subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=CHILD_TIMEOUT_S)
-        return {**json.loads(Path(out.name).read_text()), "ld_preload": preload}
+        self.engine = engine
+        self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, bufsize=1)
+        self.startup_s: float | None = None
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.engine} engine's process ended (exit {self.process.wait()})")
+        return json.loads(line)
+
+    def ready(self) -> None:
+        self.startup_s = self._read()["startup_s"]
+
+    def rate(self, batch: int, mode: str, variant: str) -> dict:
+        """``{"tokens_per_s", "plugin_share"}``: the share of the run's time spent in the plugin (plugin engine)."""
+        self.process.stdin.write(json.dumps({"batch": batch, "mode": mode, "variant": variant}) + "\n")
+        return self._read()
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
-def apply_cost_ms(batch: int, steps: int = 50) -> dict:
-    """The plugin's own work per decoding step (its ``apply`` on [batch, V] logits, default spec),
-    outside vLLM: the part of the cost that does not depend on the machine's other load as much."""
+def _variants(engines: list[str], mode: str, sampling_specs: list[str]) -> list[tuple[str, str]]:
+    """(engine, variant) pairs timed in one round."""
+    pairs = [("plain", "plain")] if "plain" in engines else []
+    if "plugin" in engines:
+        pairs += [("plugin", "watermarked"), ("plugin", "opted_out")]
+        if mode == "sampled":  # a sampling spec refuses greedy requests
+            pairs += [("plugin", spec) for spec in sampling_specs]
+    return pairs
+
+
+def alternate_rounds(children: dict[str, _Child], batch: int, mode: str, runs: int,
+                     sampling_specs: list[str]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every variant once per round after one warm-up round, the order rotating each round; (tokens/s,
+    plugin's share of the time) per variant and round."""
+    pairs = _variants(list(children), mode, sampling_specs)
+    samples: dict[str, list[float]] = {variant: [] for _, variant in pairs}
+    shares: dict[str, list[float]] = {variant: [] for engine, variant in pairs if engine == "plugin"}
+    for round_no in range(runs + 1):
+        shift = round_no % len(pairs)
+        for engine, variant in pairs[shift:] + pairs[:shift]:
+            got = children[engine].rate(batch, mode, variant)
+            if round_no:  # round 0 warms every variant up
+                samples[variant].append(got["tokens_per_s"])
+                if variant in shares:
+                    shares[variant].append(got["plugin_share"])
+        print(f"batch {batch} {mode} round {round_no}: "
+              + json.dumps({v: round(s[-1], 1) for v, s in samples.items() if s and round_no}),
+              file=sys.stderr, flush=True)
+    return samples, shares
+
+
+def _paired_cost(marked: list[float], baseline: list[float]) -> dict:
+    """The cost (1 - marked / baseline) per round, its median and spread: rounds pair runs made close in time."""
+    per_round = [1 - m / b for m, b in zip(marked, baseline)]
+    return {"median": round(statistics.median(per_round), 4), "min": round(min(per_round), 4),
+            "max": round(max(per_round), 4),
+            "of_medians": _cost(statistics.median(marked), statistics.median(baseline))}
+
+
+def summarise(samples: dict[str, list[float]], shares: dict[str, list[float]]) -> dict:
+    """Per variant: median and spread (tokens/s), the plugin's share of the time (median, spread); the
+    plugin's costs against plain and opted-out (per-round ratios)."""
+    entry: dict = {variant: {"tokens_per_s": round(statistics.median(v), 2),
+                             "spread": [round(min(v), 2), round(max(v), 2)], "runs": [round(x, 2) for x in v]}
+                   for variant, v in samples.items()}
+    for variant, v in shares.items():
+        entry[variant]["time_in_plugin"] = {"median": round(statistics.median(v), 4),
+                                            "spread": [round(min(v), 4), round(max(v), 4)]}
+    marked = [v for v in samples if v not in ("plain", "opted_out")]
+    for baseline in ("plain", "opted_out"):
+        if baseline in samples:
+            for variant in marked:
+                name = "plugin_cost" if variant == "watermarked" else f"{variant}_cost"
+                entry[f"{name}_vs_{baseline}"] = _paired_cost(samples[variant], samples[baseline])
+    return entry
+
+
+def apply_cost_ms(batch: int, spec: str | None = None, steps: int = 50) -> dict:
+    """The plugin's own work per decoding step (its ``apply`` on [batch, V] logits; the default spec, or
+    ``spec``, sampling specs with the sampled settings), outside vLLM: the part of the cost that does
+    not depend on the machine's other load as much."""
     import secrets
 
     import torch
 
-    from benchmarks.engine_throughput import make_prompts
+    from benchmarks.engine_throughput import SAMPLED, make_prompts
+    from generation.sample.params import SamplingParams as OurParams
     vocab_size = 49152  # SmolLM2's logits width
+    use_native_kernels()  # as the plugin does in vLLM's worker
     keyring = Keyring(Path(tempfile.mkdtemp(prefix="provmark-vllm-bench-")),
                       master_key=secrets.token_bytes(32))
     keyring.create("bench")
+    extra = None if spec is None else {"provmark_watermark": spec,
+                                       "provmark_key_id": keyring.create("bench-spec", spec=spec).key_id}
     rows = WatermarkedBatch(RequestWatermarks(vocab_size, keyring))
     prompts = make_prompts(batch, vocab_size)
     outputs: list[list[int]] = [[] for _ in prompts]
-    rows.update([], [(i, None, p, outputs[i]) for i, p in enumerate(prompts)], [])
-    logits = torch.randn(batch, vocab_size, generator=torch.Generator().manual_seed(0))
+    params = OurParams(**SAMPLED, seed=0)
+    rows.update([], [(i, extra, p, outputs[i], params) for i, p in enumerate(prompts)], [])
+    logits = torch.randn(batch, vocab_size, generator=torch.Generator().manual_seed(0)) * 3
     samples = []
     for step in range(steps + 3):  # 3 warm-up steps
         for i, out in enumerate(outputs):
@@ -177,16 +286,17 @@ def _cost(watermarked: float, baseline: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
+    parser.add_argument("--runs", type=int, default=5, help="timed rounds per figure (medians reported)")
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
     parser.add_argument("--batches", default="1,16", help="comma-separated batch sizes (1 and/or 16)")
     parser.add_argument("--modes", default="greedy,sampled", help="comma-separated: greedy and/or sampled")
     parser.add_argument("--engines", default="plain,plugin", help="which engines to run")
+    parser.add_argument("--sampling-specs", default="",
+                        help="sampling specs (gumbel:..., synthid:...) also timed in sampled mode, separated by ';'")
     parser.add_argument("--eager", action="store_true", help="enforce_eager: skip vLLM's compile warm-up")
     parser.add_argument("--no-tuned", dest="tuned", action="store_false", help="no tcmalloc/libiomp5 LD_PRELOAD")
     parser.add_argument("--output", type=Path, default=RESULT_PATH)
     parser.add_argument("--child", choices=("plain", "plugin"), help=argparse.SUPPRESS)
-    parser.add_argument("--child-output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
@@ -197,27 +307,26 @@ def main(argv: list[str] | None = None) -> int:
     if not modes or not set(modes) <= {"greedy", "sampled"}:
         parser.error("--modes: choose from greedy,sampled")
     sys.path.insert(0, str(ROOT))
+    sampling_specs = [spec for spec in args.sampling_specs.split(";") if spec]
     if args.child:
-        figures = run_child(args.child, args.dtype, batches, modes, args.runs, args.eager)
-        args.child_output.write_text(json.dumps(figures))
-        return 0
+        return serve_child(args.child, args.dtype, args.eager, sampling_specs)
 
     engines = [e for e in args.engines.split(",") if e]
     if not engines or not set(engines) <= {"plain", "plugin"}:
         parser.error("--engines: choose from plain,plugin")
-    children = {engine: _child_process(engine, args) for engine in engines}
-    results: dict[str, dict] = {}
-    for key in (children.get("plugin") or children["plain"])["results"]:
-        entry: dict = {}
+    children = {engine: _Child(engine, args) for engine in engines}  # both start at once
+    try:
         for child in children.values():
-            entry.update(child["results"][key])
-        if "watermarked" in entry:
-            marked = entry["watermarked"]["tokens_per_s"]
-            entry["plugin_cost_vs_opted_out"] = _cost(marked, entry["opted_out"]["tokens_per_s"])
-            if "plain" in entry:
-                entry["plugin_cost_vs_plain"] = _cost(marked, entry["plain"]["tokens_per_s"])
-        results[key] = entry
+            child.ready()
+        results = {f"batch{batch}_{mode}": summarise(*alternate_rounds(children, batch, mode, args.runs,
+                                                                       sampling_specs))
+                   for batch in batches for mode in modes}
+    finally:
+        for child in children.values():
+            child.close()
     apply_ms = {f"batch{batch}": apply_cost_ms(batch) for batch in batches}
+    apply_ms.update({f"batch{batch} {spec}": apply_cost_ms(batch, spec)
+                     for batch in batches for spec in sampling_specs})
 
     from importlib.metadata import version
 
@@ -235,13 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         "sampled_settings": SAMPLED,
         "watermark_spec": "default (kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256)",
         "runs": args.runs,
-        "engines": {name: {k: v for k, v in child.items() if k != "results"} for name, child in children.items()},
+        "sampling_specs": sampling_specs,
+        "engines": {name: {"startup_s": child.startup_s, "ld_preload": child.preload}
+                    for name, child in children.items()},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "results": results,
         "plugin_apply_ms": apply_ms,
-        "note": "medians after a warm-up; plain and plugin ran one after the other in separate processes, "
-                "so plugin_cost_vs_opted_out (interleaved runs in one engine) is the steadier figure",
+        "note": "medians after a warm-up round; every round ran each variant once (plain in its own process, "
+                "the plugin's variants in another), the order rotating; costs are medians of per-round ratios",
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")

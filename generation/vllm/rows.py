@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
+from generation.cpu import native
+from generation.sample.params import SamplingParams
+from generation.sample.sampling_stage import check_spec
 from generation.sample.watermark_stage import KGWBiasStage
+from generation.vllm.sampling_rows import SamplingChoices, SamplingRow
+from watermark.greenlist import set_bias_backend
 from watermark.config import SpecError, WatermarkSpec
+from watermark.specs import AnySpec, is_sampling, parse_spec
+from watermark.gumbel import set_survivors_backend
 from watermark.key_info import KeyringError, validate_key_id
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, generation_watermark
@@ -29,11 +36,22 @@ OFF_VALUES = ("off", "none")  # string forms of False: `vllm_xargs` carries only
 MAX_CACHED_WATERMARKS = 64  # specs are client-chosen: bound what they can make a worker keep
 
 
+def use_native_kernels() -> bool:
+    """Route the KGW bias and the Gumbel race's pruning to the engine's C++ kernels, as our engine does
+    (``generation/engine.py``): the same integers in one pass, without torch.compile's per-call overhead
+    (which was most of the plugin's cost). Process-wide; False (the tensor code stays) without a compiler."""
+    if not native.available(torch.float32, torch.device("cpu")):
+        return False
+    set_bias_backend(native.watermark_bias)  # both take only CPU float32 and decline anything else
+    set_survivors_backend(native.gumbel_survivors)
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class WatermarkRequest:
     """What one request asks for: ``spec`` None means unwatermarked."""
 
-    spec: WatermarkSpec | None
+    spec: AnySpec | None
     key_id: str | None
 
     @classmethod
@@ -54,7 +72,7 @@ class WatermarkRequest:
             spec = WatermarkSpec.default()
         elif isinstance(raw_spec, str):
             try:
-                spec = WatermarkSpec.parse(raw_spec)
+                spec = parse_spec(raw_spec)  # kgw:/hf: bias specs and the gumbel:/synthid: sampling specs
             except SpecError as exc:
                 raise ValueError(f"{WATERMARK_ARG}: {exc}") from None
         else:
@@ -119,6 +137,7 @@ class _Row:
     watermark: Watermark
     prompt_tail: list[int]  # the prompt's last context-width tokens: all the bias can ever read of it
     output_ids: Sequence[int]  # the engine's live list, by reference
+    sampling: SamplingRow | None = None  # set for a sampling spec: the row's token is chosen, not biased
 
 
 class WatermarkedBatch:
@@ -128,6 +147,7 @@ class WatermarkedBatch:
         self.requests = requests
         self._rows: dict[int, _Row] = {}
         self._stage = KGWBiasStage()  # the engine's LogitsPipeline watermark stage (vLLM draws the token itself)
+        self._choices = SamplingChoices(requests.vocab_size)  # sampling specs: our stages 6-8 choose the token
         self._on_error = on_error  # called with (batch index, exception) when a request's key cannot be resolved
 
     def __len__(self) -> int:
@@ -140,12 +160,13 @@ class WatermarkedBatch:
     def update(self, removed: Iterable[int], added: Iterable[tuple], moved: Iterable[tuple]) -> None:
         """One step's batch changes, processed in vLLM's order: removed, added, moved.
 
-        ``added``: ``(index, extra_args, prompt_ids or None, output_ids)``;
+        ``added``: ``(index, extra_args, prompt_ids or None, output_ids[, params])``, ``params`` our
+        ``SamplingParams`` of the request (``sampling_rows.our_params``; needed by sampling specs);
         ``moved``: ``(a, b, swap)`` where ``swap`` False moves a to b and empties a."""
         for index in removed:
             self._rows.pop(index, None)
-        for index, extra_args, prompt_ids, output_ids in added:
-            row = self._make_row(index, extra_args, prompt_ids, output_ids)
+        for index, extra_args, prompt_ids, output_ids, *params in added:
+            row = self._make_row(index, extra_args, prompt_ids, output_ids, params[0] if params else None)
             if row is None:
                 self._rows.pop(index, None)
             else:
@@ -157,9 +178,15 @@ class WatermarkedBatch:
             if swap and row_b is not None:
                 self._rows[a] = row_b
 
-    def _make_row(self, index: int, extra_args, prompt_ids, output_ids) -> _Row | None:
+    def _make_row(self, index: int, extra_args, prompt_ids, output_ids,
+                  params: SamplingParams | None) -> _Row | None:
         try:
             watermark = self.requests.resolve(WatermarkRequest.from_extra_args(extra_args))
+            if watermark is not None and is_sampling(watermark.spec):
+                if params is None:
+                    raise ValueError(f"{watermark.spec.kind}: a sampling watermark needs the request's sampling "
+                                     "parameters")
+                check_spec(watermark.spec, params)  # admission refused these; a worker never samples them
         except (KeyringError, ValueError) as exc:
             if self._on_error is None:
                 raise
@@ -169,7 +196,10 @@ class WatermarkedBatch:
             return None
         width = max(watermark.context_width, 1)
         prompt = list(prompt_ids or ())
-        return _Row(watermark, prompt[len(prompt) - width:] if len(prompt) > width else prompt, output_ids)
+        tail = prompt[len(prompt) - width:] if len(prompt) > width else prompt
+        if not is_sampling(watermark.spec):
+            return _Row(watermark, tail, output_ids)
+        return _Row(watermark, tail, output_ids, SamplingRow.of(watermark, params, tail, len(prompt), output_ids))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Bias ``logits`` [B, >= V] in place (row i by the request at batch index i) and return it."""
@@ -178,13 +208,20 @@ class WatermarkedBatch:
         batch = logits.shape[0]
         marks: list[Watermark | None] = [None] * batch
         histories: list[Sequence[int]] = [()] * batch
+        chosen: list[tuple[int, SamplingRow]] = []
         for index, row in self._rows.items():
-            if index < batch:
-                marks[index] = row.watermark
-                histories[index] = _history_tail(row, max(row.watermark.context_width, 1))
-        vocab = self.requests.vocab_size
-        view = logits if logits.shape[1] == vocab else logits[:, :vocab]  # padded vocabularies
-        self._stage.transform_(view, histories, marks)
+            if index >= batch:
+                continue
+            if row.sampling is not None:
+                chosen.append((index, row.sampling))
+                continue
+            marks[index] = row.watermark
+            histories[index] = _history_tail(row, max(row.watermark.context_width, 1))
+        if any(mark is not None for mark in marks):
+            vocab = self.requests.vocab_size
+            view = logits if logits.shape[1] == vocab else logits[:, :vocab]  # padded vocabularies
+            self._stage.transform_(view, histories, marks)
+        self._choices.apply_(logits, sorted(chosen, key=lambda item: item[0]))
         return logits
 
 

@@ -148,3 +148,79 @@ def test_the_evaluation_generates_through_vllm_with_our_keys(llm, home_keyring):
     marked, plain = (detector.detect(o.text, keys=[KEY_ID]) for o in outs)
     assert marked.z_score >= Z_MIN and marked.verdict == "watermarked"
     assert plain.z_score < Z_MIN and plain.verdict != "watermarked"
+
+
+def test_the_plugin_biases_with_the_engines_native_kernels(home_keyring, monkeypatch):
+    """The cost fix: the worker's plugin routes the bias (and the Gumbel race's pruning) to the engine's C++
+    kernels, as generation/engine.py does, instead of torch.compile's per-call path."""
+    from generation.cpu import native
+    from watermark import greenlist, gumbel
+
+    if not native.available(torch.float32, torch.device("cpu")):
+        pytest.skip("no C++ compiler: the tensor code stays (same integers)")
+    monkeypatch.setattr(greenlist, "_bias_backend", None)
+    monkeypatch.setattr(gumbel, "_survivors_backend", None)
+    config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: V))
+    ProvmarkWatermarkLogitsProcessor(config, torch.device("cpu"), False)
+    assert greenlist._bias_backend is native.watermark_bias
+    assert gumbel._survivors_backend is native.gumbel_survivors
+
+
+# ---- sampling watermarks (gumbel:, synthid:): the plugin chooses the token as our engine's stage 8 does
+GUMBEL, SYNTHID = "gumbel:h=4", "synthid:h=4"
+DETECTED_P = 1e-5  # the brief's bar for ~200 tokens
+
+
+@pytest.fixture(scope="module")
+def sampling_keys(engine_home):
+    """One key bound to each sampling spec (a sampling key is scored only under its own spec)."""
+    ring = Keyring(engine_home)
+    return {spec: ring.create(f"vllm-{spec.split(':')[0]}", spec=spec).key_id for spec in (GUMBEL, SYNTHID)}
+
+
+@pytest.fixture(scope="module")
+def sampling_texts(llm, engine_home, sampling_keys):
+    """One batch: a gumbel row, a synthid row, and an opted-out row with the same settings."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PROVMARK_HOME", str(engine_home))
+        cases = {GUMBEL: {WATERMARK_ARG: GUMBEL, KEY_ID_ARG: sampling_keys[GUMBEL]},
+                 SYNTHID: {WATERMARK_ARG: SYNTHID, KEY_ID_ARG: sampling_keys[SYNTHID]},
+                 "off": {WATERMARK_ARG: "off"}}
+        params = [SamplingParams(temperature=1.0, top_k=100, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, seed=seed,
+                                 extra_args=extra) for seed, extra in enumerate(cases.values(), start=21)]
+        outputs = llm.generate([PROMPT] * len(cases), params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [NEW_TOKENS] * len(cases)
+    return {name: o.outputs[0].text for name, o in zip(cases, outputs)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [GUMBEL, SYNTHID])
+def test_sampling_watermarked_generation_is_detected_and_the_unwatermarked_is_not(spec, sampling_texts,
+                                                                                   sampling_keys, home_keyring):
+    from detector.service import Detector
+
+    detector = Detector(keyring=home_keyring)
+    marked = detector.detect(sampling_texts[spec], spec=spec, keys=[sampling_keys[spec]])
+    assert marked.p_value < DETECTED_P and marked.verdict == "watermarked"
+    plain = detector.detect(sampling_texts["off"], spec=spec, keys=[sampling_keys[spec]])
+    assert plain.p_value > DETECTED_P and plain.verdict != "watermarked"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, message", [
+    ({"temperature": 0.0}, "greedy"),
+    ({"temperature": 1.0, "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"temperature": 1.0, "presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_sampling_requests_the_plugin_cannot_reproduce_are_refused_at_admission(settings, message, llm, sampling_keys,
+                                                                                 home_keyring):
+    extra = {WATERMARK_ARG: GUMBEL, KEY_ID_ARG: sampling_keys[GUMBEL]}
+    with pytest.raises(VLLMValidationError, match=message):
+        llm.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=extra, **settings), use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_a_sampling_spec_on_a_key_bound_to_another_spec_is_refused(llm, sampling_keys, home_keyring):
+    extra = {WATERMARK_ARG: SYNTHID, KEY_ID_ARG: sampling_keys[GUMBEL]}
+    with pytest.raises(VLLMValidationError, match="bound to"):
+        llm.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=4, extra_args=extra), use_tqdm=False)

@@ -11,9 +11,11 @@ services through the store, on SQLite and PostgreSQL alike (atomic upserts).
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -22,6 +24,7 @@ from db.store import Store
 
 NULL_WINDOW = 5_000  # the null is the key's most recent outputs (the counts grow; old z were against fewer)
 WARMUP = 40  # outputs remembered before a key's outputs enter its null
+NULL_SECONDS = 60.0  # how stale a process's copy of a key's null may be
 CHUNK = 500  # units per IN (...) / upsert statement (SQLite's variable limit, PostgreSQL's plan size)
 
 
@@ -30,11 +33,17 @@ def as_stored(units: np.ndarray) -> list[int]:
     return np.ascontiguousarray(units, dtype=np.uint64).view(np.int64).tolist()
 
 
+_COUNTS = (select(OutputUnitRow.unit, OutputUnitRow.outputs)
+           .where(OutputUnitRow.key_id == bindparam("key_id"), OutputUnitRow.unit.in_(bindparam("units", expanding=True))))
+
+
 class OutputMemory:
     """``counts_of`` / ``null_of`` for the detector, ``record`` for the generation service."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._nulls: dict[str, tuple[float, np.ndarray]] = {}  # key id -> (read at, null): see cached_null_of
+        self._lock = threading.Lock()
 
     def counts_of(self, key_id: str, units: np.ndarray) -> np.ndarray:
         """Outputs of ``key_id`` that contained each of ``units`` (0 for a unit never emitted)."""
@@ -42,11 +51,23 @@ class OutputMemory:
         found: dict[int, int] = {}
         wanted = sorted(set(stored))
         with self.store.read() as session:
+            connection = session.connection()
             for start in range(0, len(wanted), CHUNK):
-                rows = session.execute(select(OutputUnitRow.unit, OutputUnitRow.outputs).where(
-                    OutputUnitRow.key_id == key_id, OutputUnitRow.unit.in_(wanted[start:start + CHUNK])))
-                found.update((int(unit), int(outputs)) for unit, outputs in rows)
-        return np.array([found.get(u, 0) for u in stored], dtype=np.float64)
+                found.update(connection.execute(_COUNTS, {"key_id": key_id,
+                                                          "units": wanted[start:start + CHUNK]}).all())
+        get = found.get
+        return np.fromiter((get(u, 0) for u in stored), dtype=np.float64, count=len(stored))
+
+    def cached_null_of(self, key_id: str) -> np.ndarray:
+        """``null_of``, re-read at most every NULL_SECONDS per process: it moves by one output at a time."""
+        now = time.monotonic()
+        with self._lock:
+            read_at, null = self._nulls.get(key_id, (None, None))
+        if read_at is None or now - read_at > NULL_SECONDS:
+            null = self.null_of(key_id)
+            with self._lock:
+                self._nulls[key_id] = (now, null)
+        return null
 
     def null_of(self, key_id: str, limit: int = NULL_WINDOW) -> np.ndarray:
         """The spoof z of the key's most recent ``limit`` outputs past WARMUP (the check's null)."""

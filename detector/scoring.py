@@ -77,19 +77,21 @@ def green_flags(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
 
 
 def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits | None = None,
-                    dedup: bool = True, with_units: bool = False) -> tuple[np.ndarray, ...]:
+                    dedup: bool = True, with_units: bool = False,
+                    with_identities: bool = False) -> tuple[np.ndarray, ...]:
     """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass;
-    with ``with_units`` also each position's dedup unit [T - h, k] (``Watermark.scored_positions``).
+    with ``with_units`` also each position's dedup unit [T - h, k] (``Watermark.scored_positions``),
+    with ``with_identities`` also each unit's key-free identity [T - h] (``Watermark.unit_identities``).
 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
     in the text or in a window (``detector.common_units``)."""
-    flags, units, *named = wm.scored_positions(token_ids, with_identities=common is not None)
+    flags, units, *named = wm.scored_positions(token_ids, with_identities=common is not None or with_identities)
     prev = _previous(units.numpy()) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
     if common is not None:
         excluded = common.excluded(wm, token_ids, named[0])
         prev[excluded] = excluded
-    return (flags.numpy(), prev) + ((units.numpy(),) if with_units else ())
+    return (flags.numpy(), prev) + ((units.numpy(),) if with_units else ()) + ((named[0],) if with_identities else ())
 
 
 def previous_occurrence(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:

@@ -69,13 +69,15 @@ def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts,
     ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not."""
     if mark.spec.kind != "kgw":
         return None
-    flags, prev = score_positions(mark, token_ids, common, dedup=True)
+    flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
     counted = prev < 0  # first occurrences the common-unit table did not leave out
     if int(counted.sum()) < MIN_UNITS:
         return None
-    identities = mark.unit_identities(token_ids)
-    seen = counts.of(identities, identities if leave_out else None)
-    return spoof_statistic(flags[counted], np.log(seen[counted] + 0.5))
+    if leave_out:
+        seen = counts.of(identities, identities)[counted]
+    else:  # only the counted units are looked up (the shared memory is a database)
+        seen = counts.of(identities[counted])
+    return spoof_statistic(flags[counted], np.log(seen + 0.5))
 
 
 def spoof_statistic(green: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
@@ -118,7 +120,7 @@ def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | 
     check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
     if check is None or not math.isfinite(check.z):
         return None
-    null = SpoofNull(memory.null_of(mark.key_id))
+    null = SpoofNull(memory.cached_null_of(mark.key_id))
     size = int(null.z.shape[0])
     if size < MIN_NULL:
         return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": None,

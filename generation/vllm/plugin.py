@@ -48,6 +48,7 @@ from vllm.v1.sample.logits_processor import (
 
 from generation.vllm.rows import RequestWatermarks, WatermarkedBatch, WatermarkRequest, use_native_kernels
 from generation.vllm.sampling_rows import check_sampling_request, our_params
+from watermark.key_binding import require_bound
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
 
@@ -63,7 +64,9 @@ class ProvmarkWatermarkLogitsProcessor(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         """Reject at admission a bad spec or key id, an unknown or retired key, a missing active key, and a
-        sampling spec the plugin cannot apply exactly (greedy, penalties, a key bound to another spec)."""
+        sampling spec the plugin cannot apply exactly (greedy, penalties), and any spec whose colours differ
+        from its key's own (a kgw ``h=1`` request under an ``h=4`` key would let the caller read the key's
+        colours from the text, docs/security.md)."""
         request = WatermarkRequest.from_extra_args(sampling_params.extra_args)
         if request.spec is None:
             return
@@ -74,6 +77,8 @@ class ProvmarkWatermarkLogitsProcessor(LogitsProcessor):
             except KeyringError as exc:
                 raise ValueError(f"provmark keyring: {exc}") from None
         check_sampling_request(request.spec, sampling_params, info)
+        if info is not None:  # kgw too: a key writes only its own colours (watermark.key_binding)
+            require_bound(info, request.spec)
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         vocab_size = int(vllm_config.model_config.get_vocab_size())

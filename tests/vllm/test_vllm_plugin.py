@@ -224,3 +224,11 @@ def test_a_sampling_spec_on_a_key_bound_to_another_spec_is_refused(llm, sampling
     extra = {WATERMARK_ARG: SYNTHID, KEY_ID_ARG: sampling_keys[GUMBEL]}
     with pytest.raises(VLLMValidationError, match="bound to"):
         llm.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=4, extra_args=extra), use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_a_kgw_spec_with_other_colours_than_its_key_is_refused(llm, home_keyring):
+    """As in our generation service: text under the default key's colours, or none (spec switching)."""
+    extra = {WATERMARK_ARG: "kgw:scheme=selfhash,h=1,gamma=0.25,delta=2", KEY_ID_ARG: KEY_ID}
+    with pytest.raises(VLLMValidationError, match="bound to"):
+        llm.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=extra), use_tqdm=False)

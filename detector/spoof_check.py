@@ -106,10 +106,16 @@ class StoredCounts:
         return found
 
 
-def output_null_z(mark, token_ids, common: CommonUnits, memory) -> float | None:
-    """The spoof z of one of the service's own outputs against the counts before it (its null sample)."""
-    check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
-    return None if check is None or not math.isfinite(check.z) else check.z
+def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float | None, np.ndarray]:
+    """(The spoof z of one of the service's own outputs against the counts before it: its null sample, None
+    when it has too few counted units; its unit identities, for the counts it adds), from one scoring pass."""
+    flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
+    counted = prev < 0
+    if int(counted.sum()) < MIN_UNITS:
+        return None, identities
+    seen = memory.counts_of(mark.key_id, identities[counted])
+    z = spoof_statistic(flags[counted], np.log(seen + 0.5)).z
+    return (z if math.isfinite(z) else None), identities
 
 
 def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | None:

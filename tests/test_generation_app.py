@@ -12,10 +12,12 @@ from http_fixtures import call, make_token, serve
 
 from api.generation.app import create_app
 from db.audit import list_events
+from db.output_memory import OutputMemory
 from db.receipts import get_receipt, verify_receipt
 from db.rows import text_sha256
 from generation.sample.params import SamplingParams
 from watermark.config import WatermarkSpec
+from watermark.scheme import Watermark
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 MAX_TEXT_CHARS = 2000
@@ -71,6 +73,12 @@ def test_generate_returns_text_usage_watermark_and_a_verifiable_stored_receipt(l
     assert get_receipt(live.store, receipt["receipt_id"]) == receipt
     events = list_events(live.store, kind="generation", subject_id=receipt["receipt_id"])
     assert len(events) == 1 and events[0].actor.startswith("token:")
+    # remembered for the detector's spoof check: the output's units are counted under its key
+    memory = OutputMemory(live.store)
+    assert memory.outputs(active.key_id) >= 1
+    mark = Watermark(body["watermark"]["spec"], live.service.keyring.secret(active.key_id), live.service.vocab_size,
+                     active.key_id)
+    assert memory.counts_of(active.key_id, mark.unit_identities(body["token_ids"])).min() >= 1
 
 
 def test_same_seed_same_tokens_and_logprobs_per_token(live):

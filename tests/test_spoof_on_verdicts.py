@@ -21,6 +21,7 @@ from api.detector.app import create_app, services_of
 from api.generation.own_output import OwnOutput
 from db.output_memory import WARMUP, OutputMemory
 from db.store import Store
+from generation.sequence import WatermarkInfo
 from detector.spoof_check import MIN_NULL, SPOOF_ALPHA
 from watermark.keys import Keyring
 from watermark.scheme import make_watermark
@@ -109,11 +110,12 @@ def test_spoofs_the_detector_accepts_are_flagged_and_genuine_output_is_not(tmp_p
     mark = make_watermark(SPEC, keyring.secret(KEY), vocab.vocab_size, KEY)
     store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
     store.upgrade()
-    own = OwnOutput(store)
+    own = OwnOutput(store, keyring)
+    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)  # what a finished output carries
     generator = torch.Generator().manual_seed(7)
     outputs = [sample(world, mark, generator) for _ in range(OUTPUTS)]
     for ids in outputs:  # what the generation service does as it issues each receipt
-        own.remember(mark, ids, vocab)
+        own.remember(info, ids, vocab)
     assert OutputMemory(store).null_of(KEY).size >= MIN_NULL
     steer = thief_table(mark, world[1], outputs)
     spoofs = [sample(world, None, generator, steer) for _ in range(16)]

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
+
+from watermark.native_build import build_cached
 
 log = logging.getLogger(__name__)
 
@@ -29,40 +28,13 @@ LIBS = ("-lcrypto",)
 DISABLE_ENV = "PROVMARK_NATIVE"  # the engine kernels' switch: one setting turns every native kernel off
 
 
-def kernel_dir() -> Path:
-    """Where built kernels are cached (``PROVMARK_KERNEL_DIR``, else the user's cache folder)."""
-    override = os.environ.get("PROVMARK_KERNEL_DIR")
-    if override:
-        return Path(override).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "provmark" / "kernels"
-
-
 def build() -> Path:
     """Compile the kernel unless this source/flags/compiler has a cached build; the library's path.
     Raises RuntimeError (with the compiler's message) when there is no compiler or the build fails."""
     compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS + LIBS).encode(), version.encode()):
-        digest.update(part + b"\0")
-    target = kernel_dir() / f"prf_batch-{digest.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a library is loaded from here: ours only
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, *LIBS], capture_output=True, text=True,
-                              check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed:\n{done.stderr.strip()}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return build_cached(compiler, SOURCE, FLAGS, "prf_batch", libs=LIBS)
 
 
 @functools.cache

@@ -16,24 +16,49 @@ from db.output_memory import OutputMemory
 from db.store import Store, StoreError
 from detector import common_units
 from detector.spoof_check import output_null_z
+from watermark.scheme import make_watermark
+from watermark.specs import parse_spec
 
 log = logging.getLogger(__name__)
+
+MAX_CACHED_MARKS = 16  # specs are bound to keys, so a service sees a handful
 
 
 class OwnOutput:
     """``remember`` each watermarked output of a keyring key (KGW specs: the check is KGW's)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, keyring) -> None:
         self.memory = OutputMemory(store)
+        self.keyring = keyring
+        self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
 
-    def remember(self, mark, token_ids: list[int], vocab) -> None:
-        """The output's spoof z against what the key wrote before (a null sample) and its units' counts.
-        Never fails the generation: a store error is logged and the output is left out of the memory."""
-        if mark is None or mark.key_id is None or getattr(mark.spec, "kind", None) != "kgw":
+    def remember(self, info, token_ids: list[int], vocab) -> None:
+        """The output's spoof z against what the key wrote before (a null sample) and its units' counts;
+        ``info``: the output's ``WatermarkInfo`` (spec string, key id). Never fails the generation: an
+        error is logged and the output is left out of the memory."""
+        if info is None or info.key_id is None:
             return
-        ids = torch.as_tensor(token_ids, dtype=torch.int64)
         try:
-            z = output_null_z(mark, ids, common_units.for_spec(mark.spec, vocab), self.memory)
-            self.memory.record(mark.key_id, mark.unit_identities(ids), z)
+            mark = self._mark(info.spec, info.key_id, vocab)
+            if mark is None:
+                return
+            ids = torch.as_tensor(token_ids, dtype=torch.int64)
+            z, identities = output_null_z(mark, ids, common_units.for_spec(mark.spec, vocab), self.memory)
+            self.memory.record(mark.key_id, identities, z)
         except StoreError as exc:
             log.warning("output not remembered for the spoof check: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
+            log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
+
+    def _mark(self, spec_text: str, key_id: str, vocab):
+        """The output's KGW Watermark (None for other specs), cached like the generation watermarks."""
+        found = self._marks.get((spec_text, key_id))
+        if found is None:
+            spec = parse_spec(spec_text)
+            if spec.kind != "kgw":
+                return None
+            found = make_watermark(spec, self.keyring.secret(key_id), vocab.vocab_size, key_id)
+            if len(self._marks) >= MAX_CACHED_MARKS:
+                self._marks.clear()
+            self._marks[(spec_text, key_id)] = found
+        return found

@@ -86,7 +86,7 @@ class GenerationService:
         self.tokenizer = self.engine.tokenizer
         self.vocab_size = self.engine.vocab_size
         self._tokenizer_lock = threading.Lock()  # one Rust tokenizer shared by request threads
-        self.output_memory = OwnOutput(store)  # what each key wrote, for the detector's spoof check
+        self.output_memory = OwnOutput(store, keyring)  # what each key wrote, for the detector's spoof check
 
     # ------------------------------------------------------------------ request -> engine inputs
     def prompt_ids(self, prompt, field: str = "prompt") -> list[int]:

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from watermark.native_build import build_cached
 from watermark.prf import SEED_MULTIPLIER
 
 log = logging.getLogger(__name__)
@@ -37,15 +35,6 @@ FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=
          "-fPIC")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 DISABLE_ENV = "PROVMARK_NATIVE"
-
-
-def kernel_dir() -> Path:
-    """Where built kernels are cached (``PROVMARK_KERNEL_DIR``, else the user's cache folder)."""
-    override = os.environ.get("PROVMARK_KERNEL_DIR")
-    if override:
-        return Path(override).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "provmark" / "kernels"
 
 
 def _cpu_flags() -> str:
@@ -73,26 +62,7 @@ def build(force: bool = False) -> Path:
     if compiler is None:
         named = f"CXX={os.environ['CXX']} is not an executable; " if os.environ.get("CXX") else ""
         raise RuntimeError(f"{named}no C++ compiler found (install g++, e.g. `apt-get install g++`)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
-    digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_flags().encode()):
-        digest.update(part)
-        digest.update(b"\0")
-    target = kernel_dir() / f"engine_kernels-{digest.hexdigest()[:16]}.so"
-    if target.exists() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a library is loaded from here: ours only
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed:\n{done.stderr.strip()}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return build_cached(compiler, SOURCE, FLAGS, "engine_kernels", salt=_cpu_flags(), force=force)
 
 
 def _checked_library() -> ctypes.CDLL:

@@ -1,0 +1,53 @@
+"""Building a C/C++ kernel once per source, flags and compiler, and caching the shared library.
+
+Used by the engine's kernels (``generation/cpu/native.py``) and the batched PRF (``watermark/prf_kernel.py``).
+Libraries live under ``$PROVMARK_KERNEL_DIR`` (default ``~/.cache/provmark/kernels``, only the user's), named
+by a hash of what went into them; a build goes to a temporary file and is renamed into place, so processes
+building at once never load half a library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def kernel_dir() -> Path:
+    """Where built kernels are cached (``PROVMARK_KERNEL_DIR``, else the user's cache folder)."""
+    override = os.environ.get("PROVMARK_KERNEL_DIR")
+    if override:
+        return Path(override).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser() / "provmark" / "kernels"
+
+
+def build_cached(compiler: str, source: Path, flags: Sequence[str], stem: str, libs: Sequence[str] = (),
+                 salt: str = "", force: bool = False) -> Path:
+    """The library built from ``source`` with ``compiler`` and ``flags`` (``libs`` after the source), from
+    the cache unless ``force``; ``salt`` is anything else the build depends on (CPU flags). RuntimeError
+    with the compiler's message when the build fails."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
+    digest = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join((*flags, *libs)).encode(), version.encode(), salt.encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    target = kernel_dir() / f"{stem}-{digest.hexdigest()[:16]}.so"
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a library is loaded from here: ours only
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, str(source), "-o", tmp, *libs], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {source.name} failed:\n{done.stderr.strip()}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

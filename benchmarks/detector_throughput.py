@@ -1,6 +1,6 @@
 """Detection throughput (tokens/s) on 1,000-token texts against transformers' WatermarkDetector.
 
-    python benchmarks/detector_throughput.py [--texts 8] [--hf-texts 3] [--repeats 5] [--threads 1] [--out FILE]
+    python benchmarks/detector_throughput.py [--texts 8] [--hf-texts 3] [--repeats 5] [--hf-repeats 3] [--threads 1] [--out FILE]
 
 Texts: the Lee corpus (gensim's test data) cut into 1,000-token pieces, decoded back to text.
 Ours, default spec (kgw selfhash h=4) and one key:
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=8)
     parser.add_argument("--hf-texts", type=int, default=3, help="transformers' detector takes seconds per text")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hf-repeats", type=int, default=3, help="best-of passes for transformers' detector")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the detect CLI uses 1)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_n = range(args.hf_texts)
     hf_tokens = sum(token_counts[i] for i in hf_n)
-    hf_s = timed(hf_end_to_end, hf_n, 1)
+    hf_s = timed(hf_end_to_end, hf_n, args.hf_repeats)  # best-of as ours: one pass swung the peer ~40 %
     ours_same_s = timed(lambda i: detector.detect(texts[i]), hf_n, args.repeats)
 
     ours_e2e_rate = ours_tokens / end_to_end_s

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from itertools import chain
 
 import regex
 
@@ -27,6 +28,9 @@ from watermark.vocab import Vocabulary, encode, encode_with_offsets
 # the GPT-2 / ByteLevel pre-tokenizer pattern (tokenizers' ByteLevel::use_regex)
 BYTE_LEVEL_PATTERN = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+# the same pattern on ASCII text, for the stdlib's faster engine: on ASCII, \p{L}, \p{N} and \s are exactly
+# these classes (tests/test_tokenizing.py checks every ASCII character)
+ASCII_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""", re.ASCII)
 WORD_CACHE_MAX = 200_000  # pre-token -> ids; cleared when full (a few MB)
 CACHED_WORD_CHARS = 64  # longer pre-tokens are encoded each time, never kept
 CHECKED_CHARS_MAX = 65_536  # characters whose class was checked; past this, unchecked ones take the slow path
@@ -43,6 +47,10 @@ def tokenize(vocab: Vocabulary, text: str, with_offsets: bool) -> tuple[list[int
     a space followed by a letter always starts a pre-token, and BPE never merges across
     pre-tokens, so pieces cut there tokenize to the same ids; the tokenizer's batch call encodes
     them on all cores. Other tokenizers take the plain path."""
+    if not with_offsets and _is_chunkable(vocab):
+        ids = _WordCache.of(vocab).encode(text)
+        if ids is not None:
+            return ids, None
     if len(text) < 2 * CHUNK_CHARS or not _is_chunkable(vocab) or not _valid_utf8(text):
         if with_offsets:  # (invalid text goes this way too, for vocab's error message)
             return encode_with_offsets(vocab, text)
@@ -116,15 +124,18 @@ class _WordCache:
         words = self._words
         if len(words) > WORD_CACHE_MAX:
             words.clear()
-        out: list[int] = []
-        for word in BYTE_LEVEL_PATTERN.findall(text):
-            ids = words.get(word)
-            if ids is None:
-                ids = self._backend.encode(word, add_special_tokens=False).ids
-                if len(word) <= CACHED_WORD_CHARS:
-                    words[word] = ids
-            out.extend(ids)
-        return out
+        found = (ASCII_PATTERN if text.isascii() else BYTE_LEVEL_PATTERN).findall(text)
+        try:  # the common case: every pre-token seen before
+            return list(chain.from_iterable(map(words.__getitem__, found)))
+        except KeyError:
+            pass
+        long_words: dict[str, list[int]] = {}
+        for word in set(found).difference(words):
+            ids = self._backend.encode(word, add_special_tokens=False).ids
+            (words if len(word) <= CACHED_WORD_CHARS else long_words)[word] = ids
+        if not long_words:
+            return list(chain.from_iterable(map(words.__getitem__, found)))
+        return [i for word in found for i in (words.get(word) or long_words[word])]
 
     def _same_class(self, char: str) -> bool:
         found = self._checked.get(char)

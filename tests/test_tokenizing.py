@@ -74,3 +74,25 @@ def test_ascii_space_fold_equals_the_general_pattern():
         spaces = [(m.start(), m.end(), " ") for m in normalizing._SPACES.finditer(broken) if m.group() != " "]
         expected = normalizing._apply_edits(broken, spaces)[0] if spaces else (broken if edits else None)
         assert (None if got is None else got[0]) == expected, repr(text)
+
+
+def test_detection_tokenizes_through_the_word_cache(vocab):
+    # detect's ids-only path must take the cache (it was built and then never called: 3.5 -> 2 ms per
+    # 1,000 tokens); a word no other test uses shows it went through
+    word = " zqxwvlorptk"
+    ids, offsets = tokenizing.tokenize(vocab, "a" + word + " b" * 3000, with_offsets=False)
+    assert offsets is None and ids == encode(vocab, "a" + word + " b" * 3000)
+    assert word in tokenizing._WordCache.of(vocab)._words
+
+
+def test_ascii_pattern_splits_as_the_unicode_pattern():
+    # every ASCII character is in the same class for both patterns, and random ASCII texts split alike
+    for code in range(128):
+        char = chr(code)
+        probe = f"a{char}a 1{char}1 .{char}. {char} {char}\n{char}{char}  {char}'s{char}"
+        assert tokenizing.ASCII_PATTERN.findall(probe) == tokenizing.BYTE_LEVEL_PATTERN.findall(probe), hex(code)
+    rng = random.Random(2)
+    alphabet = [chr(c) for c in range(128)] + list("     aaee''ssttdll")
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert tokenizing.ASCII_PATTERN.findall(text) == tokenizing.BYTE_LEVEL_PATTERN.findall(text), repr(text)

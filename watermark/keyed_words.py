@@ -18,8 +18,9 @@ computed exactly (no cancellation near r = 1).
 
 from __future__ import annotations
 
+import operator
 import threading
-from collections import OrderedDict
+from itertools import compress
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ class ContextSeeds:
 
     def __init__(self, secret: bytes, prf: str, scheme: str) -> None:
         self._prf = KeyedPRF(secret, prf, scheme)
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()  # PRF message -> its 8 seed bytes
+        self._cache: dict[bytes, bytes] = {}  # PRF message -> its 8 seed bytes
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -90,14 +91,15 @@ class ContextSeeds:
         try:
             packed = b"".join(found)
         except TypeError:  # a row not in the cache (None)
-            missing = list(dict.fromkeys(m for m, hit in zip(messages, found) if hit is None))
+            missing = list(dict.fromkeys(compress(messages, map(operator.not_, found))))
             words = self._prf.seed_words(missing)
-            computed = {m: words[8 * i:8 * i + 8] for i, m in enumerate(missing)}
+            computed = dict(zip(missing, np.frombuffer(words, dtype="V8").tolist()))
             with self._lock:
+                if len(cache) + len(computed) > CONTEXT_CACHE_SIZE:
+                    cache.clear()  # a full cache starts over (cheaper than evicting row by row)
                 cache.update(computed)
-                while len(cache) > CONTEXT_CACHE_SIZE:
-                    cache.popitem(last=False)
-            packed = b"".join([hit if hit is not None else computed[m] for m, hit in zip(messages, found)])
+            get = computed.__getitem__
+            packed = b"".join([hit or get(m) for m, hit in zip(messages, found)])
         return np.frombuffer(packed, dtype="<i8").astype(np.int64)
 
 

@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# one pytest-xdist worker per core (at most 4: each loads the model), a test file per worker at a time
+# (module fixtures are shared within a file); each worker computes on one thread (tests/conftest.py)
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # vLLM plugin tests: vLLM's CPU build in its own venv (.venv-vllm), see scripts/setup_vllm_venv.sh
 test-vllm: $(STAMP)

@@ -8,6 +8,10 @@ import pytest
 # The suite shares 2 cores with the servers it starts: spinning OpenMP threads would stall each
 # other (measured: 10 -> 0.7 tokens/s at batch 1), so idle threads sleep. Must precede `import torch`.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under pytest-xdist (``make test`` runs one worker per core) each worker, and the servers it starts,
+# computes on one thread: two workers with two threads each would oversubscribe the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Set before any provmark import reads it, so repeated runs reuse one converted model.
 os.environ.setdefault("PROVMARK_MODELS_DIR", str(Path(__file__).resolve().parent.parent / ".cache" / "models"))
 

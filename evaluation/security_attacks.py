@@ -197,7 +197,7 @@ class AttackRun:
             sequences.append(list(g.prompt_ids) + ids)
             starts.append(len(g.prompt_ids))
             left -= len(ids)
-        top = stealing.base_topk(self.lm, sequences, starts)
+        top = stealing.base_topk(self.lm, sequences, starts, progress=self.progress)
         rows = [(seq[s:], ids, probs) for seq, s, (ids, probs) in zip(sequences, starts, top)]
         counts = stealing.accumulate(rows, self.vocab.vocab_size, mark.context_width, mark.spec.scheme == "selfhash")
         path.parent.mkdir(parents=True, exist_ok=True)

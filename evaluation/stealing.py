@@ -28,6 +28,7 @@ import torch
 
 from evaluation.oracle_attack import balanced_accuracy
 
+BASE_CHUNK = 32  # sequences per base-model call (their logits are held until reduced to the top k)
 TOP_K = 32  # base-model tokens per position kept for the expected counts (the rest carry little mass)
 PSEUDO_COUNT = 0.5  # A: shrinks the log-ratio of rarely seen pairs towards 0 (no opinion)
 MIN_SUPPORT = 0.5  # seen + expected below this: the pair says nothing
@@ -99,20 +100,31 @@ def accumulate(texts: list[tuple[list[int], np.ndarray, np.ndarray]], vocab_size
     return StolenCounts(vocab_size, window, self_anchor, unique, seen, expected, token_seen, token_expected, total)
 
 
-def base_topk(lm, sequences: list[list[int]], starts: list[int], top_k: int = TOP_K) -> list[tuple[np.ndarray, np.ndarray]]:
+def base_topk(lm, sequences: list[list[int]], starts: list[int], top_k: int = TOP_K,
+              progress: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per sequence, the base model's top-k ids and probabilities [len - start, k] at positions start..len-1,
-    with the observed token's exact probability added when it is outside the top k (its column k)."""
-    logits = lm.next_token_logits(sequences, [list(range(s, len(q))) for q, s in zip(sequences, starts)])
+    with the observed token's exact probability added when it is outside the top k (its column k).
+
+    Sequences go through the model ``BASE_CHUNK`` at a time: only their [positions, V] logits are held,
+    not the whole corpus's (1e5 positions x 49,152 logits are 20 GB)."""
     out = []
-    for seq, start, rows in zip(sequences, starts, logits):
-        probs = torch.softmax(rows.double(), dim=-1)
-        top = torch.topk(probs, top_k, dim=-1)
-        observed = torch.as_tensor(seq[start:], dtype=torch.long)
-        inside = (top.indices == observed[:, None]).any(dim=1)
-        extra = probs.gather(1, observed[:, None]).squeeze(1) * (~inside)
-        ids = torch.cat([top.indices, observed[:, None]], dim=1).numpy()
-        weights = torch.cat([top.values, extra[:, None]], dim=1).numpy()
-        out.append((ids, weights))
+    chunks = range(0, len(sequences), BASE_CHUNK)
+    if progress:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc="base-model pass", unit="chunk")
+    for at in chunks:
+        part, part_starts = sequences[at:at + BASE_CHUNK], starts[at:at + BASE_CHUNK]
+        logits = lm.next_token_logits(part, [list(range(s, len(q))) for q, s in zip(part, part_starts)])
+        for seq, start, rows in zip(part, part_starts, logits):
+            probs = torch.softmax(rows.double(), dim=-1)
+            top = torch.topk(probs, top_k, dim=-1)
+            observed = torch.as_tensor(seq[start:], dtype=torch.long)
+            inside = (top.indices == observed[:, None]).any(dim=1)
+            extra = probs.gather(1, observed[:, None]).squeeze(1) * (~inside)
+            ids = torch.cat([top.indices, observed[:, None]], dim=1).numpy()
+            weights = torch.cat([top.values, extra[:, None]], dim=1).numpy()
+            out.append((ids, weights))
     return out
 
 

@@ -134,3 +134,38 @@ def test_attack_names_select_what_runs():
 def test_bad_oracle_options_are_refused_with_all_too(tmp_path, capsys):
     assert main(["eval", "security", "--attack", "all", "--units", "1", "--out", str(tmp_path / "x")]) != 0
     assert "--units" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_base_model_pass_holds_one_chunk_of_logits_at_a_time():
+    # 1e5 stolen tokens held [1e5, V] float logits at once (20 GB with the embedded model's V): the run
+    # was killed at 15 GB and climbing. The pass now takes BASE_CHUNK sequences per call, same figures.
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from evaluation import stealing
+    from evaluation.lm import TeacherForcedLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).eval()
+
+    class Counting(TeacherForcedLM):
+        calls: list[int] = []
+
+        def next_token_logits(self, sequences, positions):
+            self.calls.append(len(sequences))
+            return super().next_token_logits(sequences, positions)
+
+    lm = Counting(SimpleNamespace(model=model, vocab=SimpleNamespace(tokenizer=None)))
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(64, size=int(rng.integers(3, 12))).tolist() for _ in range(2 * stealing.BASE_CHUNK + 5)]
+    starts = [1 + i % 2 for i in range(len(sequences))]
+    got = stealing.base_topk(lm, sequences, starts, top_k=8)
+    assert max(lm.calls) <= stealing.BASE_CHUNK and sum(lm.calls) == len(sequences)
+    whole = lm.next_token_logits(sequences, [list(range(s, len(q))) for q, s in zip(sequences, starts)])
+    for (ids, probs), rows, seq, start in zip(got, whole, sequences, starts):
+        p = torch.softmax(rows.double(), dim=-1)
+        assert ids.shape == (len(seq) - start, 9)
+        assert np.array_equal(ids[:, :8], torch.topk(p, 8, dim=-1).indices.numpy())
+        assert np.allclose(probs[:, :8], torch.topk(p, 8, dim=-1).values.numpy())

@@ -129,13 +129,14 @@ class _WordCache:
             return list(chain.from_iterable(map(words.__getitem__, found)))
         except KeyError:
             pass
-        long_words: dict[str, list[int]] = {}
-        for word in set(found).difference(words):
-            ids = self._backend.encode(word, add_special_tokens=False).ids
-            (words if len(word) <= CACHED_WORD_CHARS else long_words)[word] = ids
-        if not long_words:
-            return list(chain.from_iterable(map(words.__getitem__, found)))
-        return [i for word in found for i in (words.get(word) or long_words[word])]
+        # this text's own table: another thread may clear the shared cache at any point
+        table = {word: words.get(word) for word in set(found)}
+        for word, ids in table.items():
+            if ids is None:
+                table[word] = ids = self._backend.encode(word, add_special_tokens=False).ids
+                if len(word) <= CACHED_WORD_CHARS:
+                    words[word] = ids
+        return list(chain.from_iterable(map(table.__getitem__, found)))
 
     def _same_class(self, char: str) -> bool:
         found = self._checked.get(char)

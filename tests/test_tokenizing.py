@@ -96,3 +96,21 @@ def test_ascii_pattern_splits_as_the_unicode_pattern():
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         assert tokenizing.ASCII_PATTERN.findall(text) == tokenizing.BYTE_LEVEL_PATTERN.findall(text), repr(text)
+
+
+def test_a_cache_cleared_by_another_thread_mid_text_changes_nothing(vocab):
+    # the shared cache is cleared when full, by whichever thread fills it: a text being tokenized at that
+    # moment must still get its ids (a KeyError here was a 500 on /v1/detect)
+    cache = tokenizing._WordCache(vocab.tokenizer)
+    real = cache._backend
+
+    class ClearingBackend:
+        def encode(self, *args, **kwargs):
+            cache._words.clear()  # what a concurrent text crossing WORD_CACHE_MAX does
+            return real.encode(*args, **kwargs)
+
+    text = "plain words " * 20 + "then kqzvtr mid text and plain words again"
+    cache.encode(text)  # fills the cache
+    cache._words.pop(" kqzvtr")
+    cache._backend = ClearingBackend()
+    assert cache.encode(text) == encode(vocab, text)

@@ -43,10 +43,11 @@ _chunkable: dict[int, bool] = {}
 def tokenize(vocab: Vocabulary, text: str, with_offsets: bool) -> tuple[list[int], list | None]:
     """Token ids (and offsets) of ``text`` exactly as ``watermark.vocab.encode[_with_offsets]``.
 
-    For byte-level BPE tokenizers (no normaliser, ByteLevel pre-tokenizer without a prefix space)
-    a space followed by a letter always starts a pre-token, and BPE never merges across
-    pre-tokens, so pieces cut there tokenize to the same ids; the tokenizer's batch call encodes
-    them on all cores. Other tokenizers take the plain path."""
+    Ids only, byte-level BPE: the word cache (module docstring), unless the text must take the
+    tokenizer's own path. Otherwise, for byte-level BPE tokenizers (no normaliser, ByteLevel
+    pre-tokenizer without a prefix space) a space followed by a letter always starts a pre-token,
+    and BPE never merges across pre-tokens, so pieces cut there tokenize to the same ids; the
+    tokenizer's batch call encodes them on all cores. Other tokenizers take the plain path."""
     if not with_offsets and _is_chunkable(vocab):
         ids = _WordCache.of(vocab).encode(text)
         if ids is not None:

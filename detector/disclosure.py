@@ -30,8 +30,11 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
     scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
     watermarked key_id, decided_by, windows {detected, char_start, char_end}, spoof_suspected (one bit:
                 the spoof check's decision, ``detector.spoof_check``; None while it cannot judge)
+    negative    spoof_suspected under a two-part key whose published half says watermarked (one bit, from
+                the paired test dithered like z; ``detector.two_part``)
     never       num_tokens_scored, num_green_tokens, green_fraction, p_value_normal, keys (per-key z/p),
-                num_common_positions, num_forced_positions, calibration details, explanation, spoof_check
+                num_common_positions, num_forced_positions, calibration details, explanation, spoof_check,
+                public_half (the published half's counts and the paired test)
 
 The stored verdict row keeps the full numbers (the audit trail loses nothing) and what was shown.
 """
@@ -44,6 +47,7 @@ import math
 
 import numpy as np
 
+from watermark.public_key import SPOOF_ALPHA
 from watermark.specs import is_sampling, parse_spec
 from watermark.stats import p_value_normal, z_for_p
 
@@ -71,6 +75,7 @@ def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.nd
 
 
 SAMPLING_UNIT_VARIANCE = 0.25  # sampling specs: d = 1 / sqrt(T / 4) = 2 / sqrt(T) (module docstring)
+PAIRED_UNIT_VARIANCE = 0.25  # two-part keys' paired test: b ~ Binomial(b + c, 1/2), one unit moves z by 2 / sqrt(b + c)
 
 
 def unit_variance(spec_text: str) -> float:
@@ -125,9 +130,24 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: 
         out.update(key_id=full["key_id"], decided_by=decided_by,
                    windows={"detected": window is not None, **(window or {})} if full.get("windows") else None,
                    spoof_suspected=(full.get("spoof_check") or {}).get("suspected"))
-    elif full.get("windows") is not None:
-        out["windows"] = {"detected": False}
+    else:
+        if full.get("windows") is not None:
+            out["windows"] = {"detected": False}
+        out["spoof_suspected"] = _shown_public_half_spoof(full.get("public_half"), u)
     return out
+
+
+def _shown_public_half_spoof(report: dict | None, u: float) -> bool | None:
+    """A negative verdict under a two-part key: whether its published half was spoofed (``detector.two_part``),
+    decided on the paired test's p-value dithered like the verdict (one unit moves it 1 time in STEP_UNITS), so
+    the bit is no sharper a view of the private colours than the verdict itself. None when the public half
+    does not say watermarked (then there is nothing to have spoofed)."""
+    if report is None or report["verdict"] != "watermarked":
+        return None
+    test = report["spoof_test"]
+    pairs = test["public_only"] + test["private_only"]
+    z = shown_z(test["p_value"], SPOOF_ALPHA, u, step_for(pairs, PAIRED_UNIT_VARIANCE))
+    return bool(z >= z_for_p(SPOOF_ALPHA) - 1e-9)
 
 
 def _shown_window(windows: dict | None, u: float, variance: float) -> dict | None:

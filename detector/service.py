@@ -41,6 +41,7 @@ from detector.scoring import (
 from detector.sampling_verdict import score_sampling
 from detector.spoof_check import verdict_spoof_check
 from detector.tokenizing import tokenize
+from detector.two_part import public_half_report
 from detector.verdict import Verdict, text_fields
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
@@ -218,8 +219,20 @@ class Detector:
                         if key_id in known:  # an unknown id fails below, with the keyring's own message
                             require_bound(known[key_id], spec)
         return [self._cached(spec, key_id,
-                             lambda k=key_id: make_watermark(spec, self.keyring.secret(k), vocab.vocab_size, k))
+                             lambda k=key_id: make_watermark(spec, self.keyring.secret(k), vocab.vocab_size, k,
+                                                             public_half=self._public_half(spec, k)))
                 for key_id in key_ids]
+
+    def _public_half(self, spec: AnySpec, key_id: str) -> bytes | None:
+        """A two-part key's detection half when ``spec`` is its kgw spec (the verdict then reports what the
+        public half says, ``detector.two_part``); None for one-part keys and keyring stand-ins."""
+        if not isinstance(self.keyring, Keyring) or is_sampling(spec) or not spec.needs_key:
+            return None
+        with self._lock:
+            if self._all_infos is None:
+                self._all_infos = {info.key_id: info for info in self.keyring.list()}
+            info = self._all_infos.get(key_id)
+        return self.keyring.public_half(key_id) if info is not None and info.public_half else None
 
     def own_spec(self, keys: Iterable[str]) -> AnySpec | None:
         """The spec the named keys are bound to (``watermark.key_binding.shared_spec``); None (the default
@@ -324,6 +337,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
+    public_half = public_half_report(marks, ids, common, options.dedup, forced, flags, counted, text_alpha, min_tokens,
+                                     verdict)
     normal_corrected = min(1.0, best.p_value_normal * len(marks))
     return Verdict(
         verdict=verdict,
@@ -343,6 +358,7 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
                      else verdict_calibration(best_calibration, total, guarded[best_index])),
         common_units=common.digest if common is not None else None,
         windows=window_report,
+        public_half=public_half,
         explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
         dither=(None if dither_key is None
                 else dither(dither_key, first.fingerprint, best.key_id, units[best_index][counted[best_index]])),

@@ -54,13 +54,16 @@ class Verdict:
     # KGW verdicts that say watermarked, where the service keeps its own output (db.output_memory): the
     # spoof check (detector.spoof_check.verdict_spoof_check): z, p-values, null size, suspected
     spoof_check: dict | None = None
+    # two-part keys (watermark.public_key): what the published half says of this text, and the paired test of
+    # the two halves that tells a spoof steered by the published half from our own output (detector.two_part)
+    public_half: dict | None = None
     # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
     dither: float | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         del out["dither"]
-        out["spoof_suspected"] = (self.spoof_check or {}).get("suspected") if self.watermarked else None
+        out["spoof_suspected"] = spoof_suspected(self.watermarked, self.spoof_check, self.public_half)
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
             value = out[name]
             out[name] = float(value) if value is not None and math.isfinite(value) else None
@@ -76,6 +79,14 @@ class Verdict:
         if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
             raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
         return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, unit_variance(self.watermark))
+
+
+def spoof_suspected(watermarked: bool, spoof_check: dict | None, public_half: dict | None) -> bool | None:
+    """A positive verdict: the own-output check (``detector.spoof_check``); a negative one under a two-part key:
+    whether its published half was spoofed (``detector.two_part``); None when neither can judge."""
+    if watermarked:
+        return (spoof_check or {}).get("suspected")
+    return None if public_half is None else public_half["spoof_suspected"]
 
 
 def text_fields(text: str, normalized, ids, spec, first, vocab, options, decision, alpha: float,

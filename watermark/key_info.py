@@ -69,6 +69,7 @@ class KeyInfo:
     fingerprint: str  # first 16 hex of HMAC-SHA256(secret, "provmark/key-fingerprint")
     purged: bool = False  # retired and its secret erased
     spec: str | None = None  # the canonical kgw spec it watermarks with; None: made before specs were recorded
+    public_half: bool = False  # a two-part key: its detection half may be published (watermark.public_key)
 
     @property
     def used_for_detection(self) -> bool:
@@ -82,11 +83,13 @@ class KeyInfo:
         return asdict(self)
 
     def sealed_fields(self) -> dict:
-        """The metadata sealed with the secret; ``spec`` only when recorded, so keys made before it
-        existed keep their original associated data and MAC."""
+        """The metadata sealed with the secret; ``spec`` only when recorded and ``public_half`` only when
+        True, so keys made before these fields existed keep their original associated data and MAC."""
         out = asdict(self)
         if out["spec"] is None:
             del out["spec"]
+        if not out["public_half"]:  # likewise: one-part keys keep the associated data they were sealed with
+            del out["public_half"]
         return out
 
 

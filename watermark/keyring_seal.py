@@ -140,11 +140,14 @@ def document_mac(body: dict, mac_key: bytes) -> str:
 
 def _parse_entry(raw: dict) -> SealedEntry:
     fields = ("key_id", "status", "created_at", "retired_at", "fingerprint", "purged")
-    if not isinstance(raw, dict) or set(raw) - {"spec"} != {*fields, "nonce", "ciphertext"}:
+    if not isinstance(raw, dict) or set(raw) - {"spec", "public_half"} != {*fields, "nonce", "ciphertext"}:
         raise KeyringIntegrityError("keyring file has a malformed entry")
     if not (raw.get("spec") is None or isinstance(raw["spec"], str)):
         raise KeyringIntegrityError("keyring file has an entry with an invalid spec")
-    info = KeyInfo(**{name: raw[name] for name in fields}, spec=raw.get("spec"))
+    if raw.get("public_half", True) is not True:  # written only when True (KeyInfo.sealed_fields)
+        raise KeyringIntegrityError("keyring file has an entry with an invalid public_half")
+    info = KeyInfo(**{name: raw[name] for name in fields}, spec=raw.get("spec"),
+                   public_half="public_half" in raw)
     valid_id = isinstance(info.key_id, str) and KEY_ID_RE.fullmatch(info.key_id)
     if not valid_id or info.status not in STATUSES:
         raise KeyringIntegrityError("keyring file has an entry with an invalid id or status")

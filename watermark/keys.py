@@ -76,6 +76,7 @@ from watermark.keyring_seal import (
     parse_master_key,
     seal,
 )
+from watermark.public_key import public_half_secret, require_two_part_spec
 from watermark.paths import PRIVATE_MODE, fsync_dir, provmark_home, write_private_atomic
 
 KEYRING_FILE = "keyring.json"
@@ -116,17 +117,30 @@ class Keyring:
 
     # --- public operations -------------------------------------------------------------------
 
-    def create(self, key_id: str | None = None, secret: bytes | None = None, spec=None) -> KeyInfo:
+    def create(self, key_id: str | None = None, secret: bytes | None = None, spec=None,
+               public_half: bool = False) -> KeyInfo:
         """A new key: ``active`` when no key is active (the first one), otherwise ``standby``.
 
         ``secret``: a fresh secret from ``new_secret()`` chosen by the caller (key screening draws a
         few and keeps one whose measured null is sound); default: drawn here. ``spec``: the kgw spec
-        (string or WatermarkSpec) the key is bound to; default: the default spec."""
+        (string or WatermarkSpec) the key is bound to; default: the default spec. ``public_half``: a
+        two-part key whose detection half may be published (``watermark.public_key``; kgw specs only)."""
         with self._transaction() as entries:
             status = STANDBY if any(e.info.status == ACTIVE for e in entries) else ACTIVE
-            return self._add(entries, key_id, status, secret, spec)
+            return self._add(entries, key_id, status, secret, spec, public_half)
 
-    def rotate(self, new_key_id: str | None = None, secret: bytes | None = None, spec=None) -> KeyInfo:
+    def public_half(self, key_id: str) -> bytes:
+        """The detection half of a two-part key (derived from its secret, safe to publish); KeyStateError
+        for a one-part key, whose every colour is secret."""
+        entries = self._read()
+        entry = entries[_find(entries, key_id)]
+        if not entry.info.public_half:
+            raise KeyStateError(f"key {key_id} has no public half (create one with `provmark keys create "
+                                "--public-half`)")
+        return public_half_secret(open_secret(self._master_keys(create=False), entry))
+
+    def rotate(self, new_key_id: str | None = None, secret: bytes | None = None, spec=None,
+               public_half: bool = False) -> KeyInfo:
         """Make a new key (or the named standby key) active; the previous active key becomes ``rotated``."""
         with self._transaction() as entries:
             target = None
@@ -141,7 +155,7 @@ class Keyring:
                 if entry.info.status == ACTIVE:
                     entries[i] = self._restatus(entry, status=ROTATED)
             if target is None:
-                return self._add(entries, new_key_id, ACTIVE, secret, spec)
+                return self._add(entries, new_key_id, ACTIVE, secret, spec, public_half)
             entries[target] = self._restatus(entries[target], status=ACTIVE)
             return entries[target].info
 
@@ -200,8 +214,10 @@ class Keyring:
     # --- storage -------------------------------------------------------------------------------
 
     def _add(self, entries: list[SealedEntry], key_id: str | None, status: str, secret: bytes | None = None,
-             spec=None) -> KeyInfo:
+             spec=None, public_half: bool = False) -> KeyInfo:
         bound = key_binding.spec_to_bind(spec)  # checked before anything is drawn or written
+        if public_half:
+            require_two_part_spec(bound)
         taken = {e.info.key_id for e in entries}
         if key_id is None:
             key_id = next(k for k in iter(lambda: f"k-{secrets.token_hex(4)}", None) if k not in taken)
@@ -213,7 +229,7 @@ class Keyring:
             raise KeyringError(f"a key secret is {SECRET_BYTES} random bytes")
         elif any(e.info.fingerprint == key_fingerprint(secret) for e in entries):
             raise KeyExistsError("that secret is already in the keyring")
-        info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret), spec=bound)
+        info = KeyInfo(key_id, status, _now(), None, key_fingerprint(secret), spec=bound, public_half=bool(public_half))
         entries.append(seal(self._master_keys(create=True), info, secret))
         return info
 

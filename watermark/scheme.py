@@ -13,7 +13,7 @@ from watermark.config import WatermarkSpec
 from watermark.greenlist import bias_logits, green
 from watermark.hf_compat import HFGreenlists
 from watermark.key_binding import bound_spec
-from watermark.key_info import KeyNotFoundError
+from watermark.key_info import KeyNotFoundError, key_fingerprint
 from watermark.keys import Keyring
 from watermark.prf import green_threshold, mix64, vocab_mix_table
 from watermark.sampling_scheme import sampling_watermark
@@ -41,10 +41,14 @@ def _seed_tables(secret: bytes, spec: WatermarkSpec, vocab_size: int) -> SeedTab
 
 
 class Watermark:
-    """``Watermark(spec, secret, vocab_size, key_id)``; ``secret`` is ignored (may be None) for hf specs."""
+    """``Watermark(spec, secret, vocab_size, key_id)``; ``secret`` is ignored (may be None) for hf specs.
+
+    ``public_half``: the detection half of a two-part key (``watermark.public_key``): generation then biases
+    towards both halves' green lists; detection methods score the private half (``secret``), and
+    ``public_mark()`` is the public half's own Watermark."""
 
     def __init__(self, spec: WatermarkSpec | str, secret: bytes | None, vocab_size: int,
-                 key_id: str | None = None) -> None:
+                 key_id: str | None = None, public_half: bytes | None = None) -> None:
         self.spec = WatermarkSpec.parse(spec)
         if not isinstance(vocab_size, int) or vocab_size <= 1:
             raise ValueError(f"vocab_size: expected an integer > 1, got {vocab_size!r}")
@@ -52,6 +56,8 @@ class Watermark:
         self.key_id = key_id
         self.fingerprint = self.spec.fingerprint(vocab_size)
         self._tables: SeedTables | None = None
+        self._public_tables: SeedTables | None = None
+        self._public: Watermark | None = None  # the public half's own Watermark, built on first use
         self._hf: HFGreenlists | None = None
         # rows whose watermarks share this key are biased in one batched call (see WatermarkProcessor)
         self.batch_key: tuple = (self.spec, vocab_size)
@@ -60,8 +66,33 @@ class Watermark:
                 raise ValueError("a kgw watermark needs a key: create one with `provmark keys create`")
             self.batch_key = (self.spec, vocab_size, secret_digest(bytes(secret)))
             self._tables = _seed_tables(bytes(secret), self.spec, vocab_size)
+            if public_half is not None:
+                self._public_half = bytes(public_half)
+                self._public_tables = _seed_tables(self._public_half, self.spec, vocab_size)
+                self.batch_key += (secret_digest(self._public_half),)
         else:
+            if public_half is not None:
+                raise ValueError("an hf spec has no keyring key, so no public half")
             self._hf = HFGreenlists(self.spec, vocab_size)
+
+    @property
+    def has_public_half(self) -> bool:
+        return self._public_tables is not None
+
+    @property
+    def public_fingerprint(self) -> str:
+        """The published half's key fingerprint (``watermark.key_info.key_fingerprint``)."""
+        if self._public_tables is None:
+            raise ValueError(f"key {self.key_id} is not a two-part key")
+        return key_fingerprint(self._public_half)
+
+    def public_mark(self) -> Watermark:
+        """The public half's Watermark (what a verifier holding the published half scores with)."""
+        if self._public_tables is None:
+            raise ValueError(f"key {self.key_id} is not a two-part key")
+        if self._public is None:
+            self._public = Watermark(self.spec, self._public_half, self.vocab_size, self.key_id)
+        return self._public
 
     def __repr__(self) -> str:
         return f"Watermark({self.spec.format()!r}, key_id={self.key_id!r}, V={self.vocab_size})"
@@ -105,6 +136,8 @@ class Watermark:
                                 dtype=torch.int64, device=logits.device).reshape(len(ready), h)
         target = logits if len(ready) == logits.shape[0] else logits[ready]
         bias_logits(target, self._tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
+        if self._public_tables is not None:  # a two-part key: the public half's list gets its own delta
+            bias_logits(target, self._public_tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
         if target is not logits:
             logits[ready] = target
         return logits
@@ -167,13 +200,17 @@ class Watermark:
         return ids.unfold(0, n, 1)
 
 
-def make_watermark(spec: AnySpec | str | None, secret: bytes | None, vocab_size: int, key_id: str | None = None):
+def make_watermark(spec: AnySpec | str | None, secret: bytes | None, vocab_size: int, key_id: str | None = None,
+                   public_half: bytes | None = None):
     """The watermark of any spec (``watermark.specs.parse_spec``): a ``Watermark`` for kgw/hf specs, a
-    sampling watermark (``watermark.sampling_scheme``) for gumbel/synthid/hf:synthid/vllm:gumbel."""
+    sampling watermark (``watermark.sampling_scheme``) for gumbel/synthid/hf:synthid/vllm:gumbel.
+    ``public_half``: a two-part key's detection half (kgw only)."""
     spec = parse_spec(spec)
     if is_sampling(spec):
+        if public_half is not None:
+            raise ValueError("a two-part key needs a kgw spec")
         return sampling_watermark(spec, secret, vocab_size, key_id)
-    return Watermark(spec, secret, vocab_size, key_id)
+    return Watermark(spec, secret, vocab_size, key_id, public_half)
 
 
 def generation_watermark(spec: AnySpec | str | None, vocab_size: int, key_id: str | None = None,
@@ -200,4 +237,5 @@ def generation_watermark(spec: AnySpec | str | None, vocab_size: int, key_id: st
             raise KeyNotFoundError(f"key {key_id!r} cannot be used for generation ({state})")
     if own_spec:
         spec = bound_spec(info)
-    return make_watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id)
+    public_half = keyring.public_half(info.key_id) if info.public_half else None
+    return make_watermark(spec, keyring.secret(info.key_id), vocab_size, key_id=info.key_id, public_half=public_half)

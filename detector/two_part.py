@@ -1,0 +1,43 @@
+"""The public half of a two-part key on a verdict (``watermark.public_key``): what a verifier holding the
+published half concludes, and whether the private half says that conclusion was spoofed.
+
+The private half decides the verdict. For every tested key that has a public half, the text is also scored
+under the public half exactly as a public verifier scores it (same normalisation, tokens, common units,
+dedup, forced positions, alpha), and McNemar's exact test compares the two halves on the positions counted
+under both. ``spoof_suspected``: the public half says watermarked, the private half does not, and the test
+rejects at ``SPOOF_ALPHA``: green under the published list only, as text steered by that list is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detector.scoring import WATERMARKED, counted_positions, score_counts, score_positions, verdict_of
+from watermark.public_key import SPOOF_ALPHA, spoof_test
+
+
+def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flags, counted, alpha: float,
+                       min_tokens: int, verdict: str) -> dict | None:
+    """The report of the tested two-part key whose public half is most significant; None when no tested
+    key has a public half. ``flags`` / ``counted``: each mark's private-half flags and counted mask."""
+    best = None
+    for mark, private_flags, private_counted in zip(marks, flags, counted):
+        if not getattr(mark, "has_public_half", False):
+            continue
+        public = mark.public_mark()
+        public_flags, prev = score_positions(public, ids, common, dedup)
+        prev[forced] = forced
+        public_counted = counted_positions(prev, True)
+        score = score_counts(mark.key_id, int((public_flags & public_counted).sum()), int(public_counted.sum()),
+                             mark.spec.gamma)
+        both = public_counted & private_counted
+        test = spoof_test(public_flags[both], private_flags[both])
+        public_verdict = verdict_of(score.p_value, score.num_tokens_scored, alpha, min_tokens)
+        report = {**score.to_dict(), "verdict": public_verdict, "fingerprint": mark.public_fingerprint,
+                  "spoof_test": test,
+                  "spoof_suspected": (public_verdict == WATERMARKED and verdict != WATERMARKED
+                                      and test["p_value"] <= SPOOF_ALPHA)}
+        del report["p_value_corrected"]  # one published key, tested alone
+        if best is None or (score.p_value, -(score.z_score or 0.0)) < (best["p_value"], -(best["z_score"] or 0.0)):
+            best = report
+    return best

@@ -1,0 +1,172 @@
+"""Two-part keys (issue #17, ``watermark.public_key``): a detection half anyone may hold, a private half that
+decides our verdict and catches spoofs steered by the published half.
+
+The statistical test runs in a toy world over single-token words with Zipf frequencies (no model): genuine
+output is sampled through ``Watermark.bias`` (the engine's call) under the two-part key; a spoofer who holds
+the published half samples with that half's bias only, as strongly as it likes; unwatermarked text is the
+same sampler with no bias. One fixed key, many texts, as users live it. Bounds come from binomial tails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from http_fixtures import shared_vocabulary
+from scipy import stats
+
+from detector.service import Detector
+from watermark.key_info import KeyringIntegrityError, KeySpecError, KeyStateError
+from watermark.keys import Keyring
+from watermark.public_key import SPOOF_ALPHA, PublicKey, PublicKeyError, public_half_secret, spoof_test
+from watermark.scheme import Watermark, generation_watermark
+
+KEY = "twopart"
+SECRET = hashlib.sha256(b"provmark-test/two-part-key").digest()
+WORDS = 3000
+LENGTH = 160  # words per text
+TEXTS = 40  # per kind (genuine, spoofed, unwatermarked)
+SPOOF_DELTA = 4.0  # twice our delta: the spoofer makes the published half's greens as strong as it can
+
+
+def test_a_two_part_key_keeps_its_secret_and_derives_a_publishable_half(tmp_path):
+    ring = Keyring(tmp_path / "home")
+    info = ring.create(KEY, secret=SECRET, public_half=True)
+    plain = ring.create("plain")
+    half = ring.public_half(KEY)
+    assert info.public_half and not plain.public_half
+    assert len(half) == 32 and half != SECRET and half == public_half_secret(SECRET)
+    assert Keyring(tmp_path / "home").list()[0].public_half  # sealed with the key, read back
+    with pytest.raises(KeyStateError, match="no public half"):
+        ring.public_half("plain")
+    with pytest.raises(KeySpecError, match="kgw"):
+        ring.create("gumbel-two", spec="gumbel:h=4", public_half=True)
+    # the flag is part of the sealed metadata: dropping it from the file is tampering, not a downgrade
+    document = json.loads(ring.path.read_text())
+    del document["entries"][0]["public_half"]
+    ring.path.write_text(json.dumps(document))
+    with pytest.raises(KeyringIntegrityError):
+        Keyring(tmp_path / "home").secret(KEY)
+
+
+def test_the_public_document_round_trips_holds_no_secret_and_refuses_damage(tmp_path):
+    vocab = shared_vocabulary()
+    ring = Keyring(tmp_path / "home")
+    info = ring.create(KEY, secret=SECRET, public_half=True)
+    document = PublicKey.make(KEY, info.spec, ring.public_half(KEY), vocab)
+    text = document.to_json()
+    assert PublicKey.from_json(text) == document
+    assert SECRET.hex() not in text and document.secret == public_half_secret(SECRET)
+    raw = json.loads(text)
+    for change, message in [({"fingerprint": "0" * 16}, "fingerprint"), ({"detection_half": "zz"}, "detection_half"),
+                            ({"spec": "gumbel:h=4"}, "spec"), ({"extra": 1}, "fields"), ({"vocab_size": True}, "vocab_size"),
+                            ({"format": "v0"}, "format"), ({"key_id": "Not A Key"}, "key_id")]:
+        with pytest.raises(PublicKeyError, match=message):
+            PublicKey.from_json(json.dumps({**raw, **change}))
+    with pytest.raises(PublicKeyError, match="not JSON"):
+        PublicKey.from_json("{")
+
+
+def test_generation_adds_delta_for_each_half_green_list():
+    V = 5000
+    mark = Watermark("kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0", SECRET, V, KEY, public_half_secret(SECRET))
+    history = [[11, 12, 13, 14], [7, 7, 7, 7]]
+    logits = torch.zeros(2, V)
+    mark.bias(logits, history)
+    contexts = torch.tensor(history)
+    both = mark.green_mask(contexts).float() + mark.public_mark().green_mask(contexts).float()
+    assert torch.equal(logits, 2.0 * both)
+    assert mark.batch_key != Watermark(mark.spec, SECRET, V, KEY).batch_key  # never batched with the one-part key
+
+
+def test_the_paired_test_is_mcnemars_exact_binomial():
+    public = torch.tensor([1, 1, 1, 0, 0, 1], dtype=torch.bool).numpy()
+    private = torch.tensor([0, 0, 1, 1, 0, 0], dtype=torch.bool).numpy()
+    test = spoof_test(public, private)
+    assert (test["public_only"], test["private_only"]) == (3, 1)
+    assert test["p_value"] == pytest.approx(stats.binom.sf(2, 4, 0.5))
+    assert spoof_test(public[:0], private[:0])["p_value"] == 1.0
+
+
+# ------------------------------------------------------------------------------- the toy world
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    vocab = shared_vocabulary()
+    words = []
+    for token_id in range(vocab.vocab_size):
+        piece = vocab.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and piece.startswith("\u0120") and piece[1:].isalpha() and piece[1:].islower():
+            if vocab.tokenizer(" " + piece[1:], add_special_tokens=False)["input_ids"] == [token_id]:
+                words.append(token_id)
+        if len(words) == WORDS:
+            break
+    ring = Keyring(tmp_path_factory.mktemp("two-part") / "home")
+    ring.create(KEY, secret=SECRET, public_half=True)
+    mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
+    assert mark.has_public_half
+    # the spoofer holds the published half (what `keys export-public` gives anyone) and biases as hard as it likes
+    spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), ring.public_half(KEY), vocab.vocab_size, "spoofer")
+    generator = torch.Generator().manual_seed(2026)
+    words = torch.tensor(words)
+    texts = {kind: sample(vocab, words, bias, generator)
+             for kind, bias in [("genuine", mark), ("spoof", spoofer), ("human", None)]}
+    detector = Detector(vocab=vocab, keyring=ring)
+    return {kind: [detector.detect(vocab.tokenizer.decode(ids)) for ids in batch] for kind, batch in texts.items()}
+
+
+def sample(vocab, words: torch.Tensor, mark, generator) -> list[list[int]]:
+    """TEXTS texts of LENGTH words: Zipf logits plus noise over the words (no other token is drawn), biased by
+    ``mark`` through ``Watermark.bias``, the engine's call (None: unwatermarked)."""
+    zipf = -1.1 * torch.log(torch.arange(1, words.shape[0] + 1, dtype=torch.float32))
+    rows = [[int(words[int(torch.randint(0, 50, (1,), generator=generator))])] for _ in range(TEXTS)]
+    bias = torch.zeros(TEXTS, vocab.vocab_size)
+    for _ in range(LENGTH - 1):
+        logits = zipf + 0.5 * torch.randn(TEXTS, words.shape[0], generator=generator)
+        if mark is not None:  # the bias over the whole vocabulary, read at the words
+            mark.bias(bias.zero_(), rows)
+            logits += bias[:, words]
+        drawn = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator)[:, 0]
+        for row, index in zip(rows, drawn.tolist()):
+            row.append(int(words[index]))
+    return rows
+
+
+def at_most(n: int, rate: float, tail: float = 1e-4) -> int:
+    """The largest count a Binomial(n, rate) exceeds with probability below ``tail``."""
+    return int(stats.binom.isf(tail, n, rate))
+
+
+def test_genuine_output_passes_both_halves_and_the_paired_test_holds_its_level(world):
+    genuine = world["genuine"]
+    assert sum(v.watermarked for v in genuine) >= TEXTS - 2
+    reports = [v.public_half for v in genuine]
+    assert all(r is not None and r["verdict"] == "watermarked" for r in reports)
+    # exchangeable halves: the paired test's p-value is (super-)uniform on our own output
+    p_values = [r["spoof_test"]["p_value"] for r in reports]
+    assert sum(p <= SPOOF_ALPHA for p in p_values) <= at_most(TEXTS, SPOOF_ALPHA)
+    assert sum(p <= 0.05 for p in p_values) <= at_most(TEXTS, 0.05)
+    assert not any(v.to_dict()["spoof_suspected"] for v in genuine)
+
+
+def test_a_spoof_steered_by_the_published_half_passes_it_and_is_caught_by_the_private_half(world):
+    spoofs = world["spoof"]
+    public_positive = [v for v in spoofs if v.public_half["verdict"] == "watermarked"]
+    assert len(public_positive) >= TEXTS - 2  # the published half alone is spoofable: that is the point
+    # the private half's colours are coins for the spoofer: its false-positive bound holds
+    assert sum(v.watermarked for v in spoofs) <= at_most(TEXTS, 3.2e-5)
+    caught = [v for v in public_positive if v.to_dict()["spoof_suspected"]]
+    assert len(caught) >= len(public_positive) - 2
+    # a detect-scope caller sees the bit (dithered like the verdict), not the counts behind it
+    shown = [v.disclose("detect") for v in public_positive]
+    assert all("public_half" not in d and d["verdict"] != "watermarked" for d in shown)
+    assert sum(bool(d["spoof_suspected"]) for d in shown) >= len(public_positive) - 4
+    assert all(v.disclose("explain")["public_half"]["spoof_test"]["public_only"] > 0 for v in public_positive)
+
+
+def test_unwatermarked_text_is_neither_watermarked_nor_a_spoof(world):
+    human = world["human"]
+    assert sum(v.watermarked for v in human) <= at_most(TEXTS, 3.2e-5)
+    assert sum(v.public_half["verdict"] == "watermarked" for v in human) <= at_most(TEXTS, 3.2e-5)
+    assert not any(v.to_dict()["spoof_suspected"] for v in human)

@@ -20,6 +20,7 @@ from detector.scoring import score_positions
 from detector.scoring_sampling import counted_score, positions
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
+from watermark.public_key import public_half_secret
 from watermark.scheme import make_watermark
 from watermark.specs import AnySpec, is_sampling
 from watermark.stats import Z_THRESHOLD, z_score
@@ -112,19 +113,30 @@ def calibrate(watermark, key_fingerprint: str, vocab, common: CommonUnits | None
 
 
 def screened_secret(spec: AnySpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
-                    progress: bool = False) -> tuple[bytes, Calibration, int]:
+                    progress: bool = False, two_part: bool = False) -> tuple[bytes, Calibration, int]:
     """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
-    ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws)."""
+    ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws).
+    ``two_part``: the published half (``watermark.public_key``) is a key anyone tests with, so its null
+    must pass too; the worse of the two halves ranks a candidate."""
     best = None
     for attempt in range(1, tries + 1):
         secret = new_secret()
         mark = make_watermark(spec, secret, vocab.vocab_size, key_id="candidate")
         result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
-        if result.passes_screen():
+        halves = [result] + ([public_half_calibration(spec, secret, vocab, common)] if two_part else [])
+        if all(half.passes_screen() for half in halves):
             return secret, result, attempt
-        if best is None or result.worst_guarded_fpr() < best[1].worst_guarded_fpr():
-            best = (secret, result)
+        worst = max(half.worst_guarded_fpr() for half in halves)
+        if best is None or worst < best[2]:
+            best = (secret, result, worst)
     return best[0], best[1], tries
+
+
+def public_half_calibration(spec: AnySpec, secret: bytes, vocab, common: CommonUnits | None) -> Calibration:
+    """The measured null of a two-part key's published half (the key whose private half is ``secret``)."""
+    half = public_half_secret(secret)
+    mark = make_watermark(spec, half, vocab.vocab_size, key_id="public")
+    return calibrate(mark, key_fingerprint(half), vocab, common)
 
 
 def ensure_screened_active_key(keyring, vocab, progress: bool = False):

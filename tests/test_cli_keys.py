@@ -56,7 +56,8 @@ def test_json_flow_create_rotate_retire_list(home, run):
     assert code == 0
     created = json.loads(out)
     assert created["key_id"] == "first" and created["status"] == "active"
-    assert set(created) == {"key_id", "status", "created_at", "retired_at", "fingerprint", "purged", "spec", "calibration"}
+    assert set(created) == {"key_id", "status", "created_at", "retired_at", "fingerprint", "purged", "spec",
+                            "public_half", "calibration"}
     # a new key is screened and calibrated under the default spec; only public summary numbers come back
     assert created["calibration"]["id"].startswith("cal-") and created["calibration"]["passes_screen"] is True
     assert created["calibration"]["screening_draws"] >= 1

@@ -94,6 +94,22 @@ def test_the_paired_test_is_mcnemars_exact_binomial():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     vocab = shared_vocabulary()
+    words = single_token_words(vocab)
+    ring = Keyring(tmp_path_factory.mktemp("two-part") / "home")
+    ring.create(KEY, secret=SECRET, public_half=True)
+    mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
+    assert mark.has_public_half
+    # the spoofer holds the published half (what `keys export-public` gives anyone) and biases as hard as it likes
+    spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), ring.public_half(KEY), vocab.vocab_size, "spoofer")
+    generator = torch.Generator().manual_seed(2026)
+    texts = {kind: sample(vocab, words, bias, generator)
+             for kind, bias in [("genuine", mark), ("spoof", spoofer), ("human", None)]}
+    detector = Detector(vocab=vocab, keyring=ring)
+    return {kind: [detector.detect(vocab.tokenizer.decode(ids)) for ids in batch] for kind, batch in texts.items()}
+
+
+def single_token_words(vocab) -> torch.Tensor:
+    """The first WORDS lowercase words that are one token each with their leading space (decode/encode stable)."""
     words = []
     for token_id in range(vocab.vocab_size):
         piece = vocab.tokenizer.convert_ids_to_tokens(token_id)
@@ -102,18 +118,7 @@ def world(tmp_path_factory):
                 words.append(token_id)
         if len(words) == WORDS:
             break
-    ring = Keyring(tmp_path_factory.mktemp("two-part") / "home")
-    ring.create(KEY, secret=SECRET, public_half=True)
-    mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
-    assert mark.has_public_half
-    # the spoofer holds the published half (what `keys export-public` gives anyone) and biases as hard as it likes
-    spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), ring.public_half(KEY), vocab.vocab_size, "spoofer")
-    generator = torch.Generator().manual_seed(2026)
-    words = torch.tensor(words)
-    texts = {kind: sample(vocab, words, bias, generator)
-             for kind, bias in [("genuine", mark), ("spoof", spoofer), ("human", None)]}
-    detector = Detector(vocab=vocab, keyring=ring)
-    return {kind: [detector.detect(vocab.tokenizer.decode(ids)) for ids in batch] for kind, batch in texts.items()}
+    return torch.tensor(words)
 
 
 def sample(vocab, words: torch.Tensor, mark, generator) -> list[list[int]]:
@@ -170,3 +175,93 @@ def test_unwatermarked_text_is_neither_watermarked_nor_a_spoof(world):
     assert sum(v.watermarked for v in human) <= at_most(TEXTS, 3.2e-5)
     assert sum(v.public_half["verdict"] == "watermarked" for v in human) <= at_most(TEXTS, 3.2e-5)
     assert not any(v.to_dict()["spoof_suspected"] for v in human)
+
+
+# ------------------------------------------------------------------------------- the CLI
+def test_cli_creates_exports_and_verifies_with_the_published_half(tmp_path, monkeypatch, capsys):
+    from api.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PROVMARK_HOME", str(home))
+    monkeypatch.delenv("PROVMARK_MASTER_KEY", raising=False)
+
+    def run(*argv):
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = run("keys", "create", KEY, "--public-half", "--json", "--no-progress")
+    created = json.loads(out)
+    assert code == 0 and created["public_half"] is True
+    assert created["calibration"]["public_half"]["passes_screen"]  # both halves screened
+    assert run("keys", "create", "plain", "--no-calibrate")[0] == 0
+    code, _, err = run("keys", "create", "gum", "--spec", "gumbel:h=4", "--public-half", "--no-calibrate")
+    assert code == 2 and "kgw" in err and all(k.key_id != "gum" for k in Keyring(home).list())
+    assert "(two-part)" in run("keys", "list")[1]
+
+    published = tmp_path / "published.json"
+    assert run("keys", "export-public", KEY, "--out", str(published))[0] == 0
+    text = published.read_text()
+    secret = Keyring(home).secret(KEY)
+    assert secret.hex() not in text and PublicKey.from_json(text).secret == public_half_secret(secret)
+    assert PublicKey.from_json(text).calibration is not None
+    code, _, err = run("keys", "export-public", "plain")
+    assert code == 2 and "no public half" in err
+
+    vocab = shared_vocabulary()
+    mark = generation_watermark(None, vocab.vocab_size, KEY, Keyring(home))
+    ids = sample(vocab, single_token_words(vocab), mark, torch.Generator().manual_seed(1))[0]
+    paste = tmp_path / "text.txt"
+    paste.write_text(vocab.tokenizer.decode(ids))
+    code, out, _ = run("detect", str(paste), "--public-key", str(published), "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["verdict"] == "watermarked" and verdict["key_id"] == KEY
+    assert verdict["public_half"] is None  # the published half alone is a plain key to its holder
+    assert verdict["calibration"] is not None  # the published null guards the public verdict too
+    code, out, _ = run("detect", str(paste), "--key", KEY)
+    assert code == 0 and "published half" in out
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(text.replace(PublicKey.from_json(text).fingerprint, "0" * 16))
+    for bad, message in [(broken, "fingerprint"), (tmp_path / "missing.json", "cannot read")]:
+        code, out, err = run("detect", str(paste), "--public-key", str(bad))
+        assert code == 2 and message in err and out == ""
+    code, _, err = run("detect", str(paste), "--public-key", str(published), "--key", KEY)
+    assert code == 2 and "--key" in err
+
+
+# ------------------------------------------------------------------------------- the detector service
+def test_the_service_publishes_the_half_and_flags_spoofs_over_http(tmp_path):
+    from api.detector.app import create_app
+    from db.rows import VerdictRow
+    from db.store import Store
+    from http_fixtures import call, make_token, serve
+
+    vocab = shared_vocabulary()
+    ring = Keyring(tmp_path / "home")
+    ring.create(KEY, secret=SECRET, public_half=True)
+    ring.create("plain")
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    app = create_app({"home": tmp_path / "home", "vocab": vocab, "store": store, "keyring": ring})
+    explain, detect = make_token(store, "detect", "explain"), make_token(store, "detect")
+    mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
+    generator = torch.Generator().manual_seed(11)
+    with serve(app) as base_url:
+        status, document, _ = call("GET", f"{base_url}/v1/keys/{KEY}/public")  # no token: it is public
+        assert status == 200 and PublicKey.from_json(json.dumps(document)).secret == public_half_secret(SECRET)
+        assert SECRET.hex() not in json.dumps(document)
+        for missing in ("plain", "nobody", "Not%20an%20id"):
+            status, body, _ = call("GET", f"{base_url}/v1/keys/{missing}/public")
+            assert status == 404 and body["error"]["code"] == "key_not_found"
+        spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), bytes.fromhex(document["detection_half"]),
+                            vocab.vocab_size, "spoofer")
+        spoof = vocab.tokenizer.decode(sample(vocab, single_token_words(vocab), spoofer, generator)[0])
+        status, full, _ = call("POST", base_url + "/v1/detect", {"text": spoof}, token=explain)
+        assert status == 200 and full["verdict"] == "not_watermarked" and full["spoof_suspected"] is True
+        assert full["public_half"]["verdict"] == "watermarked"
+        status, shown, _ = call("POST", base_url + "/v1/detect", {"text": spoof}, token=detect)
+        assert status == 200 and shown["spoof_suspected"] is True and "public_half" not in shown
+    with store.read() as session:
+        row = session.get(VerdictRow, full["id"])
+    assert row.options["public_half"]["spoof_suspected"] is True  # the audit trail keeps the paired test

@@ -35,7 +35,7 @@ from watermark.key_info import KEY_ID_RE, KeySpecError, key_fingerprint
 PUBLIC_HALF_LABEL = b"provmark/public-detection-half/v1"
 FORMAT = "provmark-public-key/v1"
 SPOOF_ALPHA = 1e-3  # a verdict is spoof_suspected when the paired test rejects at this level
-MAX_DOCUMENT_BYTES = 4096  # the document is a few hundred bytes; refuse anything far larger unread
+MAX_DOCUMENT_BYTES = 65536  # the document is 1-3 KB (most of it the calibration); refuse anything far larger unread
 _HEX64 = re.compile("[0-9a-f]{64}")
 _HEX16 = re.compile("[0-9a-f]{16}")
 
@@ -47,6 +47,11 @@ class PublicKeyError(ValueError):
 def public_half_secret(secret: bytes) -> bytes:
     """The detection half of a two-part key whose private half is ``secret`` (32 bytes, one-way)."""
     return hmac.new(secret, PUBLIC_HALF_LABEL, hashlib.sha256).digest()
+
+
+def public_calibration_id(key_id: str) -> str:
+    """Where the published half's calibration is kept beside the key's own (a dot never occurs in a key id)."""
+    return f"{key_id}.public"
 
 
 def require_two_part_spec(spec: str) -> None:
@@ -76,6 +81,7 @@ class PublicKey:
     model_id: str
     detection_half: str  # 64 hex digits: the public half's PRF key
     fingerprint: str  # key_fingerprint of the detection half, to tell published keys apart
+    calibration: dict | None = None  # the published half's measured null (detector.calibration.Calibration)
     format: str = FORMAT
 
     @property
@@ -83,13 +89,16 @@ class PublicKey:
         """The detection half as the PRF key a ``Watermark`` takes."""
         return bytes.fromhex(self.detection_half)
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
-    def make(cls, key_id: str, spec: str, detection_half: bytes, vocab) -> PublicKey:
+    def make(cls, key_id: str, spec: str, detection_half: bytes, vocab, calibration: dict | None = None) -> PublicKey:
         return cls(key_id, spec, vocab.vocab_size, vocab.fingerprint, vocab.model_id, detection_half.hex(),
-                   key_fingerprint(detection_half))
+                   key_fingerprint(detection_half), calibration)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> PublicKey:
@@ -101,7 +110,7 @@ class PublicKey:
         except ValueError as exc:
             raise PublicKeyError(f"public key: not JSON ({exc})") from None
         names = {"key_id", "spec", "vocab_size", "tokenizer_fingerprint", "model_id", "detection_half",
-                 "fingerprint", "format"}
+                 "fingerprint", "calibration", "format"}
         if not isinstance(raw, dict) or set(raw) != names:
             missing = sorted(names - set(raw)) if isinstance(raw, dict) else sorted(names)
             raise PublicKeyError(f"public key: expected the fields {', '.join(sorted(names))}"
@@ -111,6 +120,8 @@ class PublicKey:
         for name in ("key_id", "spec", "tokenizer_fingerprint", "model_id", "detection_half", "fingerprint"):
             if not isinstance(raw[name], str):
                 raise PublicKeyError(f"{name}: expected a string")
+        if not (raw["calibration"] is None or isinstance(raw["calibration"], dict)):
+            raise PublicKeyError("calibration: expected an object or null")
         if not KEY_ID_RE.fullmatch(raw["key_id"]):
             raise PublicKeyError("key_id: not a provmark key id")
         if isinstance(raw["vocab_size"], bool) or not isinstance(raw["vocab_size"], int) or raw["vocab_size"] <= 1:

@@ -22,7 +22,9 @@ import sys
 from api.cli.errors import CLIError
 from watermark.config import SpecError
 from watermark.specs import parse_spec
+from watermark.key_binding import same_colours
 from watermark.key_info import KeyringError
+from watermark.public_key import MAX_DOCUMENT_BYTES, PublicKey, PublicKeyError
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import ModelAssetError, load_vocabulary
 
@@ -35,6 +37,9 @@ def register(subparsers) -> None:
                         help="text file to score, or - for standard input (default)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--jsonl", metavar="IN.jsonl", help='score every {"text": ...} line; JSON lines out')
+    parser.add_argument("--public-key", metavar="FILE",
+                        help="verify with a published two-part key (`provmark keys export-public`), no keyring needed; "
+                             "a spoof made with the same published half passes this test: the key's owner tells them apart")
     add_scoring_options(parser)
     parser.set_defaults(func=run)
 
@@ -76,14 +81,17 @@ def _run(args) -> int:
         raise CLIError(f"bad --watermark: {exc}") from None
     if args.keys and not spec.needs_key:
         raise CLIError("--key: an hf spec is public and takes no key")
-    detector = _detector(args.model)
+    if args.public_key:
+        detector, spec, keys = _published_half_detector(args)
+    else:
+        detector, keys = _detector(args.model), args.keys
     named = args.watermark or None
-    if named is None and args.keys:  # the keys' own spec, as `provmark generate --key ID` writes it
+    if named is None and args.keys and not args.public_key:  # the keys' own spec, as `provmark generate --key ID` writes it
         try:
             spec = detector.own_spec(args.keys) or spec
         except KeyringError as exc:  # KeySpecError: keys bound to different specs
             raise CLIError(str(exc)) from None
-    options = dict(keys=args.keys if spec.needs_key else None, spec=spec, windows=args.windows,
+    options = dict(keys=keys if spec.needs_key else None, spec=spec, windows=args.windows,
                    explain=args.explain, normalize=not args.no_normalize, dedup=not args.no_dedup,
                    z_threshold=args.z_threshold, fpr=args.fpr)
     if args.jsonl:
@@ -105,6 +113,43 @@ def _detector(model: str | None):
     except (ModelAssetError, OSError, ValueError) as exc:
         raise CLIError(f"cannot load the tokenizer: {exc}") from None
     return Detector(vocab=vocab)
+
+
+def _published_half_detector(args):
+    """(Detector, spec, [key id]) testing only the published half in ``args.public_key``: a PublicKey document
+    checked against the tokenizer in use, its calibration as the guard (``detector.calibration``)."""
+    from detector.batch_secrets import KeySecrets, SecretsKeyring
+    from detector.calibration import Calibration, ShippedCalibrations
+    from detector.service import Detector
+
+    if args.keys or args.all_keys:
+        raise CLIError("--public-key: the document names its key; pass no --key")
+    try:
+        with open(args.public_key, "rb") as handle:
+            document = PublicKey.from_json(handle.read(MAX_DOCUMENT_BYTES + 1))
+    except OSError as exc:
+        raise CLIError(f"cannot read {args.public_key}: {exc.strerror or exc}") from None
+    except PublicKeyError as exc:
+        raise CLIError(f"{args.public_key}: {exc}") from None
+    spec = parse_spec(document.spec)
+    if args.watermark and not same_colours(parse_spec(args.watermark), spec):
+        raise CLIError(f"--watermark: the published key is bound to {document.spec}")
+    try:
+        vocab = load_vocabulary(args.model)
+    except (ModelAssetError, OSError, ValueError) as exc:
+        raise CLIError(f"cannot load the tokenizer: {exc}") from None
+    if (vocab.fingerprint, vocab.vocab_size) != (document.tokenizer_fingerprint, document.vocab_size):
+        raise CLIError(f"{args.public_key}: the key is defined over {document.model_id}'s tokenizer "
+                       f"(fingerprint {document.tokenizer_fingerprint}); pass that model's folder with --model")
+    shipped = {}
+    if document.calibration is not None:
+        try:
+            calibration = Calibration.from_dict({**document.calibration, "key_id": document.key_id})
+        except (KeyError, TypeError, ValueError):
+            raise CLIError(f"{args.public_key}: calibration: not a calibration record") from None
+        shipped[f"{document.key_id}|{calibration.spec_fingerprint}"] = calibration.to_dict()
+    keyring = SecretsKeyring(KeySecrets({document.key_id: document.secret}))
+    return Detector(vocab=vocab, keyring=keyring, calibrations=ShippedCalibrations(shipped)), spec, [document.key_id]
 
 
 def _detect(detector, text: str, options: dict):
@@ -174,6 +219,12 @@ def format_verdict(verdict) -> str:
         + _counts_line(d),
         f"key: {d['key_id'] or '-'}; watermark: {d['watermark']}",
     ]
+    public = d.get("public_half")
+    if public is not None:  # a two-part key: what its published half says, and whether that was spoofed
+        z = "n/a" if public["z_score"] is None else f"{public['z_score']:.2f}"
+        lines.append(f"published half ({public['fingerprint']}): {public['verdict']}, z = {z}; paired test of the "
+                     f"halves p = {public['spoof_test']['p_value']:.3g}"
+                     + ("; SPOOF SUSPECTED: green under the published half only" if d["spoof_suspected"] else ""))
     if d["normalizations"]:
         lines.append("normalised: " + ", ".join(d["normalizations"]))
     windows = d["windows"]

@@ -25,6 +25,7 @@ from watermark.config import SpecError
 from watermark.key_binding import bound_spec, spec_to_bind
 from watermark.key_info import STANDBY, KeyInfo, KeyringError
 from watermark.keys import Keyring
+from watermark.public_key import PublicKey, public_calibration_id, require_two_part_spec
 from watermark.specs import parse_spec
 from watermark.vocab import load_vocabulary
 
@@ -58,6 +59,11 @@ def register(subparsers) -> None:
                            help="watermark spec to calibrate under (repeatable; default: each key's own spec)")
     calibrate.add_argument("--plot", metavar="PNG", help="also plot each key's null against N(0, 1) into this file")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    export_help = "write a two-part key's publishable detection half (anyone verifies text with it)"
+    export = _action(actions, "export-public", export_help, _export_public)
+    export.add_argument("key_id", metavar="KEY_ID")
+    export.add_argument("--out", metavar="FILE", help="write the document here (mode 0644) instead of standard output")
 
     retire_help = "stop using a key for detection (the active key: rotate first)"
     retire = _action(actions, "retire", retire_help, _retire)
@@ -100,6 +106,9 @@ def _calibration_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", metavar="SPEC", default=None,
                         help="the spec the new key watermarks with (kgw:..., gumbel:..., synthid:... or "
                              "vllm:gumbel,...); the detector scores the key only under it (default: the default spec)")
+    parser.add_argument("--public-half", action="store_true",
+                        help="a two-part key (kgw specs): its detection half can be published (`keys export-public`) "
+                             "so anyone verifies text; the private half stays here and catches spoofs made with it")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -113,14 +122,21 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     spec = _spec_to_bind(args)
     vocab, measuring = _material()
     common = measuring.common_units.for_spec(spec, vocab)
+    two_part = getattr(args, "public_half", False)
     try:
-        secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args))
+        secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args),
+                                                          two_part=two_part)
     except RuntimeError as exc:
         raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
     info = make(secret)
     result = measuring.for_key(result, info.key_id)
-    calibration.CalibrationStore(keyring).put(result)
+    store = calibration.CalibrationStore(keyring)
+    store.put(result)
     summary = {**result.summary(), "screening_draws": draws}
+    if two_part:  # the published half's null is public metadata too (`keys export-public` carries it)
+        public = measuring.public_half_calibration(spec, secret, vocab, common)
+        store.put(measuring.for_key(public, public_calibration_id(info.key_id)))
+        summary["public_half"] = public.summary()
     return info, summary
 
 
@@ -155,11 +171,15 @@ def _spec_to_bind(args):
 
 def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     spec = _spec_to_bind(args)
-    info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec))
+    _check_two_part(args, spec)
+    info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec,
+                                                                           public_half=args.public_half))
     if args.json:
         _print_json({**info.to_dict(), "calibration": summary})
     else:
-        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint}, spec {info.spec})")
+        print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint}, spec {info.spec})"
+              + (f"; two-part: publish its detection half with `provmark keys export-public {info.key_id}`"
+                 if info.public_half else ""))
         if summary is not None:
             print(_describe_calibration(summary))
         if info.status == STANDBY:
@@ -253,7 +273,9 @@ def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         info, summary = keyring.rotate(args.new_id), None
     else:
         spec = _spec_to_bind(args)
-        info, summary = _screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret, spec=spec))
+        _check_two_part(args, spec)
+        info, summary = _screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret, spec=spec,
+                                                                               public_half=args.public_half))
     after = keyring.list()
     if args.json:
         _print_json({**info.to_dict(), "calibration": summary})
@@ -265,6 +287,36 @@ def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         print(format_table(after, _calibration_column(keyring)))
     demoted = [("rotate_out", k) for k in after if k.key_id != info.key_id and before.get(k.key_id) != k.status]
     return [("rotate", info), *demoted] + ([("calibrate", info, summary)] if summary else [])
+
+
+def _check_two_part(args, spec) -> None:
+    """A clear error before anything is screened or written: two-part keys are kgw keys."""
+    if args.public_half:
+        try:
+            require_two_part_spec(spec.format())
+        except KeyringError as exc:
+            raise CLIError(f"--public-half: {exc}") from None
+
+
+def _export_public(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
+    """The public-key document (``watermark.public_key.PublicKey``): never the secret."""
+    info = next((k for k in keyring.list() if k.key_id == args.key_id), None)
+    if info is None:
+        raise CLIError(f"no key {args.key_id} in the keyring (see `provmark keys list`)")
+    half = keyring.public_half(args.key_id)  # KeyStateError for a one-part key: its colours are all secret
+    found = CalibrationStore(keyring).for_key(public_calibration_id(info.key_id))
+    document = PublicKey.make(info.key_id, bound_spec(info).format(), half, load_vocabulary(),
+                              calibration=found[-1].to_dict() if found else None)
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as handle:
+                handle.write(document.to_json())
+        except OSError as exc:
+            raise CLIError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+        print(f"wrote the public half of key {info.key_id} (fingerprint {document.fingerprint}) to {args.out}")
+    else:
+        sys.stdout.write(document.to_json())
+    return [("export_public", info, {"public_fingerprint": document.fingerprint})]
 
 
 def _retire(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
@@ -287,7 +339,7 @@ def format_table(infos: list[KeyInfo], calibrations: dict[str, list[dict]] | Non
             info.fingerprint,
             info.created_at,
             info.retired_at or "-",
-            bound_spec(info).format(),
+            bound_spec(info).format() + (" (two-part)" if info.public_half else ""),
         ) + ((_calibration_cell(info, calibrations.get(info.key_id, [])),) if calibrations is not None else ())
         for info in infos
     ]

@@ -117,10 +117,31 @@ class DetectResponse(BaseModel):
     spoof_suspected: bool | None = Field(
         None, description="watermarked KGW verdicts: the text's greens sit on the units the service's own output "
                           "made learnable, as a watermark thief's do (p <= 1e-3 under the key's own outputs); "
-                          "None when it cannot judge (too few units, or too little recorded output)")
+                          "None when it cannot judge (too few units, or too little recorded output). Negative "
+                          "verdicts under a two-part key: the published half says watermarked and the private "
+                          "half says it was spoofed (paired test, p <= 1e-3)")
     spoof_check: dict[str, Any] | None = Field(
         None, description="explain scope: the spoof check's z, p-values (normal fit, empirical), units and null size")
+    public_half: dict[str, Any] | None = Field(
+        None, description="explain scope, two-part keys: the published half's verdict, counts and z, and the paired "
+                          "test of the two halves (a spoof made with the published half is green under it only)")
     explanation: list[dict[str, Any]] | None = None
+
+
+class PublicKeyDocument(BaseModel):
+    """The publishable half of a two-part key (``watermark.public_key.PublicKey``): verify text with it offline,
+    ``provmark detect --public-key FILE``. Anyone holding it can also write text that passes it; the key's
+    owner tells such spoofs apart with the private half (``spoof_suspected`` on its verdicts)."""
+
+    key_id: str
+    spec: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    model_id: str
+    detection_half: str = Field(description="64 hex digits: the published half's PRF key (never the private half)")
+    fingerprint: str
+    calibration: dict[str, Any] | None = Field(None, description="the published half's measured null on human text")
+    format: str
 
 
 class VerdictItem(BaseModel):

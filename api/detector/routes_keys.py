@@ -1,0 +1,42 @@
+"""GET /v1/keys/<key_id>/public: the published half of a two-part key (``watermark.public_key``); no token.
+
+A two-part key's detection half exists to be published: anyone may fetch it and verify text offline
+(``provmark detect --public-key FILE``). A one-part key has nothing public, and answers as an unknown id does.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+
+from api.detector.schemas import PublicKeyDocument
+from api.http import ApiError, ErrorResponse
+from detector.calibration import CalibrationStore
+from watermark.key_binding import bound_spec
+from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
+from watermark.public_key import PublicKey, public_calibration_id
+
+NOT_PUBLISHED = "no two-part key with this id (only a two-part key has a public half)"
+
+
+def blueprint(api, services) -> Blueprint:
+    bp = Blueprint("keys", __name__)
+
+    @api.route(bp, "/v1/keys/<key_id>/public", methods=["GET"], summary="The publishable half of a two-part key",
+               responses={200: PublicKeyDocument, 404: ErrorResponse}, tags=["keys"])
+    def public_key(key_id: str):
+        keyring = services.detector.keyring
+        if not KEY_ID_RE.fullmatch(key_id):
+            raise ApiError(404, "key_not_found", NOT_PUBLISHED)
+        info = next((k for k in keyring.list() if k.key_id == key_id), None)
+        try:
+            if info is None or not info.used_for_detection:  # a retired key verifies nothing any more
+                raise KeyNotFoundError(key_id)
+            half = keyring.public_half(key_id)
+        except (KeyNotFoundError, KeyStateError):
+            raise ApiError(404, "key_not_found", NOT_PUBLISHED) from None
+        found = CalibrationStore(keyring).for_key(public_calibration_id(key_id))
+        document = PublicKey.make(key_id, bound_spec(info).format(), half, services.detector.vocab,
+                                  calibration=found[-1].to_dict() if found else None)
+        return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())
+
+    return bp

@@ -49,6 +49,7 @@ from watermark.config import SpecError
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
+from watermark.public_key import public_half_id
 from watermark.specs import AnySpec, parse_spec
 from watermark.stats import Z_THRESHOLD
 
@@ -154,8 +155,10 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
                                  where=f"record {number}")
         jobs.append(DetectJob(text, record_spec.format(), chosen, forced))
     needed = sorted({k for job in jobs if job.keys for k in job.keys})
-    try:
-        secrets = KeySecrets({k: keyring.secret(k) for k in needed})
+    two_part = {i.key_id for i in keyring.list() if i.public_half} if isinstance(keyring, Keyring) else set()
+    try:  # a two-part key's published half travels too: workers report what it says (detector.two_part)
+        secrets = KeySecrets({**{k: keyring.secret(k) for k in needed},
+                              **{public_half_id(k): keyring.public_half(k) for k in needed if k in two_part}})
     except KeyringError as exc:  # keyring messages name ids, never secrets
         raise BatchError(str(exc)) from None
     vocab = vocab if vocab is not None else Detector().vocab
@@ -373,6 +376,8 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> Ve
                       "null": null_record(verdict)}
     if verdict.get("statistic") is not None:  # sampling specs: the scheme's own statistic (no green count)
         stored_options["statistic"] = verdict["statistic"]
+    if verdict.get("public_half") is not None:  # two-part keys: the published half's verdict and the paired test
+        stored_options["public_half"] = verdict["public_half"]
     p_value = verdict["p_value"]
     return VerdictRecord(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,

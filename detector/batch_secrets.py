@@ -13,6 +13,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from watermark.key_info import KeyNotFoundError, KeyringError
+from watermark.public_key import public_half_id
 
 TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"
 SEAL_CONTEXT = b"provmark/batch-secrets/1"  # AES-GCM associated data: a sealed bundle means only this
@@ -73,6 +74,13 @@ class SecretsKeyring:
 
     def secret(self, key_id: str) -> bytes:
         return self._secrets.secret(key_id)
+
+    def public_half_of(self, key_id: str) -> bytes | None:
+        """A two-part key's published half when the batch shipped one (``watermark.public_key.public_half_id``)."""
+        try:
+            return self._secrets.secret(public_half_id(key_id))
+        except KeyNotFoundError:
+            return None
 
     def detection_keys(self):  # prepare_jobs always names the keys
         raise KeyringError("batch workers are given explicit key ids")

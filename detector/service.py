@@ -225,9 +225,13 @@ class Detector:
 
     def _public_half(self, spec: AnySpec, key_id: str) -> bytes | None:
         """A two-part key's detection half when ``spec`` is its kgw spec (the verdict then reports what the
-        public half says, ``detector.two_part``); None for one-part keys and keyring stand-ins."""
-        if not isinstance(self.keyring, Keyring) or is_sampling(spec) or not spec.needs_key:
+        public half says, ``detector.two_part``); None for one-part keys. A keyring stand-in (batch workers)
+        answers through its ``public_half_of``, when it has one."""
+        if is_sampling(spec) or not spec.needs_key:
             return None
+        if not isinstance(self.keyring, Keyring):
+            finder = getattr(self.keyring, "public_half_of", None)
+            return finder(key_id) if finder is not None else None
         with self._lock:
             if self._all_infos is None:
                 self._all_infos = {info.key_id: info for info in self.keyring.list()}

@@ -9,19 +9,46 @@ from evaluation.security import run_security
 from evaluation.security_attacks import ATTACKS, AttackConfig, run_attacks
 
 ORACLE = "oracle"
+PUBLIC_HALF = "public-half"  # a two-part key against a spoofer holding its published half (evaluation.public_half)
 
 
 def wanted_attacks(text: str) -> tuple[bool, tuple[str, ...]]:
-    """``--attack`` -> (run the oracle attack?, the stealing attacks to run); ValueError on unknown names."""
+    """``--attack`` -> (run the oracle attack?, the stealing attacks to run); ValueError on unknown names.
+    ``public-half`` is accepted here and asked for with ``wants_public_half``."""
     names = [part.strip().lower() for part in str(text).split(",") if part.strip()]
     if not names:
         raise ValueError("expected an attack name")
     if "all" in names:
         return True, ATTACKS
-    unknown = [n for n in names if n != ORACLE and n not in ATTACKS]
+    unknown = [n for n in names if n not in (ORACLE, PUBLIC_HALF) and n not in ATTACKS]
     if unknown:
-        raise ValueError(f"unknown {', '.join(map(repr, unknown))} (known: {ORACLE}, {', '.join(ATTACKS)}, all)")
+        raise ValueError(f"unknown {', '.join(map(repr, unknown))} "
+                         f"(known: {ORACLE}, {', '.join(ATTACKS)}, {PUBLIC_HALF}, all)")
     return ORACLE in names, tuple(n for n in ATTACKS if n in names)
+
+
+def wants_public_half(text: str) -> bool:
+    names = [part.strip().lower() for part in str(text).split(",")]
+    return PUBLIC_HALF in names or "all" in names
+
+
+def run_public_half(args) -> int:
+    """The two-part key against its published half's spoofer (``evaluation.public_half``), into OUT/public-half."""
+    from pathlib import Path
+
+    from evaluation.public_half import PublicHalfConfig, run_public_half as run
+
+    # the spoofer at our own strength and at --spoof-delta
+    deltas = tuple(sorted({PublicHalfConfig().spec_delta, float(args.spoof_delta)}))
+    config = PublicHalfConfig(texts=args.eval_texts, tokens=args.tokens, seed=args.seed, spoof_deltas=deltas)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    results = run(config, Path(args.out) / PUBLIC_HALF, progress=not args.no_progress)
+    print(json.dumps({name: section[str(args.tokens)] for name, section in results["sets"].items()}, indent=1))
+    print(f"results: {args.out}/{PUBLIC_HALF}/results.json; plot: {results['plot']}")
+    return 0
 
 
 def _numbers(flag: str, text: str, kind):

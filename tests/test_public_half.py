@@ -265,3 +265,21 @@ def test_the_service_publishes_the_half_and_flags_spoofs_over_http(tmp_path):
     with store.read() as session:
         row = session.get(VerdictRow, full["id"])
     assert row.options["public_half"]["spoof_suspected"] is True  # the audit trail keeps the paired test
+
+
+def test_detect_batch_workers_report_the_published_half_as_detect_does(tmp_path):
+    from detector.batch import DetectOptions, prepare_jobs, run_local
+
+    vocab = shared_vocabulary()
+    ring = Keyring(tmp_path / "home")
+    ring.create(KEY, secret=SECRET, public_half=True)
+    spoofer = Watermark(generation_watermark(None, vocab.vocab_size, KEY, ring).spec.with_(delta=SPOOF_DELTA),
+                        ring.public_half(KEY), vocab.vocab_size, "spoofer")
+    texts = [vocab.tokenizer.decode(ids)
+             for ids in sample(vocab, single_token_words(vocab), spoofer, torch.Generator().manual_seed(5))[:3]]
+    prepared = prepare_jobs([{"text": t} for t in texts], DetectOptions(), keyring=ring, vocab=vocab)
+    assert SECRET.hex() not in repr(prepared.secrets)
+    batch = run_local(prepared, workers=1)
+    single = [Detector(vocab=vocab, keyring=ring).detect(t).to_dict() for t in texts]
+    assert [v["public_half"] for v in batch] == [v["public_half"] for v in single]
+    assert all(v["spoof_suspected"] is True for v in batch)

@@ -49,8 +49,9 @@ def public_half_secret(secret: bytes) -> bytes:
     return hmac.new(secret, PUBLIC_HALF_LABEL, hashlib.sha256).digest()
 
 
-def public_calibration_id(key_id: str) -> str:
-    """Where the published half's calibration is kept beside the key's own (a dot never occurs in a key id)."""
+def public_half_id(key_id: str) -> str:
+    """The name the published half goes by beside its key: its calibration's, and its entry among the secrets a
+    batch ships to workers (a dot never occurs in a key id, so it names no key)."""
     return f"{key_id}.public"
 
 

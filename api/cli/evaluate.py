@@ -76,6 +76,8 @@ SECURITY_DESCRIPTION = """Attacks on the watermark's secrecy, each run by a clie
   stealing   colours estimated from N watermarked tokens of the generation API (evaluation.stealing)
   spoofing   the unwatermarked model steered by the stolen colours, scored by the real detector
   scrubbing  watermarked text edited with the stolen colours, against blind edits at the same rate
+  public-half  a two-part key against a spoofer who holds its published half (evaluation.public_half;
+             --eval-texts prompts, --tokens, --spoof-delta)
 
 Results (cached, resumable) in OUT/results.json with a plot per attack; docs/security.md has the
 measured tables."""
@@ -86,7 +88,8 @@ def _register_security(commands) -> None:
                             description=SECURITY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attack", default="oracle", metavar="NAME",
                    help="oracle (default; a detect-token client learning colours from verdicts), stealing, spoofing, "
-                        "scrubbing (from watermarked text; evaluation.security_attacks), or all")
+                        "scrubbing (from watermarked text; evaluation.security_attacks), public-half (a two-part "
+                        "key against its published half's spoofer), or all")
     p.add_argument("--units", type=int, default=40, help="target units per attack, half green (default 40)")
     p.add_argument("--max-pairs", type=int, default=64, help="paired-difference pairs per unit, at most (default 64)")
     p.add_argument("--prefix-tokens", type=int, default=200, help="tokens of each query text (default 200)")
@@ -118,6 +121,15 @@ def run_security(args) -> int:
         oracle, stolen = security_cli.wanted_attacks(args.attack)
     except ValueError as exc:
         raise CLIError(f"--attack: {exc}") from None
+    if security_cli.wants_public_half(args.attack):
+        if args.threads is not None and args.threads < 1:
+            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
+        try:
+            security_cli.run_public_half(args)
+        except ValueError as exc:
+            raise CLIError(f"--{str(exc).replace('_', '-')}") from None
+        if not oracle and not stolen:
+            return 0
     try:
         config = security.SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
                                          power_texts=args.power_texts, seed=args.seed,

@@ -25,7 +25,7 @@ from watermark.config import SpecError
 from watermark.key_binding import bound_spec, spec_to_bind
 from watermark.key_info import STANDBY, KeyInfo, KeyringError
 from watermark.keys import Keyring
-from watermark.public_key import PublicKey, public_calibration_id, require_two_part_spec
+from watermark.public_key import PublicKey, public_half_id, require_two_part_spec
 from watermark.specs import parse_spec
 from watermark.vocab import load_vocabulary
 
@@ -135,7 +135,7 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     summary = {**result.summary(), "screening_draws": draws}
     if two_part:  # the published half's null is public metadata too (`keys export-public` carries it)
         public = measuring.public_half_calibration(spec, secret, vocab, common)
-        store.put(measuring.for_key(public, public_calibration_id(info.key_id)))
+        store.put(measuring.for_key(public, public_half_id(info.key_id)))
         summary["public_half"] = public.summary()
     return info, summary
 
@@ -304,7 +304,7 @@ def _export_public(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     if info is None:
         raise CLIError(f"no key {args.key_id} in the keyring (see `provmark keys list`)")
     half = keyring.public_half(args.key_id)  # KeyStateError for a one-part key: its colours are all secret
-    found = CalibrationStore(keyring).for_key(public_calibration_id(info.key_id))
+    found = CalibrationStore(keyring).for_key(public_half_id(info.key_id))
     document = PublicKey.make(info.key_id, bound_spec(info).format(), half, load_vocabulary(),
                               calibration=found[-1].to_dict() if found else None)
     if args.out:

@@ -13,7 +13,7 @@ from api.http import ApiError, ErrorResponse
 from detector.calibration import CalibrationStore
 from watermark.key_binding import bound_spec
 from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
-from watermark.public_key import PublicKey, public_calibration_id
+from watermark.public_key import PublicKey, public_half_id
 
 NOT_PUBLISHED = "no two-part key with this id (only a two-part key has a public half)"
 
@@ -34,7 +34,7 @@ def blueprint(api, services) -> Blueprint:
             half = keyring.public_half(key_id)
         except (KeyNotFoundError, KeyStateError):
             raise ApiError(404, "key_not_found", NOT_PUBLISHED) from None
-        found = CalibrationStore(keyring).for_key(public_calibration_id(key_id))
+        found = CalibrationStore(keyring).for_key(public_half_id(key_id))
         document = PublicKey.make(key_id, bound_spec(info).format(), half, services.detector.vocab,
                                   calibration=found[-1].to_dict() if found else None)
         return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())

@@ -2,11 +2,12 @@
 
 Workloads (FACTS.md's): batch 1 and 16 concurrent requests (prompt lengths 10..200), 128 new tokens
 forced (min_new_tokens = max_new_tokens), greedy and sampled; plus the engine's slowdown when every
-request is watermarked (default spec, a throwaway key). Each figure is the median of ``--runs`` timed
+request is watermarked (default spec, a throwaway key; with ``--two-part`` also a two-part key, whose
+two halves are both biased). Each figure is the median of ``--runs`` timed
 runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
 
     python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16] [--vllm]
-        [--omp-wait-policy default|passive|active]
+        [--omp-wait-policy default|passive|active] [--two-part] [--no-transformers]
 
 Writes benchmarks/results/engine_throughput.json and prints the same JSON.
 """
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from watermark.config import WatermarkSpec
+from watermark.public_key import public_half_secret
 from watermark.scheme import Watermark
 
 # OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
@@ -111,9 +113,12 @@ def run_transformers(model, prompts, sampled: bool, pad_id: int) -> float:
     return produced / elapsed
 
 
-def default_watermark(vocab_size: int):
-    """The lead's default spec with a throwaway random key (the keyring is not touched)."""
-    return Watermark(WatermarkSpec.default(), secrets.token_bytes(32), vocab_size, key_id="benchmark")
+def default_watermark(vocab_size: int, two_part: bool = False):
+    """The lead's default spec with a throwaway random key (the keyring is not touched); ``two_part``: a two-part
+    key's watermark (both halves biased, watermark.public_key)."""
+    secret = secrets.token_bytes(32)
+    return Watermark(WatermarkSpec.default(), secret, vocab_size, key_id="benchmark",
+                     public_half=public_half_secret(secret) if two_part else None)
 
 
 def median_of(fns: dict, runs: int) -> dict[str, dict]:
@@ -150,6 +155,9 @@ def add_vllm_column(results: dict[str, dict], args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median reported)")
+    parser.add_argument("--two-part", action="store_true",
+                        help="also time a two-part key's watermark at 16 concurrent (both halves biased)")
+    parser.add_argument("--no-transformers", action="store_true", help="leave the transformers peer out")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
     parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     native = {"auto": None, "on": True, "off": False}[args.native_kernels]
     engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512, packed_weights=packed, native_kernels=native)
     watermark = default_watermark(vocab_size)
+    two_part = default_watermark(vocab_size, two_part=True)
 
     results: dict[str, dict] = {}
     batches = [int(b) for b in args.batches.split(",")]
@@ -190,13 +199,18 @@ def main(argv: list[str] | None = None) -> int:
             }
             if batch == BATCH:
                 fns["engine_watermarked"] = lambda p=prompts, s=sampled: run_engine(engine, p, s, watermark)
+                if args.two_part:
+                    fns["engine_two_part"] = lambda p=prompts, s=sampled: run_engine(engine, p, s, two_part)
+            if args.no_transformers:
+                del fns["transformers"]
             figures = median_of(fns, args.runs)
             entry = {name: fig for name, fig in figures.items()}
-            entry["speedup_vs_transformers"] = round(
-                figures["engine"]["tokens_per_s"] / figures["transformers"]["tokens_per_s"], 3)
-            if "engine_watermarked" in figures:
-                entry["watermark_slowdown"] = round(
-                    1 - figures["engine_watermarked"]["tokens_per_s"] / figures["engine"]["tokens_per_s"], 4)
+            if "transformers" in figures:
+                entry["speedup_vs_transformers"] = round(
+                    figures["engine"]["tokens_per_s"] / figures["transformers"]["tokens_per_s"], 3)
+            for name, label in (("engine_watermarked", "watermark_slowdown"), ("engine_two_part", "two_part_slowdown")):
+                if name in figures:
+                    entry[label] = round(1 - figures[name]["tokens_per_s"] / figures["engine"]["tokens_per_s"], 4)
             results[f"batch{batch}_{mode}"] = entry
             print(f"batch {batch} {mode}: {json.dumps(entry)}", file=sys.stderr, flush=True)
 

@@ -107,8 +107,9 @@ def run_public_half(config: PublicHalfConfig, out: str | Path, loaded=None, prog
             section = {str(n): summarise([detector.detect(decode(ids[:n]), keys=[key]) for ids in texts])
                        for n in lengths}
             gens = found[list(marks).index(name)] if name in marks else None
-            if gens is not None:
-                section["perplexity_median"] = statistics.median(g.perplexity for g in gens)
+            if gens is not None:  # under the unwatermarked model, given the prompt (heavy-tailed: quartiles)
+                q1, median, q3 = statistics.quantiles([g.perplexity for g in gens], n=4)
+                section["perplexity"] = {"q1": q1, "median": median, "q3": q3}
             results["sets"][name] = section
     (out / "results.json").write_text(json.dumps(results, indent=1))
     results["plot"] = str(plot(results, out / "public-half.png", config.tokens))

@@ -69,6 +69,20 @@ def test_context_seeds_cached_or_not_are_the_prf_seeds(prf_path):
         seeds.seeds(torch.tensor([[1, -1, 2, 3]]))
 
 
+@pytest.mark.parametrize("prf", ["hmac-sha256", "sha3-256"])
+@pytest.mark.parametrize("h", [0, 1, 2, 4, 7, 9])
+def test_context_seeds_of_every_width_are_the_prf_seeds(prf, h, prf_path):
+    """The kernel's rows (no cache) and the cached hashlib rows, against one PRF call per row."""
+    seeds = ContextSeeds(SECRET, prf, "gumbel")
+    contexts = random_ids(10 + h, 3 * 97 * max(h, 1), high=30)[:97 * h].reshape(97, h)  # repeats when h is small
+    contexts[0] = 2**32 - 1  # the largest id a context may hold
+    expected = [KeyedPRF(SECRET, prf, "gumbel").seed(row) for row in contexts.tolist()]
+    for _ in range(2):  # new, then seen contexts
+        assert seeds.seed_values(contexts.numpy()).tolist() == expected
+    seeds.clear()
+    assert seeds.seed_values(contexts.numpy()[::-1]).tolist() == expected[::-1]  # a strided view
+
+
 @pytest.mark.parametrize("spec", ["gumbel:h=4", "gumbel:h=1,prf=sha3-256", "synthid:h=4", "synthid:h=2,layers=7"])
 def test_keyed_spec_positions_equal_the_reference_words(spec, prf_path):
     mark = sampling_watermark(spec, SECRET, V)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from detector.common_units import CommonUnits
+from detector.row_order import packed_keys, same_as_previous, sorted_order
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
@@ -110,11 +111,9 @@ def _previous(units: np.ndarray) -> np.ndarray:
     prev = np.full(count, -1, dtype=np.int64)
     if count < 2:
         return prev
-    columns = [units[:, j] for j in range(units.shape[1])]
-    order = np.lexsort(columns[::-1])  # stable: equal units end up adjacent, in text order
-    same = np.ones(count - 1, dtype=bool)
-    for column in columns:
-        same &= column[order[1:]] == column[order[:-1]]
+    keys = packed_keys(units)
+    order = sorted_order(keys)  # stable: equal units end up adjacent, in text order
+    same = same_as_previous(keys, order)
     prev[order[1:][same]] = order[:-1][same]
     return prev
 

@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-from detector.row_order import packed_keys, same_as_previous, sorted_order
+from detector.row_order import packed_keys, sorted_order
 from watermark.specs import is_sampling, parse_spec
 from watermark.stats import p_value_normal, z_for_p
 
@@ -64,9 +64,17 @@ def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.nd
     rows = np.ascontiguousarray(units, dtype=np.int64)
     if rows.size:
         rows = rows.reshape(rows.shape[0], -1)
-        keys = packed_keys(rows)  # sorted rows; a lexsort is ~10x faster than np.unique(axis=0)
-        order = sorted_order(keys)
-        rows = rows[order[np.concatenate(([True], ~same_as_previous(keys, order)))]]
+        rows = rows[sorted_order(packed_keys(rows))]  # a lexsort is ~10x faster than np.unique(axis=0)
+    return dither_sorted(dither_key, fingerprint, key_id, rows)
+
+
+def dither_sorted(dither_key: bytes, fingerprint: str, key_id: str | None, rows: np.ndarray) -> float:
+    """``dither`` of unit rows [N, k] already in sorted order (repeats allowed), as a caller that sorted
+    them for dedup has them."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.size:
+        rows = rows.reshape(rows.shape[0], -1)
+        rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
     mac = hmac.new(dither_key, _DITHER_DOMAIN + f"{fingerprint}|{key_id}|".encode(), hashlib.sha256)
     mac.update(rows.tobytes())
     return int.from_bytes(mac.digest()[:8], "little") / 2.0**64

@@ -51,3 +51,16 @@ def same_as_previous(keys: list[np.ndarray], order: np.ndarray) -> np.ndarray:
         sorted_key = key[order]
         same &= sorted_key[1:] == sorted_key[:-1]
     return same
+
+
+def previous_and_order(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's previous equal row (-1 for a first occurrence) and the rows' stable sorted order."""
+    count = units.shape[0]
+    prev = np.full(count, -1, dtype=np.int64)
+    if count < 2:
+        return prev, np.arange(count)
+    keys = packed_keys(units)
+    order = sorted_order(keys)  # stable: equal units end up adjacent, in text order
+    same = same_as_previous(keys, order)
+    prev[order[1:][same]] = order[:-1][same]
+    return prev, order

@@ -6,8 +6,8 @@ import hmac
 import numpy as np
 import pytest
 
-from detector.disclosure import _DITHER_DOMAIN, dither
-from detector.row_order import packed_keys, same_as_previous, sorted_order
+from detector.disclosure import _DITHER_DOMAIN, dither, dither_sorted
+from detector.row_order import packed_keys, previous_and_order, same_as_previous, sorted_order
 from detector.scoring import _previous
 
 
@@ -47,3 +47,18 @@ def test_packed_order_is_the_lexsort_order(low, high, columns):
         assert np.array_equal(same_as_previous(keys, order), same)
         assert np.array_equal(_previous(units), lexsort_previous(units))
         assert dither(b"k" * 32, "fp", "k", units) == lexsort_dither(b"k" * 32, units)
+
+
+def test_the_dither_of_dedup_sorted_units_is_the_dither_of_the_counted_units():
+    """sampling_verdict hands the dither the counted units in dedup's order: the same u as sorting them."""
+    rng = np.random.default_rng(11)
+    for rows in (0, 1, 5, 800):
+        units = rng.integers(0, 40, (rows, 5))
+        units[:, 1:4] = 0  # few distinct rows: many repeats
+        prev, order = previous_and_order(units)
+        left_out = rng.choice(rows, rows // 10, replace=False)
+        prev[left_out] = left_out  # common or forced positions point at themselves
+        counted = prev < 0
+        expected = dither(b"k" * 32, "fp", "k", units[counted])
+        assert dither_sorted(b"k" * 32, "fp", "k", units[order[counted[order]]]) == expected
+        assert dither_sorted(b"k" * 32, "fp", "k", units[order]) == dither(b"k" * 32, "fp", "k", units)  # repeats

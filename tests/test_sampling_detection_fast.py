@@ -15,6 +15,7 @@ from watermark import prf_kernel
 from watermark.keyed_words import ContextSeeds, fmix64_reference
 from watermark.prf import MASK64, KeyedPRF, mix64_reference, to_signed64
 from watermark.sampling_scheme import sampling_watermark
+from watermark.synthid import layer_bits, word_bits
 from watermark.vllm_gumbel import philox4x32_10, philox_words
 
 V = 49152
@@ -125,3 +126,13 @@ def test_hf_synthid_positions_equal_the_per_layer_g_values():
     expected = torch.stack([mark.layer_g(hashes, d) for d in range(mark.layers)], dim=-1).to(torch.uint8)
     assert torch.equal(values, expected)
     assert mark.null_g_rate == float(mark.table.sum()) / mark.table.shape[0]
+
+
+@pytest.mark.parametrize("layers", [1, 7, 8, 30, 63, 64])
+def test_word_bits_are_the_shifted_bits(layers):
+    words = np.random.default_rng(layers).integers(0, 2**64, 500, dtype=np.uint64, endpoint=False)
+    words[:3] = [0, 2**64 - 1, 2**63]
+    expected = [[(w >> d) & 1 for d in range(layers)] for w in words.tolist()]
+    bits = word_bits(words, layers)
+    assert bits.dtype == np.uint8 and bits.tolist() == expected
+    assert torch.equal(torch.from_numpy(bits), layer_bits(torch.from_numpy(words.view(np.int64)), layers))

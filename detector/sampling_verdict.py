@@ -132,7 +132,8 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
     )
 
 
-def _dither(dither_key: bytes, fingerprint: str, key_id, units: np.ndarray, order, counted: np.ndarray) -> float:
+def _dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray, order: np.ndarray | None,
+            counted: np.ndarray) -> float:
     """``dither`` of the counted units, taking them in the order dedup sorted them in (when it did)."""
     if order is None:
         return dither(dither_key, fingerprint, key_id, units[counted])

@@ -55,7 +55,6 @@ def _chain(acc: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
     """``hash_identity``'s chain from ``acc`` (one value for every row broadcasts) over ``columns``."""
     for column in columns:
         acc = _splitmix(acc ^ column.astype(np.uint64))
-    acc = np.broadcast_to(acc, columns[-1].shape).copy() if columns else acc
     acc[acc == UNNAMED] = np.uint64(1)
     return acc
 

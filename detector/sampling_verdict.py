@@ -16,7 +16,7 @@ import numpy as np
 from scipy import special
 
 from detector.calibration import guarded_p_value, verdict_calibration
-from detector.disclosure import MAX_Z, dither
+from detector.disclosure import MAX_Z, dither, dither_sorted
 from detector.scoring import (
     WATERMARKED,
     WINDOW_ALPHA_SHARE,
@@ -74,11 +74,11 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
     scored = [positions(mark, ids, options.dedup, common, with_units=True) for mark in marks]
     # token index of scored position 0: h, except vllm:gumbel, which scores every token (padded contexts)
     h = int(ids.shape[0]) - scored[0][0].shape[0] if scored[0][0].shape[0] else first.context_width
-    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for _, prev, _ in scored]
+    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for _, prev, *_ in scored]
     forced = forced_scored_positions(options.forced_positions, h, scored[0][0].shape[0])
-    for _, prev, _ in scored:  # a position that points at itself counts nowhere, in the text or a window
+    for _, prev, *_ in scored:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
-    scores = [counted_score(mark, values, prev) for mark, (values, prev, _) in zip(marks, scored)]
+    scores = [counted_score(mark, values, prev) for mark, (values, prev, *_) in zip(marks, scored)]
     guarded = [False] * len(scores)
     for i, (score, calibration) in enumerate(zip(scores, calibrations)):
         # the calibration measured this key's null of z = the normal quantile of the exact p (see calibrate)
@@ -104,7 +104,7 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
-    values, prev, units = scored[best_index]
+    values, prev, units, order = scored[best_index]
     counted = prev < 0
     best_calibration = calibrations[best_index]
     return Verdict(
@@ -127,8 +127,17 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         windows=window_report,
         explanation=_explanation(text, ids, spans, values, counted, h, first) if options.explain else None,
         statistic=statistic_of(marks[best_index], best),
-        dither=None if dither_key is None else dither(dither_key, first.fingerprint, best.key_id, units[counted]),
+        dither=None if dither_key is None else _dither(dither_key, first.fingerprint, best.key_id, units, order,
+                                                       counted),
     )
+
+
+def _dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray, order: np.ndarray | None,
+            counted: np.ndarray) -> float:
+    """``dither`` of the counted units, taking them in the order dedup sorted them in (when it did)."""
+    if order is None:
+        return dither(dither_key, fingerprint, key_id, units[counted])
+    return dither_sorted(dither_key, fingerprint, key_id, units[order[counted[order]]])
 
 
 def _holm(scores: list) -> list[float]:
@@ -151,7 +160,7 @@ def _window_report(marks: list, scored: list, h: int, spans, alpha: float) -> di
               "stride_divisor": STRIDE_DIVISOR, "correction": "bonferroni", "alpha": alpha,
               "detected": False, "best": None}
     best, best_mark = None, None
-    for mark, (values, prev, _) in zip(marks, scored):
+    for mark, (values, prev, *_) in zip(marks, scored):
         hit = window_of(mark, values, prev, tests_other_keys=len(marks))
         if hit is not None and (best is None or hit.p_value < best.p_value):
             best, best_mark = hit, mark

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from detector.common_units import CommonUnits
+from detector.row_order import previous_and_order
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
@@ -106,17 +107,7 @@ def previous_occurrence(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
 
 
 def _previous(units: np.ndarray) -> np.ndarray:
-    count = units.shape[0]
-    prev = np.full(count, -1, dtype=np.int64)
-    if count < 2:
-        return prev
-    columns = [units[:, j] for j in range(units.shape[1])]
-    order = np.lexsort(columns[::-1])  # stable: equal units end up adjacent, in text order
-    same = np.ones(count - 1, dtype=bool)
-    for column in columns:
-        same &= column[order[1:]] == column[order[:-1]]
-    prev[order[1:][same]] = order[:-1][same]
-    return prev
+    return previous_and_order(units)[0]
 
 
 def forced_scored_positions(forced_tokens: tuple[int, ...], h: int, scorable: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detector.common_units import CommonUnits
-from detector.scoring import _previous
+from detector.row_order import previous_and_order
 from detector.windows import window_sizes, window_starts
 from watermark.sampling_stats import (
     g_binomial_p_value,
@@ -63,14 +63,18 @@ def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = 
     the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup). With a
     ``common`` table (gumbel: and synthid: specs) a position whose unit is common in human text points
     at itself: it counts nowhere, in the text or in a window (``detector.common_units``). With
-    ``with_units`` also each position's unit [N, h + 1]."""
+    ``with_units`` also each position's unit [N, h + 1] and the units' sorted order (``detector.row_order``;
+    None without dedup), which the dither reuses."""
     values, units = mark.scored_positions(token_ids)
     units = units.numpy()
-    prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
+    if dedup:
+        prev, order = previous_and_order(units)
+    else:
+        prev, order = np.full(units.shape[0], -1, dtype=np.int64), None
     if common is not None and units.shape[0]:
         excluded = common.excluded(mark, token_ids, unit_identities("lefthash", units, None))
         prev[excluded] = excluded
-    return (values.numpy(), prev) + ((units,) if with_units else ())
+    return (values.numpy(), prev) + ((units, order) if with_units else ())
 
 
 def counted_score(mark, values: np.ndarray, prev: np.ndarray) -> SamplingScore:

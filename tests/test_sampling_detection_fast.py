@@ -15,6 +15,7 @@ from watermark import prf_kernel
 from watermark.keyed_words import ContextSeeds, fmix64_reference
 from watermark.prf import MASK64, KeyedPRF, mix64_reference, to_signed64
 from watermark.sampling_scheme import sampling_watermark
+from watermark.synthid import layer_bits, word_bits
 from watermark.vllm_gumbel import philox4x32_10, philox_words
 
 V = 49152
@@ -69,6 +70,20 @@ def test_context_seeds_cached_or_not_are_the_prf_seeds(prf_path):
         seeds.seeds(torch.tensor([[1, -1, 2, 3]]))
 
 
+@pytest.mark.parametrize("prf", ["hmac-sha256", "sha3-256"])
+@pytest.mark.parametrize("h", [0, 1, 2, 4, 7, 9])
+def test_context_seeds_of_every_width_are_the_prf_seeds(prf, h, prf_path):
+    """The kernel's rows (no cache) and the cached hashlib rows, against one PRF call per row."""
+    seeds = ContextSeeds(SECRET, prf, "gumbel")
+    contexts = random_ids(10 + h, 3 * 97 * max(h, 1), high=30)[:97 * h].reshape(97, h)  # repeats when h is small
+    contexts[0] = 2**32 - 1  # the largest id a context may hold
+    expected = [KeyedPRF(SECRET, prf, "gumbel").seed(row) for row in contexts.tolist()]
+    for _ in range(2):  # new, then seen contexts
+        assert seeds.seed_values(contexts.numpy()).tolist() == expected
+    seeds.clear()
+    assert seeds.seed_values(contexts.numpy()[::-1]).tolist() == expected[::-1]  # a strided view
+
+
 @pytest.mark.parametrize("spec", ["gumbel:h=4", "gumbel:h=1,prf=sha3-256", "synthid:h=4", "synthid:h=2,layers=7"])
 def test_keyed_spec_positions_equal_the_reference_words(spec, prf_path):
     mark = sampling_watermark(spec, SECRET, V)
@@ -111,3 +126,13 @@ def test_hf_synthid_positions_equal_the_per_layer_g_values():
     expected = torch.stack([mark.layer_g(hashes, d) for d in range(mark.layers)], dim=-1).to(torch.uint8)
     assert torch.equal(values, expected)
     assert mark.null_g_rate == float(mark.table.sum()) / mark.table.shape[0]
+
+
+@pytest.mark.parametrize("layers", [1, 7, 8, 30, 63, 64])
+def test_word_bits_are_the_shifted_bits(layers):
+    words = np.random.default_rng(layers).integers(0, 2**64, 500, dtype=np.uint64, endpoint=False)
+    words[:3] = [0, 2**64 - 1, 2**63]
+    expected = [[(w >> d) & 1 for d in range(layers)] for w in words.tolist()]
+    bits = word_bits(words, layers)
+    assert bits.dtype == np.uint8 and bits.tolist() == expected
+    assert torch.equal(torch.from_numpy(bits), layer_bits(torch.from_numpy(words.view(np.int64)), layers))

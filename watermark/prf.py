@@ -107,8 +107,8 @@ class KeyedPRF:
         concatenated: ``seed(ids)`` is the i-th 8 bytes read as a little-endian signed integer. The batch
         path of per-context seeding: HMAC messages of one width go to the C kernel when it is built
         (``watermark.prf_kernel``), the others to hashlib (no struct packing, no Python int per message)."""
-        if self._hmac_blocks is not None and messages and len(set(map(len, messages))) == 1:
-            words = hmac_sha256_words(*self._hmac_blocks, self._message_prefix, b"".join(messages), len(messages[0]))
+        if messages and len(set(map(len, messages))) == 1:
+            words = self.packed_seed_words(b"".join(messages), len(messages[0]))
             if words is not None:
                 return words
         out = []
@@ -127,6 +127,13 @@ class KeyedPRF:
                 h.update(message)
                 out.append(h.digest()[:8])
         return b"".join(out)
+
+    def packed_seed_words(self, messages: bytes, width: int) -> bytes | None:
+        """``seed_words`` for messages of ``width`` bytes each, already concatenated, from the C kernel; None
+        where it does not serve (no kernel, sha3-256, width 0): the caller then takes ``seed_words``."""
+        if self._hmac_blocks is None:
+            return None
+        return hmac_sha256_words(*self._hmac_blocks, self._message_prefix, messages, width)
 
     def table(self, vocab_size: int) -> torch.Tensor:
         """PRF of every single token, [V] int64: V PRF calls, done once per key and scheme."""

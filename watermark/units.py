@@ -21,6 +21,8 @@ table.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -36,14 +38,21 @@ UNNAMED = np.uint64(0)  # identity of a position no table can name (never a tabl
 def _splitmix(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = x + _GOLDEN
-        z = (z ^ (z >> _S30)) * _M1
-        z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
+        z ^= z >> _S30  # in place: a third fewer temporaries on the per-text path
+        z *= _M1
+        z ^= z >> _S27
+        z *= _M2
+        z ^= z >> _S31
+    return z
 
 
 def hash_identity(tag: int, columns: list[np.ndarray]) -> np.ndarray:
     """SplitMix64 chain over ``tag`` then each column (token ids), per row; never 0."""
-    acc = _splitmix(np.full(columns[0].shape, tag, dtype=np.uint64))
+    return _chain(_splitmix(np.full(columns[0].shape, tag, dtype=np.uint64)), columns)
+
+
+def _chain(acc: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
+    """``hash_identity``'s chain from ``acc`` (one value for every row broadcasts) over ``columns``."""
     for column in columns:
         acc = _splitmix(acc ^ column.astype(np.uint64))
     acc[acc == UNNAMED] = np.uint64(1)
@@ -71,7 +80,15 @@ def pair_identities(anchors: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 def gram_identities(grams: np.ndarray) -> np.ndarray:
     """[N, n] n-grams (n >= 2)."""
     n = grams.shape[1]
-    return hash_identity(GRAM_TAG, [np.full(grams.shape[0], n)] + [grams[:, j] for j in range(n)])
+    return _chain(_gram_start(n), [grams[:, j] for j in range(n)])
+
+
+@functools.cache
+def _gram_start(n: int) -> np.ndarray:
+    """The chain's first two rounds (GRAM_TAG, then n): the same for every row, computed once as one value."""
+    start = _splitmix(_splitmix(np.full(1, GRAM_TAG, dtype=np.uint64)) ^ np.uint64(n))
+    start.flags.writeable = False  # shared by every call
+    return start
 
 
 def identities(scheme: str, ngrams: np.ndarray, anchor_index: np.ndarray | None) -> np.ndarray:

@@ -7,7 +7,9 @@ On the evaluation's held-out news prompts, one text per prompt and set, ``tokens
 
 * ``unwatermarked``: the model alone;
 * ``one_part``: our watermark with the one-part key (what the service writes today);
-* ``two_part``: our watermark with the two-part key (both halves biased);
+* ``two_part_delta_D``: our watermark with the two-part key, each half biased by D: the spec's delta, and
+  delta / sqrt(2), which adds about the distortion of one list at delta (to first order the two lists' costs
+  add up, as squares of delta);
 * ``spoof_delta_D``: the model steered by the published half only, at bias D: the spoofer runs our own engine
   with the published half as its key (it needs nothing else), as hard as it likes.
 
@@ -87,12 +89,15 @@ def run_public_half(config: PublicHalfConfig, out: str | Path, loaded=None, prog
                         public_half=key_id == TWO_PART_KEY)
         two = generation_watermark(None, vocab.vocab_size, TWO_PART_KEY, ring)
         one = generation_watermark(None, vocab.vocab_size, ONE_PART_KEY, ring)
+        two_part = {f"two_part_delta_{d:.3g}": generation_watermark(two.spec.with_(delta=d), vocab.vocab_size,
+                                                                   TWO_PART_KEY, ring)
+                    for d in (two.spec.delta, round(two.spec.delta / math.sqrt(2), 2))}
         published = ring.public_half(TWO_PART_KEY)
         spoofers = {f"spoof_delta_{d:g}": Watermark(two.spec.with_(delta=d), published, vocab.vocab_size, "spoofer")
                     for d in config.spoof_deltas}
         fingerprints = {info.key_id: info.fingerprint for info in ring.list()}
         marks = {"unwatermarked": (None, None), "one_part": (one, fingerprints[ONE_PART_KEY]),
-                 "two_part": (two, fingerprints[TWO_PART_KEY] + "+public-half"),
+                 **{name: (mark, fingerprints[TWO_PART_KEY] + "+public-half") for name, mark in two_part.items()},
                  **{name: (mark, "published-half") for name, mark in spoofers.items()}}
         found = source.generate_sets(prompts, config.tokens, 1.0, config.seed, list(marks.values()),
                                      label="public-half texts")

@@ -32,15 +32,21 @@ def wants_public_half(text: str) -> bool:
     return PUBLIC_HALF in names or "all" in names
 
 
-def run_public_half(args) -> int:
+def public_half_config(args):
+    """The public-half run's settings from the flags (``evaluation.public_half.PublicHalfConfig``): the spoofer
+    at our own strength and at --spoof-delta. ValueError naming the setting."""
+    from evaluation.public_half import PublicHalfConfig
+
+    deltas = tuple(sorted({PublicHalfConfig().spec_delta, float(args.spoof_delta)}))
+    return PublicHalfConfig(texts=args.eval_texts, tokens=args.tokens, seed=args.seed, spoof_deltas=deltas)
+
+
+def run_public_half(args, config) -> int:
     """The two-part key against its published half's spoofer (``evaluation.public_half``), into OUT/public-half."""
     from pathlib import Path
 
-    from evaluation.public_half import PublicHalfConfig, run_public_half as run
+    from evaluation.public_half import run_public_half as run
 
-    # the spoofer at our own strength and at --spoof-delta
-    deltas = tuple(sorted({PublicHalfConfig().spec_delta, float(args.spoof_delta)}))
-    config = PublicHalfConfig(texts=args.eval_texts, tokens=args.tokens, seed=args.seed, spoof_deltas=deltas)
     if args.threads is not None:
         import torch
 

@@ -283,3 +283,20 @@ def test_detect_batch_workers_report_the_published_half_as_detect_does(tmp_path)
     single = [Detector(vocab=vocab, keyring=ring).detect(t).to_dict() for t in texts]
     assert [v["public_half"] for v in batch] == [v["public_half"] for v in single]
     assert all(v["spoof_suspected"] is True for v in batch)
+
+
+def test_eval_security_public_half_runs_on_the_real_model(tmp_path, loaded):
+    from evaluation.public_half import PublicHalfConfig, run_public_half
+    from evaluation.security_cli import wanted_attacks, wants_public_half
+
+    assert wanted_attacks("public-half") == (False, ()) and wants_public_half("oracle, public-half")
+    assert not wants_public_half("oracle") and wants_public_half("all")
+    with pytest.raises(ValueError, match="spoof_delta"):
+        PublicHalfConfig(spoof_deltas=(0.0,))
+    results = run_public_half(PublicHalfConfig(texts=2, tokens=24, max_num_seqs=8), tmp_path, loaded, progress=False)
+    sets = results["sets"]
+    assert set(sets) == {"unwatermarked", "one_part", "two_part_delta_2", "two_part_delta_1.41", "spoof_delta_2",
+                         "spoof_delta_4", "human"}
+    assert all(section["24"]["n"] == 2 for section in sets.values())
+    assert sets["spoof_delta_4"]["24"]["private_watermarked"] == 0.0  # the private half's colours are coins there
+    assert (tmp_path / "results.json").exists() and (tmp_path / "public-half.png").stat().st_size > 0

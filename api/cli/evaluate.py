@@ -121,28 +121,30 @@ def run_security(args) -> int:
         oracle, stolen = security_cli.wanted_attacks(args.attack)
     except ValueError as exc:
         raise CLIError(f"--attack: {exc}") from None
-    if security_cli.wants_public_half(args.attack):
-        if args.threads is not None and args.threads < 1:
-            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
-        try:
-            security_cli.run_public_half(args)
-        except ValueError as exc:
-            raise CLIError(f"--{str(exc).replace('_', '-')}") from None
-        if not oracle and not stolen:
-            return 0
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
+    # every attack's settings are checked before any of them runs (an hour in, a typo would cost the rest)
+    try:
+        public_half = security_cli.public_half_config(args) if security_cli.wants_public_half(args.attack) else None
+    except ValueError as exc:
+        raise CLIError(f"--{str(exc).replace('_', '-')}") from None
     try:
         config = security.SecurityConfig(units=args.units, max_pairs=args.max_pairs, prefix_tokens=args.prefix_tokens,
                                          power_texts=args.power_texts, seed=args.seed,
                                          daily_budget=DEFAULT_DAILY_TOKENS if args.budget is None else args.budget)
     except ValueError as exc:
         raise CLIError("--" + str(exc).replace("_", "-")) from None
+    attack_config = None
     if stolen:
         try:
             attack_config = security_cli.stealing_config(args, stolen)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
-        if args.threads is not None and args.threads < 1:
-            raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
+    if public_half is not None:
+        security_cli.run_public_half(args, public_half)
+        if not oracle and not stolen:
+            return 0
+    if attack_config is not None:
         return security_cli.run_stealing_attacks(args, attack_config, oracle_config=config if oracle else None)
     results = security.run_security(config, args.out, progress=not args.no_progress)
     print(json.dumps(results["summary"], indent=1))

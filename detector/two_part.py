@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from detector.calibration import CalibrationStore
 from detector.scoring import WATERMARKED, counted_positions, score_counts, score_positions, verdict_of
-from watermark.public_key import SPOOF_ALPHA, spoof_test
+from watermark.key_binding import bound_spec
+from watermark.public_key import SPOOF_ALPHA, PublicKey, public_half_id, spoof_test
 
 
 def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flags, counted, alpha: float,
@@ -41,3 +43,12 @@ def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flag
         if best is None or (score.p_value, -(score.z_score or 0.0)) < (best["p_value"], -(best["z_score"] or 0.0)):
             best = report
     return best
+
+
+def published_document(keyring, info, vocab) -> PublicKey:
+    """The document a two-part key publishes (``watermark.public_key.PublicKey``) with its published half's
+    calibration under the key's spec, when one was measured; KeyStateError for a one-part key."""
+    spec = bound_spec(info)
+    half = keyring.public_half(info.key_id)
+    found = CalibrationStore(keyring).get(public_half_id(info.key_id), spec.fingerprint(vocab.vocab_size))
+    return PublicKey.make(info.key_id, spec.format(), half, vocab, calibration=found.to_dict() if found else None)

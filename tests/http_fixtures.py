@@ -134,3 +134,17 @@ def watermarked_text(vocab, secret: bytes, source: str, spec=None, max_tokens: i
                 token = next((f for f in rotated if f != out[-1] and is_green(f)), token)
         out.append(token)
     return vocab.tokenizer.decode(out)
+
+
+def single_token_words(vocab, count: int) -> list[int]:
+    """The first ``count`` lowercase words that are one token each with their leading space, so a text of them
+    decodes and re-tokenizes to the same ids (the toy worlds of the spoof tests)."""
+    words = []
+    for token_id in range(vocab.vocab_size):
+        piece = vocab.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and piece.startswith("\u0120") and piece[1:].isalpha() and piece[1:].islower():
+            if vocab.tokenizer(" " + piece[1:], add_special_tokens=False)["input_ids"] == [token_id]:
+                words.append(token_id)
+        if len(words) == count:
+            break
+    return words

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from http_fixtures import shared_vocabulary
+from http_fixtures import shared_vocabulary, single_token_words
 from scipy import stats
 
 from detector.service import Detector
@@ -94,7 +94,7 @@ def test_the_paired_test_is_mcnemars_exact_binomial():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     vocab = shared_vocabulary()
-    words = single_token_words(vocab)
+    words = word_ids(vocab)
     ring = Keyring(tmp_path_factory.mktemp("two-part") / "home")
     ring.create(KEY, secret=SECRET, public_half=True)
     mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
@@ -108,17 +108,9 @@ def world(tmp_path_factory):
     return {kind: [detector.detect(vocab.tokenizer.decode(ids)) for ids in batch] for kind, batch in texts.items()}
 
 
-def single_token_words(vocab) -> torch.Tensor:
-    """The first WORDS lowercase words that are one token each with their leading space (decode/encode stable)."""
-    words = []
-    for token_id in range(vocab.vocab_size):
-        piece = vocab.tokenizer.convert_ids_to_tokens(token_id)
-        if isinstance(piece, str) and piece.startswith("\u0120") and piece[1:].isalpha() and piece[1:].islower():
-            if vocab.tokenizer(" " + piece[1:], add_special_tokens=False)["input_ids"] == [token_id]:
-                words.append(token_id)
-        if len(words) == WORDS:
-            break
-    return torch.tensor(words)
+def word_ids(vocab) -> torch.Tensor:
+    """The toy world's vocabulary: WORDS single-token words (decode / re-tokenize stable)."""
+    return torch.tensor(single_token_words(vocab, WORDS))
 
 
 def sample(vocab, words: torch.Tensor, mark, generator) -> list[list[int]]:
@@ -210,7 +202,7 @@ def test_cli_creates_exports_and_verifies_with_the_published_half(tmp_path, monk
 
     vocab = shared_vocabulary()
     mark = generation_watermark(None, vocab.vocab_size, KEY, Keyring(home))
-    ids = sample(vocab, single_token_words(vocab), mark, torch.Generator().manual_seed(1))[0]
+    ids = sample(vocab, word_ids(vocab), mark, torch.Generator().manual_seed(1))[0]
     paste = tmp_path / "text.txt"
     paste.write_text(vocab.tokenizer.decode(ids))
     code, out, _ = run("detect", str(paste), "--public-key", str(published), "--json")
@@ -256,7 +248,7 @@ def test_the_service_publishes_the_half_and_flags_spoofs_over_http(tmp_path):
             assert status == 404 and body["error"]["code"] == "key_not_found"
         spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), bytes.fromhex(document["detection_half"]),
                             vocab.vocab_size, "spoofer")
-        spoof = vocab.tokenizer.decode(sample(vocab, single_token_words(vocab), spoofer, generator)[0])
+        spoof = vocab.tokenizer.decode(sample(vocab, word_ids(vocab), spoofer, generator)[0])
         status, full, _ = call("POST", base_url + "/v1/detect", {"text": spoof}, token=explain)
         assert status == 200 and full["verdict"] == "not_watermarked" and full["spoof_suspected"] is True
         assert full["public_half"]["verdict"] == "watermarked"
@@ -276,7 +268,7 @@ def test_detect_batch_workers_report_the_published_half_as_detect_does(tmp_path)
     spoofer = Watermark(generation_watermark(None, vocab.vocab_size, KEY, ring).spec.with_(delta=SPOOF_DELTA),
                         ring.public_half(KEY), vocab.vocab_size, "spoofer")
     texts = [vocab.tokenizer.decode(ids)
-             for ids in sample(vocab, single_token_words(vocab), spoofer, torch.Generator().manual_seed(5))[:3]]
+             for ids in sample(vocab, word_ids(vocab), spoofer, torch.Generator().manual_seed(5))[:3]]
     prepared = prepare_jobs([{"text": t} for t in texts], DetectOptions(), keyring=ring, vocab=vocab)
     assert SECRET.hex() not in repr(prepared.secrets)
     batch = run_local(prepared, workers=1)

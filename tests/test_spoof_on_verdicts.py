@@ -15,7 +15,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from http_fixtures import call, make_token, serve, shared_vocabulary
+from http_fixtures import call, make_token, serve, shared_vocabulary, single_token_words
 
 from api.detector.app import create_app, services_of
 from api.generation.own_output import OwnOutput
@@ -38,14 +38,7 @@ OUTPUTS = 240  # the service's own outputs (the memory and the null)
 @pytest.fixture(scope="module")
 def world():
     vocab = shared_vocabulary()
-    words = []
-    for token_id in range(vocab.vocab_size):
-        piece = vocab.tokenizer.convert_ids_to_tokens(token_id)
-        if isinstance(piece, str) and piece.startswith("\u0120") and piece[1:].isalpha() and piece[1:].islower():
-            if vocab.tokenizer(" " + piece[1:], add_special_tokens=False)["input_ids"] == [token_id]:
-                words.append(token_id)
-        if len(words) == WORDS:
-            break
+    words = single_token_words(vocab, WORDS)
     base = -1.1 * torch.log(torch.arange(1, len(words) + 1, dtype=torch.float32))  # logits over the words
     return vocab, torch.tensor(words), base
 

@@ -25,7 +25,7 @@ from watermark.config import SpecError
 from watermark.key_binding import bound_spec, spec_to_bind
 from watermark.key_info import STANDBY, KeyInfo, KeyringError
 from watermark.keys import Keyring
-from watermark.public_key import PublicKey, public_half_id, require_two_part_spec
+from watermark.public_key import public_half_id, require_two_part_spec
 from watermark.specs import parse_spec
 from watermark.vocab import load_vocabulary
 
@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     export_help = "write a two-part key's publishable detection half (anyone verifies text with it)"
     export = _action(actions, "export-public", export_help, _export_public)
     export.add_argument("key_id", metavar="KEY_ID")
-    export.add_argument("--out", metavar="FILE", help="write the document here (mode 0644) instead of standard output")
+    export.add_argument("--out", metavar="FILE", help="write the document here (it holds nothing secret) instead of standard output")
 
     retire_help = "stop using a key for detection (the active key: rotate first)"
     retire = _action(actions, "retire", retire_help, _retire)
@@ -219,7 +219,12 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
             result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
             store.put(result)
             results.append(result)
-            changed.append(("calibrate", info, result.summary()))
+            summary = result.summary()
+            if info.public_half and spec.format() == bound_spec(info).format():  # the published half's null too
+                public = measuring.public_half_calibration(spec, secret, vocab, common)
+                store.put(measuring.for_key(public, public_half_id(key_id)))
+                summary["public_half"] = public.summary()
+            changed.append(("calibrate", info, summary))
     if args.plot:
         plot_calibrations(results, args.plot)
     if args.json:
@@ -303,10 +308,9 @@ def _export_public(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     info = next((k for k in keyring.list() if k.key_id == args.key_id), None)
     if info is None:
         raise CLIError(f"no key {args.key_id} in the keyring (see `provmark keys list`)")
-    half = keyring.public_half(args.key_id)  # KeyStateError for a one-part key: its colours are all secret
-    found = CalibrationStore(keyring).for_key(public_half_id(info.key_id))
-    document = PublicKey.make(info.key_id, bound_spec(info).format(), half, load_vocabulary(),
-                              calibration=found[-1].to_dict() if found else None)
+    from detector.two_part import published_document  # local, as _material: it loads torch
+
+    document = published_document(keyring, info, load_vocabulary())  # KeyStateError for a one-part key
     if args.out:
         try:
             with open(args.out, "w", encoding="utf-8") as handle:

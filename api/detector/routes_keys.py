@@ -10,10 +10,8 @@ from flask import Blueprint, jsonify
 
 from api.detector.schemas import PublicKeyDocument
 from api.http import ApiError, ErrorResponse
-from detector.calibration import CalibrationStore
-from watermark.key_binding import bound_spec
+from detector.two_part import published_document
 from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
-from watermark.public_key import PublicKey, public_half_id
 
 NOT_PUBLISHED = "no two-part key with this id (only a two-part key has a public half)"
 
@@ -31,12 +29,9 @@ def blueprint(api, services) -> Blueprint:
         try:
             if info is None or not info.used_for_detection:  # a retired key verifies nothing any more
                 raise KeyNotFoundError(key_id)
-            half = keyring.public_half(key_id)
+            document = published_document(keyring, info, services.detector.vocab)
         except (KeyNotFoundError, KeyStateError):
             raise ApiError(404, "key_not_found", NOT_PUBLISHED) from None
-        found = CalibrationStore(keyring).for_key(public_half_id(key_id))
-        document = PublicKey.make(key_id, bound_spec(info).format(), half, services.detector.vocab,
-                                  calibration=found[-1].to_dict() if found else None)
         return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())
 
     return bp

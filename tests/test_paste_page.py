@@ -132,3 +132,22 @@ def test_windows_and_token_colours_with_the_explain_scope(browser, site, tmp_pat
     assert page.evaluate("() => localStorage.length") == 0
     screenshot(page, "paste-page-explain", tmp_path)
     page.close()
+
+
+def test_a_spoof_of_a_two_part_keys_published_half_is_named_on_the_page(browser, provmark_home, tmp_path):
+    keyring = Keyring(provmark_home)
+    keyring.create("two-part", public_half=True)
+    vocab = shared_vocabulary()
+    app = create_app({"home": provmark_home, "vocab": vocab})
+    # text made green under the published half alone: what anyone holding the published half can write
+    spoof = watermarked_text(vocab, keyring.public_half("two-part"), human_text(1500))
+    with serve(app) as base_url:
+        page = browser.new_page()
+        page.goto(base_url + "/")
+        page.fill("#token", make_token(services_of(app).store, "detect"))
+        check(page, spoof)
+        assert page.text_content("#verdict") == "not watermarked"
+        assert "spoof suspected" in page.text_content("#verdict-summary")
+        screenshot(page, "paste-page-two-part-spoof", tmp_path)
+        page.close()
+    services_of(app).store.close()

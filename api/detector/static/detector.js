@@ -62,9 +62,18 @@
 
   function verdictSummary(d) {
     if (d.verdict === "watermarked") {
-      return d.decided_by === "window"
+      const found = d.decided_by === "window"
         ? "A passage of the text carries the watermark."
         : "The text carries the watermark.";
+      // the own-output spoof check (docs/security.md): greens where a watermark thief's would be
+      return d.spoof_suspected === true
+        ? found + " Spoof suspected: its green tokens sit where a watermark thief's would."
+        : found;
+    }
+    if (d.spoof_suspected === true) {
+      // a two-part key: the published half says watermarked, the private half says it was imitated
+      return "Not ours: the text passes this key's published half only, as text written to imitate the " +
+        "watermark does (spoof suspected).";
     }
     if (d.verdict === "insufficient_text") {
       // a detect-scope answer carries no counts (docs/security.md): only the length needed

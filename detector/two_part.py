@@ -5,7 +5,8 @@ The private half decides the verdict. For every tested key that has a public hal
 under the public half exactly as a public verifier scores it (same normalisation, tokens, common units,
 dedup, forced positions, alpha), and McNemar's exact test compares the two halves on the positions counted
 under both. ``spoof_suspected``: the public half says watermarked, the private half does not, and the test
-rejects at ``SPOOF_ALPHA``: green under the published list only, as text steered by that list is.
+rejects at ``SPOOF_ALPHA``: green under the published list only, as text steered by that list is (None when
+the public half says otherwise, or ours says watermarked).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flag
         both = public_counted & private_counted
         test = spoof_test(public_flags[both], private_flags[both])
         public_verdict = verdict_of(score.p_value, score.num_tokens_scored, alpha, min_tokens)
+        # None where there is nothing to have spoofed (the published half does not say watermarked) or nothing
+        # to catch (our own verdict says watermarked: the own-output check speaks there)
+        suspected = (test["p_value"] <= SPOOF_ALPHA if public_verdict == WATERMARKED and verdict != WATERMARKED
+                     else None)
         report = {**score.to_dict(), "verdict": public_verdict, "fingerprint": mark.public_fingerprint,
-                  "spoof_test": test,
-                  "spoof_suspected": (public_verdict == WATERMARKED and verdict != WATERMARKED
-                                      and test["p_value"] <= SPOOF_ALPHA)}
+                  "spoof_test": test, "spoof_suspected": suspected}
         del report["p_value_corrected"]  # one published key, tested alone
         if best is None or (score.p_value, -(score.z_score or 0.0)) < (best["p_value"], -(best["z_score"] or 0.0)):
             best = report

@@ -59,6 +59,23 @@ def tournament_probs(probs: torch.Tensor, g_layer) -> torch.Tensor:
         d += 1
 
 
+def tournament_from_bits(probs: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """``tournament_probs`` with every layer's g-values given at once, ``bits`` [m, B, V] as probs' dtype:
+    the same operations on the same values per layer (bit for bit), without m rounds of shifting and
+    converting the words (most of the small tournament's time in the vLLM plugin)."""
+    one_plus = 1 + bits  # exactly 1 or 2, as ``1 + g`` per layer
+    for d in range(bits.shape[0]):
+        mass = (bits[d] * probs).sum(dim=1, keepdim=True)
+        probs = probs * (one_plus[d] - mass)
+    return probs
+
+
+def layer_values(words: torch.Tensor, layers: int, dtype: torch.dtype) -> torch.Tensor:
+    """g-values of every layer [m, ...] as ``dtype`` from keyed words [...] (bit d of a word is layer d's g)."""
+    shifts = torch.arange(layers, dtype=torch.int64, device=words.device).view(-1, *([1] * words.dim()))
+    return ((words.unsqueeze(0) >> shifts) & 1).to(dtype)
+
+
 def probs_to_logits(probs: torch.Tensor) -> torch.Tensor:
     """log p with the dtype's lowest finite value for p = 0 (transformers' convention)."""
     log_probs = torch.log(probs)
@@ -126,8 +143,7 @@ class SynthIDWatermark(KeyedSamplingWatermark):
             base = base.gather(1, order)
         words = keyed_words(seeds, ids, self.vocab_size)
         base = base / base.sum(dim=-1, keepdim=True)
-        layers = self.layers
-        return tournament_probs(base, lambda d: None if d >= layers else ((words >> d) & 1).to(base.dtype)), ids
+        return tournament_from_bits(base, layer_values(words, self.layers, base.dtype)), ids
 
     def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)

@@ -108,6 +108,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_silu_mul": [i32, ptr, i64, i64, ptr, i64],
         "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "provmark_gumbel_survivors": [ptr, i64, i64, ptr, ptr, i64, ctypes.c_double, i64, ptr, ptr, i32],
+        "provmark_top_head": [ptr, i64, i64, i64, i64, ptr, ptr, ptr, i32],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
@@ -290,6 +291,23 @@ def gumbel_survivors(probs: torch.Tensor, seeds: torch.Tensor, token_mix: torch.
     kept = counts.tolist()
     return (torch.arange(rows).repeat_interleave(counts),
             torch.cat([idx[b, :n] for b, n in enumerate(kept)]))
+
+
+def top_head(scores: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """generation.sample.top_head's backend: (values [B, size], ids [B, size], ok [B] bool) where row b's
+    values and ids equal ``scores[b].topk(size)``'s when ok[b] (its top size + 1 values are distinct);
+    None for what it does not take (not CPU float32 rows with unit column stride)."""
+    lib = _library()
+    if (lib is None or scores.dim() != 2 or scores.dtype is not torch.float32 or not scores.is_cpu
+            or scores.stride(1) != 1 or scores.shape[1] < 1 or size < 1):
+        return None
+    rows, vocab = scores.shape
+    values = torch.empty((rows, size), dtype=torch.float32)
+    ids = torch.empty((rows, size), dtype=torch.int64)
+    ok = torch.empty(rows, dtype=torch.bool)
+    rc = lib.provmark_top_head(scores.data_ptr(), rows, vocab, scores.stride(0) if rows > 1 else vocab, size,
+                               values.data_ptr(), ids.data_ptr(), ok.data_ptr(), torch.get_num_threads())
+    return (values, ids, ok) if rc == 0 else None
 
 
 def decode_linear_available() -> bool:

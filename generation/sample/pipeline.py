@@ -271,7 +271,8 @@ class LogitsPipeline:
                  if getattr(stage_for(marks[j]), "takes_candidates", False)] if sampling.TOP_K_HEAD else []
         served: list[int] = []
         if heads:
-            head_scores = scores.index_select(0, self._index([at[j] for j in heads]))
+            head_at = [at[j] for j in heads]  # every row a head (the vLLM plugin's usual step): no [B, V] copy
+            head_scores = scores if head_at == list(range(scores.shape[0])) else scores.index_select(0, self._index(head_at))
             got, probs, ids = sampling.head_distributions(head_scores, [picked[j].params for j in heads])
             served = [heads[g] for g in got]
             if served:

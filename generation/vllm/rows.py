@@ -19,6 +19,7 @@ import torch
 from generation.cpu import native
 from generation.sample.params import SamplingParams
 from generation.sample.sampling_stage import check_spec
+from generation.sample.top_head import set_top_head_backend
 from generation.sample.watermark_stage import KGWBiasStage
 from generation.vllm.sampling_rows import SamplingChoices, SamplingRow
 from watermark.greenlist import set_bias_backend
@@ -44,6 +45,7 @@ def use_native_kernels() -> bool:
         return False
     set_bias_backend(native.watermark_bias)  # both take only CPU float32 and decline anything else
     set_survivors_backend(native.gumbel_survivors)
+    set_top_head_backend(native.top_head)  # the top-k heads of sampled rows (sampling watermarks)
     return True
 
 

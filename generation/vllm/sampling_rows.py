@@ -79,6 +79,8 @@ class LiveHistory(Sequence):
             if start >= stop:
                 return []
             cut = self.prompt_len
+            if start >= cut:  # the usual read (a context, a dedup check): output tokens only
+                return list(map(int, self.output[start - cut:stop - cut]))
             head = [self._prompt(i) for i in range(start, min(stop, cut))]
             return head + [int(t) for t in self.output[max(start - cut, 0):max(stop - cut, 0)]]
         index = key + len(self) if key < 0 else key

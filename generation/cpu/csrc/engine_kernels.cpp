@@ -10,6 +10,7 @@
 //   provmark_linear                linears at decode batch sizes, weights streamed at memory speed;
 //   provmark_watermark_bias        the green-list bias, the same integers as watermark/greenlist.py.
 //   provmark_gumbel_survivors      the tokens that can still win the Gumbel race (watermark/gumbel.py).
+//   provmark_top_head              a row's largest values when they are distinct (generation/sample/top_head.py).
 // The small ones replace a handful of torch ops each (a few microseconds of dispatch apiece, about a
 // thousand per decode step of the default model).
 //
@@ -21,9 +22,11 @@
 // Numerics: scores, softmax and the weighted sum are in fp32 whatever the cache dtype; bf16 output is
 // rounded to nearest even, as torch does.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -857,6 +860,63 @@ int provmark_gumbel_survivors(const float* probs, int64_t rows, int64_t vocab, c
             }
         }
         counts[b] = count;
+    }
+    return 0;
+}
+
+// The top ``size`` values of each row with their column ids, descending, as torch.topk returns them, for
+// rows whose top size + 1 values are distinct (then the answer is unique: torch.topk's own tie order,
+// which follows its partial sort, never comes into it). ok[b] = 0, outputs unspecified, for any other row
+// (ties, NaN, fewer than size + 1 columns): the caller runs torch.topk there. Per row: maxima of
+// column chunks; th = the (size + 1)-th largest maximum, so at least size + 1 values are >= th and
+// every such value lies in a chunk whose maximum is >= th; those chunks' values >= th are sorted.
+int provmark_top_head(const float* scores, int64_t rows, int64_t vocab, int64_t stride, int64_t size,
+                      float* values, int64_t* ids, uint8_t* ok, int threads) {
+    if (rows < 0 || vocab < 1 || size < 1 || stride < vocab || threads < 1) return -1;
+    // 64-column chunks (one cache line's worth of vectors), narrower for short rows: at least 2 (size + 1)
+    const int64_t chunk = std::clamp<int64_t>(vocab / (2 * (size + 1)), 1, 64);
+    const int64_t chunks = (vocab + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < rows; ++b) {
+        const float* x = scores + b * stride;
+        ok[b] = 0;
+        if (chunks < size + 1) continue;
+        std::vector<float> maxima(chunks);
+        bool nan = false;
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t v0 = c * chunk, v1 = std::min(v0 + chunk, vocab);
+            float top = x[v0];
+            int odd = 0;  // an int sum, not a bool or: both reductions then vectorise
+#pragma omp simd reduction(max : top) reduction(+ : odd)
+            for (int64_t v = v0; v < v1; ++v) {
+                top = x[v] > top ? x[v] : top;
+                odd += x[v] != x[v];
+            }
+            maxima[c] = top;
+            nan |= odd != 0;
+        }
+        if (nan) continue;  // torch.topk ranks NaN above everything
+        std::vector<float> order(maxima);
+        std::nth_element(order.begin(), order.begin() + size, order.end(), std::greater<float>());
+        const float th = order[size];
+        std::vector<std::pair<float, int64_t>> found;
+        for (int64_t c = 0; c < chunks; ++c) {
+            if (!(maxima[c] >= th)) continue;
+            const int64_t v0 = c * chunk, v1 = std::min(v0 + chunk, vocab);
+            for (int64_t v = v0; v < v1; ++v)
+                if (x[v] >= th) found.emplace_back(x[v], v);
+        }
+        if (static_cast<int64_t>(found.size()) < size + 1) continue;
+        std::partial_sort(found.begin(), found.begin() + size + 1, found.end(),
+                          [](const auto& a, const auto& b) { return a.first > b.first; });
+        bool distinct = true;
+        for (int64_t j = 0; j < size; ++j) distinct &= found[j].first > found[j + 1].first;
+        if (!distinct) continue;
+        for (int64_t j = 0; j < size; ++j) {
+            values[b * size + j] = found[j].first;
+            ids[b * size + j] = found[j].second;
+        }
+        ok[b] = 1;
     }
     return 0;
 }

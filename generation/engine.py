@@ -37,6 +37,7 @@ from generation.runner import ModelRunner
 from generation.sample import LogitsPipeline, StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sample.sampling_stage import check_request
+from generation.sample.top_head import set_top_head_backend
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
     RequestOutput,
@@ -82,6 +83,7 @@ class Engine:
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only
             set_bias_backend(native.watermark_bias)
             set_survivors_backend(native.gumbel_survivors)  # the Gumbel race's pruning pass, same integers
+            set_top_head_backend(native.top_head)  # top-k heads: sampled top-k rows, SynthID's tournament
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)

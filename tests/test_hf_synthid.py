@@ -101,3 +101,20 @@ def test_detector_masks_equal_transformers():
     assert 0 < int((~expected).sum()) < expected.shape[0]
     expected_eos = reference.compute_eos_token_mask(ids, 7)[:, 2:][0].bool()
     assert torch.equal(before_eos_mask(ours, base, 7), expected_eos)
+
+
+def test_a_heads_tournament_takes_every_layer_at_once_bit_for_bit(monkeypatch):
+    """On a head (truncated rows, or given candidates) every layer's g-values come from one pass; the
+    winner distribution equals the layer-by-layer update's, bit for bit."""
+    import watermark.hf_synthid as hf_synthid
+
+    ours = HFSynthID(_spec(KEYS, 5, 0, 2**16), V)
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, V, generator=gen) * 3
+    scores[scores < scores.topk(50, dim=-1).values[:, -1:]] = float("-inf")  # top-k 50 rows
+    probs = scores.softmax(-1)
+    contexts = torch.randint(0, V, (4, 4), generator=gen)
+    fast, fast_ids = ours.winner_distribution(probs, contexts)
+    monkeypatch.setattr(hf_synthid, "ALL_LAYERS_AT_ONCE", 0)
+    slow, slow_ids = ours.winner_distribution(probs, contexts)
+    assert fast_ids.shape == (4, 50) and torch.equal(fast_ids, slow_ids) and torch.equal(fast, slow)

@@ -69,3 +69,35 @@ def test_strided_rows_and_whole_row_heads(native_backend):
     assert_topk(padded[:, :4900], 66)  # vLLM's padded logits, sliced to the vocabulary
     assert_topk(padded[3:4, :4900], 66)  # one row
     assert_topk(padded[:, :66], 66)  # the head is the whole row: torch.topk
+
+
+@pytest.mark.parametrize("spec", ["synthid:h=4", "synthid:h=2,layers=12,top_k=7"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_synthid_stage_head_is_the_tournaments_own_top_k(native_backend, spec, ties):
+    """The sampling stage hands SynthID its top_k head found by the kernel; the winner distribution and the
+    drawn tokens equal those of ``winner_distribution``'s own torch.topk over the whole row, bit for bit
+    (rows with ties, rounded to bfloat16, fall back to torch.topk and agree as well)."""
+    from generation.sample.sampling_stage import SAMPLING_STAGE, _head
+    from watermark.scheme import make_watermark
+
+    vocab = 3001
+    mark = make_watermark(spec, b"k" * 32, vocab, "k")
+    logits = rows(11, 9, vocab)
+    if ties:
+        logits = logits.to(torch.bfloat16).float()
+    probs = logits.softmax(-1)
+    contexts = torch.randint(0, vocab, (9, mark.context_width), generator=torch.Generator().manual_seed(3))
+    head, ids = _head(probs, mark.head_size)
+    fast, fast_ids = mark.winner_distribution(head, contexts, ids)
+    own, own_ids = mark.winner_distribution(probs, contexts)
+    assert torch.equal(fast_ids, own_ids) and torch.equal(fast, own)
+    tokens = SAMPLING_STAGE.choose(probs, contexts.tolist(), [mark] * 9,
+                                   [torch.Generator().manual_seed(i) for i in range(9)])
+    expected = own_ids.gather(1, sampling_draw(own, 9))[:, 0]
+    assert torch.equal(tokens, expected)
+
+
+def sampling_draw(probs: torch.Tensor, count: int) -> torch.Tensor:
+    from generation.sample.sampler import draw_
+
+    return draw_(probs, [torch.Generator().manual_seed(i) for i in range(count)])[:, None]

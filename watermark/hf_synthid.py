@@ -27,10 +27,11 @@ import torch
 
 from watermark.prf import to_signed64
 from watermark.sampling_specs import HFSynthIDSpec, parse_sampling_spec, sampling_fingerprint
-from watermark.synthid import probs_to_logits, tournament_probs
+from watermark.synthid import probs_to_logits, tournament_from_bits, tournament_probs
 
 LCG_MULTIPLIER = 6364136223846793005  # transformers' accumulate_hash default (< 2**63)
 LCG_INCREMENT = 1
+ALL_LAYERS_AT_ONCE = 1 << 20  # g-values held at once by a head's tournament (m x rows x candidates)
 
 
 def accumulate(acc: torch.Tensor, value) -> torch.Tensor:
@@ -102,6 +103,12 @@ class HFSynthID:
         index = torch.remainder(accumulate(ngram_hashes, key), self.spec.sampling_table_size)
         return self.table.to(ngram_hashes.device)[index]
 
+    def all_layers_g(self, ngram_hashes: torch.Tensor) -> torch.Tensor:
+        """``layer_g`` of every layer at once: [m, *shape] int64 0/1 for n-gram hashes of any shape."""
+        keys = self.keys.to(ngram_hashes.device).view(-1, *([1] * ngram_hashes.dim()))
+        index = torch.remainder(accumulate(ngram_hashes.unsqueeze(0), keys), self.spec.sampling_table_size)
+        return self.table.to(ngram_hashes.device)[index]
+
     def g_values(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[B, L] token ids -> [B, L - ngram_len + 1, m]: transformers' ``compute_g_values``."""
         ids = torch.as_tensor(token_ids, dtype=torch.int64)
@@ -143,6 +150,8 @@ class HFSynthID:
         tokens = ids if ids is not None else torch.arange(probs.shape[-1], device=probs.device)[None]
         hashes = accumulate(context_hash, tokens)
         layers = self.layers
+        if layers * base.numel() <= ALL_LAYERS_AT_ONCE:  # a head: every layer's g in one pass
+            return tournament_from_bits(base, self.all_layers_g(hashes).to(base.dtype)), ids
 
         def g_layer(d: int):
             return None if d >= layers else self.layer_g(hashes, d).to(base.dtype)

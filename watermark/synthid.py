@@ -103,6 +103,12 @@ class SynthIDWatermark(KeyedSamplingWatermark):
         return self.spec.layers
 
     @property
+    def head_size(self) -> int:
+        """The tournament's candidates per row: the ``top_k`` most likely tokens (0: the whole vocabulary).
+        A caller may hand ``winner_distribution`` that head itself (ascending ids), found faster."""
+        return self.spec.top_k
+
+    @property
     def null_g_rate(self) -> float:
         """P(g = 1) under H0: a fair bit."""
         return 0.5

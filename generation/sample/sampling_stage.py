@@ -27,6 +27,7 @@ import torch
 
 from generation.sample.context_memory import GeneratedContexts, HFContextWindow
 from generation.sample.sampler import draw_
+from generation.sample.top_head import top_head
 from watermark.gumbel import GumbelWatermark
 from watermark.hf_synthid import HFSynthID
 from watermark.sampling_common import SamplingWatermarkError, require_sampling
@@ -111,6 +112,8 @@ class SamplingWatermarkStage:
             index = None if whole else torch.tensor(rows, dtype=torch.long, device=probs.device)
             sub = probs if whole else probs.index_select(0, index)
             ids = None if candidates is None else (candidates if whole else candidates.index_select(0, index))
+            if ids is None and 0 < getattr(mark, "head_size", 0) < sub.shape[-1]:
+                sub, ids = _head(sub, mark.head_size)
             context = torch.tensor([list(contexts[j]) for j in rows], dtype=torch.int64)
             if isinstance(mark, GumbelWatermark):
                 got = mark.choose_from_probs(sub.contiguous(), context) if ids is None else \
@@ -125,6 +128,15 @@ class SamplingWatermarkStage:
             else:
                 tokens[index] = got
         return tokens
+
+
+def _head(probs: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``size`` most likely tokens of each row of ``probs`` [R, V] in ascending id order: (their
+    probabilities [R, size], ids [R, size]). What SynthID's ``winner_distribution`` does for its top_k
+    (the same values, bit for bit), with ``top_head``'s kernel in place of torch.topk over the row."""
+    values, at = top_head(probs, size)
+    ids, order = at.sort(dim=-1)
+    return values.gather(1, order), ids
 
 
 SAMPLING_STAGE = SamplingWatermarkStage()  # stateless: per-sequence memory lives in SamplerState

@@ -48,6 +48,7 @@ from generation.sequence import (
 from watermark.greenlist import set_bias_backend
 from watermark.gumbel import set_survivors_backend
 from watermark.scheme import Watermark
+from watermark.synthid import set_tournament_backend
 
 LONG_JOB_PROMPTS = 16  # generate() shows a progress bar from this many prompts on (use_tqdm=None)
 
@@ -84,6 +85,7 @@ class Engine:
             set_bias_backend(native.watermark_bias)
             set_survivors_backend(native.gumbel_survivors)  # the Gumbel race's pruning pass, same integers
             set_top_head_backend(native.top_head)  # top-k heads: sampled top-k rows, SynthID's tournament
+            set_tournament_backend(native.synthid_tournament)  # SynthID's layers over a head, same bits
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
         self.eos_token_ids = self._eos_ids(model)

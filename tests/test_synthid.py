@@ -117,3 +117,61 @@ def test_top_k_tournament_is_the_full_tournament_of_the_truncated_distribution()
     kept = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)
     assert torch.allclose(top[kept], full[kept], atol=1e-5)
     assert torch.all(torch.softmax(top, -1)[~kept] == 0)
+
+
+def _tournament_inputs(seed: int, rows: int, width: int):
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.rand(rows, width, generator=gen, dtype=torch.float64).pow(6).float()
+    probs[:, 1::5] = 0  # truncated tokens
+    probs = probs / probs.sum(-1, keepdim=True)
+    words = torch.randint(-2**63, 2**63 - 1, (rows, width), generator=gen, dtype=torch.int64)
+    return probs, words
+
+
+def _plain_sequential(probs: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
+    """The definition written out: per row and layer, E_p[g] summed in column order in Python floats
+    (float64) and rounded to float32; then p * ((1 + g) - mass) in float32."""
+    out = probs.clone()
+    for b in range(out.shape[0]):
+        for d in range(layers):
+            g = ((words[b] >> d) & 1).to(torch.float32)
+            mass = torch.tensor(sum(float(p) for p, bit in zip(out[b], g) if bit), dtype=torch.float32)
+            out[b] = out[b] * ((1 + g) - mass)
+    return out
+
+
+@pytest.mark.parametrize("seed, rows, width, layers", [(0, 16, 40, 30), (1, 3, 7, 64), (2, 5, 300, 12), (3, 2, 1, 30)])
+def test_sequential_tournament_is_its_definition_with_and_without_the_kernel(seed, rows, width, layers, monkeypatch):
+    """``sequential_tournament``: the tensor ops (torch.cumsum accumulates float32 in float64 on the CPU) and
+    the engine's C++ kernel give the written-out definition's bits."""
+    from generation.cpu import native
+    from watermark import synthid
+
+    probs, words = _tournament_inputs(seed, rows, width)
+    expected = _plain_sequential(probs, words, layers)
+    monkeypatch.setattr(synthid, "_tournament_backend", None)
+    assert torch.equal(synthid.sequential_tournament(probs, words, layers), expected)
+    if native.available(torch.float32, torch.device("cpu")):
+        assert torch.equal(native.synthid_tournament(probs, words, layers), expected)
+        monkeypatch.setattr(synthid, "_tournament_backend", native.synthid_tournament)
+        assert torch.equal(synthid.sequential_tournament(probs, words, layers), expected)
+    elif __import__("os").environ.get("CI"):
+        raise AssertionError("CI: the native kernels must build here")
+
+
+def test_a_head_plays_the_tournament_of_its_whole_row_bit_for_bit():
+    """The tokens outside a row's head have p = 0; with the sum in id order they add nothing anywhere, so
+    the head's winner probabilities equal the whole row's at the head's ids, bit for bit."""
+    wm = SynthIDWatermark("synthid:h=4,layers=30,top_k=0", KEY, V)
+    gen = torch.Generator().manual_seed(9)
+    probs = torch.softmax(torch.randn(4, V, generator=gen) * 3, dim=-1)
+    ids = torch.topk(probs, 40, dim=-1).indices.sort(dim=-1).values
+    head = probs.gather(1, ids)
+    head = head / head.sum(-1, keepdim=True)
+    contexts = torch.randint(0, V, (4, 4), generator=gen)
+    whole = torch.zeros_like(probs).scatter_(1, ids, head)
+    winner_head, got_ids = wm.winner_distribution(head, contexts, ids)
+    winner_whole, none = wm.winner_distribution(whole, contexts)
+    assert torch.equal(got_ids, ids) and none is None
+    assert torch.equal(winner_whole.gather(1, ids), winner_head)
+    assert torch.count_nonzero(winner_whole) == torch.count_nonzero(winner_head)

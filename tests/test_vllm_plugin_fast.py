@@ -1,5 +1,5 @@
 """The vLLM plugin's fast paths against their plain definitions on seeded random inputs: the SynthID
-tournament from precomputed layer bits against ``tournament_probs`` (bit for bit), and the plugin's
+tournament from precomputed layer bits (hf:synthid's heads) against ``tournament_probs`` (bit for bit), and the plugin's
 chosen tokens with the C++ top-k heads against torch.topk's (float32 rows, and bfloat16-rounded rows whose
 heads tie, the kernel's fallback), in the everything-sampled batch and a mixed one."""
 
@@ -10,7 +10,7 @@ from generation.cpu import native
 from generation.sample import top_head as top_head_module
 from generation.sample.params import SamplingParams
 from generation.vllm.rows import KEY_ID_ARG, WATERMARK_ARG, RequestWatermarks, WatermarkedBatch
-from watermark.synthid import layer_values, tournament_from_bits, tournament_probs
+from watermark.synthid import tournament_from_bits, tournament_probs
 
 V = 49152
 SPECS = ("gumbel:h=4", "synthid:h=4")
@@ -27,7 +27,8 @@ def test_tournament_from_bits_equals_tournament_probs(dtype, seed):
     probs = probs / probs.sum(-1, keepdim=True)
     words = torch.randint(-2**63, 2**63 - 1, (rows, width), generator=gen, dtype=torch.int64)
     plain = tournament_probs(probs, lambda d: None if d >= layers else ((words >> d) & 1).to(dtype))
-    assert torch.equal(tournament_from_bits(probs, layer_values(words, layers, dtype)), plain)
+    bits = torch.stack([((words >> d) & 1).to(dtype) for d in range(layers)])
+    assert torch.equal(tournament_from_bits(probs, bits), plain)
 
 
 def _chosen_tokens(keyring, keys, backend, bf16: bool, mixed: bool, steps: int = 12) -> list[list[int]]:

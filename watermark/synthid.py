@@ -16,6 +16,12 @@ most likely tokens (default 40, as in DeepMind's synthid-text; 0 = the whole voc
 m passes over [B, V]). Temperature shapes p before the tournament, as for
 Gumbel: lower temperature, less entropy, fewer g-values the tournament can move.
 
+E_p[g_d] is summed in ascending token-id order in float64 and rounded to p's dtype
+(``sequential_tournament``): the same bits on every machine (torch's ``sum`` orders its reduction by
+the CPU's vector width), whether or not the zeros of truncated tokens are in the row, and in the
+engine's C++ kernel (``set_tournament_backend``), which plays a head's 30 layers in a few microseconds
+where the tensor ops take about 0.2 ms of dispatch at 16 rows.
+
 Detection: under H0 each distinct (context, token) unit's m g-values are independent Bernoulli(1/2),
 so the sum of g over T units and m layers is Binomial(T m, 1/2): exact p-value. The mean and
 weighted mean g-values are SynthID's own scores.
@@ -26,7 +32,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from watermark.greenlist import kernels
 from watermark.keyed_words import keyed_word_values, keyed_words
 from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
@@ -62,7 +67,7 @@ def tournament_probs(probs: torch.Tensor, g_layer) -> torch.Tensor:
 def tournament_from_bits(probs: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``tournament_probs`` with every layer's g-values given at once, ``bits`` [m, B, V] as probs' dtype:
     the same operations on the same values per layer (bit for bit), without m rounds of shifting and
-    converting the words (most of the small tournament's time in the vLLM plugin)."""
+    converting (hf:synthid's heads)."""
     one_plus = 1 + bits  # exactly 1 or 2, as ``1 + g`` per layer
     for d in range(bits.shape[0]):
         mass = (bits[d] * probs).sum(dim=1, keepdim=True)
@@ -70,26 +75,34 @@ def tournament_from_bits(probs: torch.Tensor, bits: torch.Tensor) -> torch.Tenso
     return probs
 
 
-def layer_values(words: torch.Tensor, layers: int, dtype: torch.dtype) -> torch.Tensor:
-    """g-values of every layer [m, ...] as ``dtype`` from keyed words [...] (bit d of a word is layer d's g)."""
-    shifts = torch.arange(layers, dtype=torch.int64, device=words.device).view(-1, *([1] * words.dim()))
-    return ((words.unsqueeze(0) >> shifts) & 1).to(dtype)
+def sequential_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
+    """The tournament of ``synthid:`` specs: ``tournament_probs`` over probabilities [B, C] with layer d's
+    g-values bit d of ``words`` [B, C], each layer's E_p[g] summed in column order in float64 (torch.cumsum
+    accumulates so on the CPU) and rounded to p's dtype. The definition the C++ backend reproduces."""
+    backend = _tournament_backend(probs, words, layers) if _tournament_backend is not None else None
+    if backend is not None:
+        return backend
+    for d in range(layers):
+        g = ((words >> d) & 1).to(probs.dtype)
+        mass = torch.cumsum(g * probs, dim=1)[:, -1:]
+        probs = probs * ((1 + g) - mass)
+    return probs
+
+
+_tournament_backend = None
+
+
+def set_tournament_backend(backend) -> None:
+    """``backend(probs, words, layers) -> winner probabilities or None`` (the engine's C++ kernel,
+    ``generation.cpu.native.synthid_tournament``: the same bits), or None for the tensor ops alone."""
+    global _tournament_backend
+    _tournament_backend = backend
 
 
 def probs_to_logits(probs: torch.Tensor) -> torch.Tensor:
     """log p with the dtype's lowest finite value for p = 0 (transformers' convention)."""
     log_probs = torch.log(probs)
     return torch.where(torch.isfinite(log_probs), log_probs, torch.finfo(log_probs.dtype).min)
-
-
-def _tournament_from_words(logits: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
-    """softmax -> m tournament layers from the words' bits -> log-probabilities (fused by torch.compile)."""
-    probs = torch.softmax(logits, dim=-1)
-
-    def g_layer(d: int):
-        return None if d >= layers else ((words >> d) & 1).to(probs.dtype)
-
-    return probs_to_logits(tournament_probs(probs, g_layer))
 
 
 class SynthIDWatermark(KeyedSamplingWatermark):
@@ -119,18 +132,14 @@ class SynthIDWatermark(KeyedSamplingWatermark):
     # ---- generation -------------------------------------------------------------------------------
     def tournament_logits(self, logits: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [B, V] of the tournament winner for logits [B, V] (after temperature and
-        truncation) and contexts [B, h]; sample from them as from any logits.
-
-        With ``top_k`` > 0 the tournament is played among the k most likely tokens (the others get
-        probability 0), as DeepMind's synthid-text does: m layers over k candidates instead of V."""
-        k = self.spec.top_k
-        if k <= 0 or k >= logits.shape[-1]:
-            return self._tournament(logits, self.words(contexts).to(logits.device))
-        values, candidates = torch.topk(logits, k, dim=-1)
-        seeds = self._seeds.seeds(contexts).to(logits.device)
-        words = keyed_words(seeds, candidates, self.vocab_size)
+        truncation) and contexts [B, h]; sample from them as from any logits. With ``top_k`` > 0 the
+        tournament is played among the k most likely tokens (the others get probability 0), as DeepMind's
+        synthid-text does (``winner_distribution``)."""
+        winner, ids = self.winner_distribution(torch.softmax(logits, dim=-1), contexts)
+        if ids is None:
+            return probs_to_logits(winner)
         out = torch.full_like(logits, torch.finfo(logits.dtype).min)
-        return out.scatter_(1, candidates, self._tournament(values, words))
+        return out.scatter_(1, ids, probs_to_logits(winner))
 
     def winner_distribution(self, probs: torch.Tensor, contexts: torch.Tensor,
                             candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -148,11 +157,8 @@ class SynthIDWatermark(KeyedSamplingWatermark):
             ids, order = ids.sort(dim=-1)  # token-id order: the same draw from a head or the whole row
             base = base.gather(1, order)
         words = keyed_words(seeds, ids, self.vocab_size)
-        base = base / base.sum(dim=-1, keepdim=True)
-        return tournament_from_bits(base, layer_values(words, self.layers, base.dtype)), ids
-
-    def _tournament(self, logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-        return kernels.call("synthid", _tournament_from_words, logits, words, self.layers)
+        base = base / torch.cumsum(base, dim=-1)[:, -1:]  # summed in id order too: a head = its whole row
+        return sequential_tournament(base, words, self.layers), ids
 
     # ---- detection ------------------------------------------------------------------------------
     def scored_positions(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:

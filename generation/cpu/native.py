@@ -109,6 +109,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "provmark_gumbel_survivors": [ptr, i64, i64, ptr, ptr, i64, ctypes.c_double, i64, ptr, ptr, i32],
         "provmark_top_head": [ptr, i64, i64, i64, i64, ptr, ptr, ptr, i32],
+        "provmark_synthid_tournament": [ptr, i64, i64, ptr, i64],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
@@ -308,6 +309,20 @@ def top_head(scores: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tenso
     rc = lib.provmark_top_head(scores.data_ptr(), rows, vocab, scores.stride(0) if rows > 1 else vocab, size,
                                values.data_ptr(), ids.data_ptr(), ok.data_ptr(), torch.get_num_threads())
     return (values, ids, ok) if rc == 0 else None
+
+
+def synthid_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor | None:
+    """watermark.synthid's tournament backend: ``sequential_tournament(probs, words, layers)``, equal bit
+    for bit, for CPU float32 probabilities [B, C] and int64 words [B, C]; None for anything else."""
+    lib = _library()
+    if (lib is None or probs.dim() != 2 or probs.dtype is not torch.float32 or not probs.is_cpu
+            or words.shape != probs.shape or words.dtype is not torch.int64 or not words.is_cpu
+            or not 0 <= layers <= 64):
+        return None
+    out = probs.contiguous().clone()
+    words = words.contiguous()
+    rc = lib.provmark_synthid_tournament(out.data_ptr(), out.shape[0], out.shape[1], words.data_ptr(), layers)
+    return out if rc == 0 else None
 
 
 def decode_linear_available() -> bool:

@@ -26,6 +26,7 @@ from watermark.greenlist import set_bias_backend
 from watermark.config import SpecError, WatermarkSpec
 from watermark.specs import AnySpec, is_sampling, parse_spec
 from watermark.gumbel import set_survivors_backend
+from watermark.synthid import set_tournament_backend
 from watermark.key_info import KeyringError, validate_key_id
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, generation_watermark
@@ -46,6 +47,7 @@ def use_native_kernels() -> bool:
     set_bias_backend(native.watermark_bias)  # both take only CPU float32 and decline anything else
     set_survivors_backend(native.gumbel_survivors)
     set_top_head_backend(native.top_head)  # the top-k heads of sampled rows (sampling watermarks)
+    set_tournament_backend(native.synthid_tournament)  # SynthID's layers over a head, same bits
     return True
 
 

@@ -11,6 +11,7 @@
 //   provmark_watermark_bias        the green-list bias, the same integers as watermark/greenlist.py.
 //   provmark_gumbel_survivors      the tokens that can still win the Gumbel race (watermark/gumbel.py).
 //   provmark_top_head              a row's largest values when they are distinct (generation/sample/top_head.py).
+//   provmark_synthid_tournament    SynthID's tournament over a head of candidates (watermark/synthid.py).
 // The small ones replace a handful of torch ops each (a few microseconds of dispatch apiece, about a
 // thousand per decode step of the default model).
 //
@@ -917,6 +918,29 @@ int provmark_top_head(const float* scores, int64_t rows, int64_t vocab, int64_t 
             ids[b * size + j] = found[j].second;
         }
         ok[b] = 1;
+    }
+    return 0;
+}
+
+// SynthID's tournament in place over rows of probabilities [rows, cols] (contiguous), layer d's g-value of
+// column c being bit d of words[b, c]: per layer, mass = the probabilities of the row's g = 1 columns summed
+// in column order in double and rounded to float (what torch.cumsum does on the CPU), then
+// p <- p * ((1 + g) - mass) with each operation rounded to float, as the tensor definition
+// (watermark/synthid.py, sequential_tournament) does. A head is tens of columns: one thread per call.
+int provmark_synthid_tournament(float* probs, int64_t rows, int64_t cols, const int64_t* words, int64_t layers) {
+    if (rows < 0 || cols < 0 || layers < 0 || layers > 64) return -1;
+    for (int64_t b = 0; b < rows; ++b) {
+        float* p = probs + b * cols;
+        const uint64_t* w = reinterpret_cast<const uint64_t*>(words) + b * cols;
+        for (int64_t d = 0; d < layers; ++d) {
+            double mass = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+                if ((w[c] >> d) & 1u) mass += static_cast<double>(p[c]);
+            }
+            const float rounded = static_cast<float>(mass);
+            const float lose = 1.0f - rounded, win = 2.0f - rounded;
+            for (int64_t c = 0; c < cols; ++c) p[c] = p[c] * (((w[c] >> d) & 1u) ? win : lose);
+        }
     }
     return 0;
 }

@@ -109,7 +109,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "provmark_gumbel_survivors": [ptr, i64, i64, ptr, ptr, i64, ctypes.c_double, i64, ptr, ptr, i32],
         "provmark_top_head": [ptr, i64, i64, i64, i64, ptr, ptr, ptr, i32],
-        "provmark_synthid_tournament": [ptr, i64, i64, ptr, i64],
+        "provmark_synthid_tournament": [ptr, i64, i64, ptr, i64, i32],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
     }
@@ -321,7 +321,8 @@ def synthid_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int) ->
         return None
     out = probs.contiguous().clone()
     words = words.contiguous()
-    rc = lib.provmark_synthid_tournament(out.data_ptr(), out.shape[0], out.shape[1], words.data_ptr(), layers)
+    rc = lib.provmark_synthid_tournament(out.data_ptr(), out.shape[0], out.shape[1], words.data_ptr(), layers,
+                                         torch.get_num_threads())
     return out if rc == 0 else None
 
 

@@ -926,17 +926,19 @@ int provmark_top_head(const float* scores, int64_t rows, int64_t vocab, int64_t 
 // column c being bit d of words[b, c]: per layer, mass = the probabilities of the row's g = 1 columns summed
 // in column order in double and rounded to float (what torch.cumsum does on the CPU), then
 // p <- p * ((1 + g) - mass) with each operation rounded to float, as the tensor definition
-// (watermark/synthid.py, sequential_tournament) does. A head is tens of columns: one thread per call.
-int provmark_synthid_tournament(float* probs, int64_t rows, int64_t cols, const int64_t* words, int64_t layers) {
-    if (rows < 0 || cols < 0 || layers < 0 || layers > 64) return -1;
+// (watermark/synthid.py, sequential_tournament) does. Adding 0.0 for g = 0 leaves the sum's bits alone and
+// keeps the loop free of unpredictable branches. A head (tens of columns) takes one thread; whole rows
+// of the vocabulary (top_k = 0) are spread over the threads, a row each.
+int provmark_synthid_tournament(float* probs, int64_t rows, int64_t cols, const int64_t* words, int64_t layers,
+                                int threads) {
+    if (rows < 0 || cols < 0 || layers < 0 || layers > 64 || threads < 1) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (cols * layers >= (1 << 16) && rows > 1)
     for (int64_t b = 0; b < rows; ++b) {
         float* p = probs + b * cols;
         const uint64_t* w = reinterpret_cast<const uint64_t*>(words) + b * cols;
         for (int64_t d = 0; d < layers; ++d) {
             double mass = 0.0;
-            for (int64_t c = 0; c < cols; ++c) {
-                if ((w[c] >> d) & 1u) mass += static_cast<double>(p[c]);
-            }
+            for (int64_t c = 0; c < cols; ++c) mass += ((w[c] >> d) & 1u) ? static_cast<double>(p[c]) : 0.0;
             const float rounded = static_cast<float>(mass);
             const float lose = 1.0f - rounded, win = 2.0f - rounded;
             for (int64_t c = 0; c < cols; ++c) p[c] = p[c] * (((w[c] >> d) & 1u) ? win : lose);

@@ -15,7 +15,7 @@ import threading
 import time
 
 import numpy as np
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -33,8 +33,18 @@ def as_stored(units: np.ndarray) -> list[int]:
     return np.ascontiguousarray(units, dtype=np.uint64).view(np.int64).tolist()
 
 
-_COUNTS = (select(OutputUnitRow.unit, OutputUnitRow.outputs)
-           .where(OutputUnitRow.key_id == bindparam("key_id"), OutputUnitRow.unit.in_(bindparam("units", expanding=True))))
+_PLACEHOLDERS = {"qmark": "?", "format": "%s", "pyformat": "%s"}  # sqlite3; psycopg
+
+
+def _counts_statement(paramstyle: str, key_id: str, units: list[int]) -> tuple[str, tuple]:
+    """The lookup of ``units``' counts as driver-level SQL with positional parameters (values never
+    enter the text); ValueError for a driver whose parameter style is not positional."""
+    mark = _PLACEHOLDERS.get(paramstyle)
+    if mark is None:
+        raise ValueError(f"output memory: unsupported DBAPI parameter style {paramstyle!r}")
+    table = OutputUnitRow.__tablename__
+    sql = (f"SELECT unit, outputs FROM {table} WHERE key_id = {mark} AND unit IN ({', '.join([mark] * len(units))})")
+    return sql, (key_id, *units)
 
 
 class OutputMemory:
@@ -46,15 +56,18 @@ class OutputMemory:
         self._lock = threading.Lock()
 
     def counts_of(self, key_id: str, units: np.ndarray) -> np.ndarray:
-        """Outputs of ``key_id`` that contained each of ``units`` (0 for a unit never emitted)."""
+        """Outputs of ``key_id`` that contained each of ``units`` (0 for a unit never emitted). On every
+        positive verdict: the statement goes to the driver as it is (SQLAlchemy's expanding IN and result
+        processing took two thirds of the 0.6 ms a 200-token text's lookup cost on SQLite)."""
         stored = as_stored(units)
         found: dict[int, int] = {}
         wanted = sorted(set(stored))
         with self.store.read() as session:
             connection = session.connection()
             for start in range(0, len(wanted), CHUNK):
-                found.update(connection.execute(_COUNTS, {"key_id": key_id,
-                                                          "units": wanted[start:start + CHUNK]}).all())
+                chunk = wanted[start:start + CHUNK]
+                sql, params = _counts_statement(connection.dialect.paramstyle, key_id, chunk)
+                found.update(connection.exec_driver_sql(sql, params).all())
         get = found.get
         return np.fromiter((get(u, 0) for u in stored), dtype=np.float64, count=len(stored))
 

@@ -72,9 +72,15 @@ def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = 
     else:
         prev, order = np.full(units.shape[0], -1, dtype=np.int64), None
     if common is not None and units.shape[0]:
-        excluded = common.excluded(mark, token_ids, unit_identities("lefthash", units, None))
+        excluded = common.excluded(mark, token_ids, sampling_identities(units))
         prev[excluded] = excluded
     return (values.numpy(), prev) + ((units, order) if with_units else ())
+
+
+def sampling_identities(units: np.ndarray) -> np.ndarray:
+    """The key-free identity of each sampling unit [N, h + 1] (context then token: the (h+1)-gram, as
+    lefthash's; ``watermark.units``): what the common-unit table and the spoof check's counts name it by."""
+    return unit_identities("lefthash", units, None)
 
 
 def counted_score(mark, values: np.ndarray, prev: np.ndarray) -> SamplingScore:

@@ -84,7 +84,8 @@ class Detector:
     ``bind_keys``: score each key only under its own spec (``watermark.key_binding``); only a caller that
     holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off.
     ``output_memory``: the service's record of its own output (``db.output_memory.OutputMemory``); with
-    it, a KGW verdict that says ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
+    it, a kgw:, gumbel: or synthid: verdict that says ``watermarked`` carries the spoof check
+    (``detector.spoof_check``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
                  bind_keys: bool = True, output_memory=None) -> None:
@@ -149,20 +150,21 @@ class Detector:
         ids = torch.tensor(ids_list, dtype=torch.int64)
         # hf colours are public (no secret): their dither needs no secret either, nor a master key to exist
         dither_key = self.dither_key if spec.needs_key else PUBLIC_DITHER_KEY
+        # our keyed specs leave out units common in human text; hf:, hf:synthid and vllm:gumbel count every
+        # position (the table says so per kind), as their reference detectors do
+        common = common_units.for_spec(spec, vocab)
         if is_sampling(spec):
-            # our keyed specs leave out units common in human text, as kgw does; hf:synthid and vllm:gumbel
-            # count every position (the table says so per kind), as their reference detectors do
-            common = common_units.for_spec(spec, vocab)
             calibrations = _current(self.calibrations_for(marks), common)
-            return score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
-                                  dither_key, common)
-        verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
-                         self.calibrations_for(marks), dither_key)
+            verdict = score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
+                                     dither_key, common)
+        else:
+            verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
+                             self.calibrations_for(marks), dither_key)
         if self.output_memory is not None and verdict.watermarked and spec.needs_key:
-            # only positives: a spoof is a text the detector accepted (human text costs no lookup)
+            # only positives: a spoof is a text the detector accepted (human text costs no lookup); specs
+            # without the check (vllm:gumbel) get None before any lookup
             mark = next(m for m in marks if m.key_id == verdict.key_id)
-            verdict.spoof_check = verdict_spoof_check(mark, ids, common_units.for_spec(spec, vocab),
-                                                      self.output_memory)
+            verdict.spoof_check = verdict_spoof_check(mark, ids, common, self.output_memory)
         return verdict
 
     @property

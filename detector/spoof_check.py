@@ -1,5 +1,5 @@
-"""A spoof check for KGW verdicts: are the text's green tokens concentrated on the units a thief could
-have learnt from the service's own watermarked output?
+"""A spoof check for positive verdicts (KGW, gumbel:, synthid:): is the text's watermark evidence
+concentrated on the units a thief could have learnt from the service's own watermarked output?
 
 A watermark thief (Jovanovic et al., ICML 2024) estimates each unit's colour from watermarked text it
 read, so it knows the colours of units that recur in the service's output and not those of rare ones;
@@ -8,13 +8,17 @@ et al. (ICML 2025) show this artefact in every learning-based spoofer. The servi
 emitted: ``OutputCounts`` holds, per key, in how many of its watermarked outputs each unit occurred
 (key-free unit identities, ``watermark.units``; no text). A unit's learnability is x = log(count + 1/2).
 
-Statistic (one text, its counted units i = 1..n, green flags y_i): S = sum_i y_i (x_i - mean x). If
-greens did not depend on x, S given the number of greens G would have mean 0 and variance
-G (n - G) / (n (n - 1)) * sum_i (x_i - mean x)^2 (a permutation statistic); ``z = S / sd``. Genuine
-output does depend a little on x (the bias makes green units recur in the output), so the null is the
-service's own outputs, each scored against the counts without itself (``SpoofNull``): a verdict's spoof
-p-value is the fraction of those with a z at least as large. docs/security.md has the measurements
-(human-text frequency instead of the service's counts was measured too weak to use).
+Statistic (one text, its counted units i = 1..n, unit scores y_i): S = sum_i y_i (x_i - mean x). If the
+scores did not depend on x, S given the multiset of scores would have mean 0 and variance
+Syy Sxx / (n - 1), Syy = sum_i (y_i - mean y)^2, Sxx = sum_i (x_i - mean x)^2 (a permutation statistic);
+``z = S / sd``. A unit's score is what the detector sums for it (``unit_scores``): KGW its green flag (0/1;
+then Syy = G (n - G) / n with G greens), gumbel: s = -log(1 - r) (Exp(1) under H0), synthid: its number of
+g = 1 layers. The counted units are exactly the detector's: first occurrences under dedup, units common in
+human text left out (``detector.common_units``). Genuine output does depend a little on x (the watermark
+makes its high-scoring units recur in the output), so the null is the service's own outputs, each scored
+against the counts without itself (``SpoofNull``): a verdict's spoof p-value is the fraction of those with
+a z at least as large. docs/security.md has the measurements (human-text frequency instead of the
+service's counts was measured too weak to use).
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ from scipy import stats
 
 from detector.common_units import CommonUnits
 from detector.scoring import score_positions
+from detector.scoring_sampling import positions, sampling_identities
 
 MIN_UNITS = 16  # fewer counted units: no spoof check (the permutation variance is too coarse)
 MIN_NULL = 100  # the key's own outputs (past db.output_memory.WARMUP) needed before a spoof p-value is given
 SPOOF_ALPHA = 1e-3  # spoof_suspected when the normal-fit p-value is at most this
+# spec kinds with the check: keyring keys scored with the common-unit table (hf:, hf:synthid, vllm:gumbel are not)
+SPOOF_KINDS = ("kgw", "gumbel", "synthid")
+FLAT = 1e-12  # a sum of squares below this share of its raw sum is rounding: every value equal
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,32 +73,61 @@ class OutputCounts:
 
 def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts,
                 leave_out: bool = False) -> SpoofCheck | None:
-    """The check on one text under one KGW key (None for other specs or too few counted units).
-    ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not."""
-    if mark.spec.kind != "kgw":
+    """The check on one text under one key (None for specs without it, ``SPOOF_KINDS``, or too few counted
+    units). ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not."""
+    if mark.spec.kind not in SPOOF_KINDS:
         return None
-    flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
-    counted = prev < 0  # first occurrences the common-unit table did not leave out
-    if int(counted.sum()) < MIN_UNITS:
+    scores, counted, identities = counted_units(mark, token_ids, common)
+    if scores.shape[0] < MIN_UNITS:
         return None
     if leave_out:
         seen = counts.of(identities, identities)[counted]
     else:  # only the counted units are looked up (the shared memory is a database)
         seen = counts.of(identities[counted])
-    return spoof_statistic(flags[counted], np.log(seen + 0.5))
+    return spoof_statistic(scores, np.log(seen + 0.5))
 
 
-def spoof_statistic(green: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
-    """The permutation z of sum green * (x - mean x); see the module docstring."""
-    y = np.asarray(green, dtype=np.float64)
-    centred = np.asarray(learnability, dtype=np.float64)
-    centred = centred - centred.mean()
-    n, g = y.shape[0], float(y.sum())
-    spread = float((centred ** 2).sum())
-    if n < 2 or g in (0.0, float(n)) or spread <= 0:
+def counted_units(mark, token_ids, common: CommonUnits | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(The scores y of the units the detector counts, in position order; which scored positions those are
+    [T - h]; every scored position's key-free unit identity [T - h]), from the detector's own scoring:
+    dedup, units common in human text left out. The generation side names its output's units with the
+    same identities (``output_null_z``), so the counts it writes are the counts a verdict reads."""
+    kind = mark.spec.kind
+    if kind == "kgw":
+        flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
+        counted = prev < 0
+        return flags[counted].astype(np.float64), counted, identities
+    if kind not in SPOOF_KINDS:
+        raise ValueError(f"the spoof check takes {', '.join(SPOOF_KINDS)} specs, not {mark.spec.format()!r}")
+    values, prev, units, _ = positions(mark, token_ids, True, common, with_units=True)
+    counted = prev < 0
+    return unit_scores(values[counted]), counted, sampling_identities(units)
+
+
+def unit_scores(values: np.ndarray) -> np.ndarray:
+    """A sampling unit's score, what the detector's statistic sums for it: gumbel's s = -log(1 - r) [n], or
+    synthid's number of g = 1 layers from its g-values [n, m] (the mean g up to the constant m)."""
+    if values.ndim == 2:
+        return values.sum(axis=1, dtype=np.float64)
+    return np.asarray(values, dtype=np.float64)
+
+
+def spoof_statistic(scores: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
+    """The permutation z of sum y (x - mean x) for unit scores y (0/1 green flags, or continuous) and
+    learnabilities x: variance Syy Sxx / (n - 1), see the module docstring; NaN when y or x is constant."""
+    y = np.asarray(scores, dtype=np.float64)
+    x = np.asarray(learnability, dtype=np.float64)
+    if y.ndim != 1 or y.shape != x.shape:
+        raise ValueError(f"scores and learnability: expected two vectors of one length, got {y.shape} and {x.shape}")
+    n = y.shape[0]
+    if n < 2:
         return SpoofCheck(n, float("nan"))
-    variance = g * (n - g) / (n * (n - 1)) * spread
-    return SpoofCheck(n, float((y * centred).sum() / math.sqrt(variance)))
+    centred = x - x.mean()
+    spread_x = float((centred ** 2).sum())
+    spread_y = float(((y - y.mean()) ** 2).sum())
+    if spread_x <= FLAT * float((x ** 2).sum()) or spread_y <= FLAT * float((y ** 2).sum()):
+        return SpoofCheck(n, float("nan"))
+    return SpoofCheck(n, float((y * centred).sum() / math.sqrt(spread_y * spread_x / (n - 1))))
 
 
 class StoredCounts:
@@ -108,21 +145,23 @@ class StoredCounts:
 
 def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float | None, np.ndarray]:
     """(The spoof z of one of the service's own outputs against the counts before it: its null sample, None
-    when it has too few counted units; its unit identities, for the counts it adds), from one scoring pass."""
-    flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
-    counted = prev < 0
-    if int(counted.sum()) < MIN_UNITS:
+    when it has too few counted units; its unit identities, for the counts it adds), from one scoring pass.
+    ValueError for a spec without the check (``SPOOF_KINDS``)."""
+    if mark.spec.kind not in SPOOF_KINDS:
+        raise ValueError(f"the spoof check takes {', '.join(SPOOF_KINDS)} specs, not {mark.spec.format()!r}")
+    scores, counted, identities = counted_units(mark, token_ids, common)
+    if scores.shape[0] < MIN_UNITS:
         return None, identities
     seen = memory.counts_of(mark.key_id, identities[counted])
-    z = spoof_statistic(flags[counted], np.log(seen + 0.5)).z
+    z = spoof_statistic(scores, np.log(seen + 0.5)).z
     return (z if math.isfinite(z) else None), identities
 
 
 def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | None:
-    """What a ``watermarked`` KGW verdict reports: the text's spoof z, its p-value under the key's own
-    outputs (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size.
-    ``suspected`` is None while the key's null has fewer than MIN_NULL outputs; None when the text has
-    fewer than MIN_UNITS counted units or the spec is not KGW."""
+    """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
+    (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
+    is None while the key's null has fewer than MIN_NULL outputs; None (and nothing looked up) when the
+    spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units."""
     check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
     if check is None or not math.isfinite(check.z):
         return None

@@ -51,8 +51,8 @@ class Verdict:
     explanation: list[dict] | None = None
     # sampling specs: the scheme's own statistic (Gumbel sum; SynthID ones, mean and weighted-mean g)
     statistic: dict | None = None
-    # KGW verdicts that say watermarked, where the service keeps its own output (db.output_memory): the
-    # spoof check (detector.spoof_check.verdict_spoof_check): z, p-values, null size, suspected
+    # kgw:, gumbel: and synthid: verdicts that say watermarked, where the service keeps its own output
+    # (db.output_memory): the spoof check (detector.spoof_check.verdict_spoof_check): z, p-values, null size, suspected
     spoof_check: dict | None = None
     # two-part keys (watermark.public_key): what the published half says of this text, and the paired test of
     # the two halves that tells a spoof steered by the published half from our own output (detector.two_part)

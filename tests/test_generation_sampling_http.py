@@ -10,8 +10,9 @@ import pytest
 from http_fixtures import call, make_token, serve
 
 from api.generation.app import create_app
+from db.output_memory import OutputMemory
 from db.receipts import verify_receipt
-from detector.scoring_sampling import score_text
+from detector.scoring_sampling import positions, sampling_identities, score_text
 from watermark.scheme import make_watermark
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # loads the embedded model
@@ -36,7 +37,7 @@ def live(tmp_path_factory, loaded):
     keyring.create("vllm-key", spec="vllm:gumbel,context_width=4")
     with serve(app) as base_url:
         yield SimpleNamespace(url=base_url, service=service, keyring=keyring, gumbel_key=gumbel_key,
-                              synthid_key=synthid_key, token=make_token(store, "generate"))
+                              synthid_key=synthid_key, store=store, token=make_token(store, "generate"))
     service.worker.stop()
 
 
@@ -64,6 +65,12 @@ def test_native_route_generates_detectable_gumbel_text_with_a_receipt(live):
     assert receipt["spec_fingerprint"] == mark["fingerprint"] and receipt["key_id"] == live.gumbel_key
     assert verify_receipt(receipt, public_key(live))
     assert _score(live, "gumbel:h=4", live.gumbel_key, body["token_ids"]) < DETECTED_P
+    # remembered for the detector's spoof check, under the unit identities the sampling detector counts
+    units = positions(make_watermark("gumbel:h=4", live.keyring.secret(live.gumbel_key), live.service.vocab_size),
+                      body["token_ids"], with_units=True)[2]
+    memory = OutputMemory(live.store)
+    assert memory.outputs(live.gumbel_key) >= 1
+    assert memory.counts_of(live.gumbel_key, sampling_identities(units)).min() >= 1
 
 
 def test_openai_chat_generates_detectable_synthid_text(live):

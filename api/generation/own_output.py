@@ -1,9 +1,10 @@
 """The generation service remembers what it wrote under each key, for the detector's spoof check (#17).
 
-A watermark thief learns colours from the service's output, so the units it knows are the units that
-recur there; ``detector.spoof_check`` asks whether a positive text's greens sit on those. For that the
-detector needs, per key, in how many outputs each unit occurred and a null of the service's own outputs.
-Both are written here, when an output's receipt is issued, into the shared store (``db.output_memory``).
+A watermark thief learns colours (KGW) or unit scores (gumbel:, synthid:) from the service's output, so
+the units it knows are the units that recur there; ``detector.spoof_check`` asks whether a positive text's
+evidence sits on those. For that the detector needs, per key, in how many outputs each unit occurred and a
+null of the service's own outputs. Both are written here, when an output's receipt is issued, into the
+shared store (``db.output_memory``), with the unit identities the detector scores by.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from db.output_memory import OutputMemory
 from db.store import Store, StoreError
 from detector import common_units
-from detector.spoof_check import output_null_z
+from detector.spoof_check import SPOOF_KINDS, output_null_z
 from watermark.scheme import make_watermark
 from watermark.specs import parse_spec
 
@@ -25,7 +26,8 @@ MAX_CACHED_MARKS = 16  # specs are bound to keys, so a service sees a handful
 
 
 class OwnOutput:
-    """``remember`` each watermarked output of a keyring key (KGW specs: the check is KGW's)."""
+    """``remember`` each watermarked output of a keyring key under a spec the check takes (kgw:, gumbel:,
+    synthid:; ``detector.spoof_check.SPOOF_KINDS``)."""
 
     def __init__(self, store: Store, keyring) -> None:
         self.memory = OutputMemory(store)
@@ -51,11 +53,11 @@ class OwnOutput:
             log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
 
     def _mark(self, spec_text: str, key_id: str, vocab):
-        """The output's KGW Watermark (None for other specs), cached like the generation watermarks."""
+        """The output's watermark (None for specs without the check), cached like the generation watermarks."""
         found = self._marks.get((spec_text, key_id))
         if found is None:
             spec = parse_spec(spec_text)
-            if spec.kind != "kgw":
+            if spec.kind not in SPOOF_KINDS:
                 return None
             found = make_watermark(spec, self.keyring.secret(key_id), vocab.vocab_size, key_id)
             if len(self._marks) >= MAX_CACHED_MARKS:

@@ -38,6 +38,9 @@ MIN_NULL = 100  # the key's own outputs (past db.output_memory.WARMUP) needed be
 SPOOF_ALPHA = 1e-3  # spoof_suspected when the normal-fit p-value is at most this
 # spec kinds with the check: keyring keys scored with the common-unit table (hf:, hf:synthid, vllm:gumbel are not)
 SPOOF_KINDS = ("kgw", "gumbel", "synthid")
+# kinds whose check has measured power (docs/security.md): gumbel's genuine output recurs on its own
+# highest-scoring units, so its null sits above the spoofs' z; its z is reported, ``suspected`` stays None
+JUDGED_KINDS = ("kgw", "synthid")
 FLAT = 1e-12  # a sum of squares below this share of its raw sum is rounding: every value equal
 
 
@@ -160,8 +163,9 @@ def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float |
 def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | None:
     """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
     (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
-    is None while the key's null has fewer than MIN_NULL outputs; None (and nothing looked up) when the
-    spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units."""
+    is None while the key's null has fewer than MIN_NULL outputs, and for a kind without measured power
+    (gumbel: not in ``JUDGED_KINDS``: a false bit would read as an assurance); None (and nothing looked up)
+    when the spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units."""
     check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
     if check is None or not math.isfinite(check.z):
         return None
@@ -171,16 +175,17 @@ def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | 
         return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": None,
                 "p_value_empirical": None, "suspected": None}
     p_normal = null.p_value_normal(check.z)
+    judged = mark.spec.kind in JUDGED_KINDS
     return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": p_normal,
-            "p_value_empirical": null.p_value(check.z), "suspected": bool(p_normal <= SPOOF_ALPHA)}
+            "p_value_empirical": null.p_value(check.z), "suspected": bool(p_normal <= SPOOF_ALPHA) if judged else None}
 
 
 class SpoofNull:
     """The null of the spoof z: the key's own outputs, each against the counts without itself."""
 
     def __init__(self, z_values) -> None:
-        values = np.asarray([z for z in z_values if z is not None and math.isfinite(z)], dtype=np.float64)
-        self.z = np.sort(values)
+        values = np.asarray(z_values, dtype=np.float64)  # None becomes NaN
+        self.z = np.sort(values[np.isfinite(values)])
 
     def p_value(self, z: float) -> float:
         """(1 + #{null z >= z}) / (1 + n): the conservative empirical p-value."""

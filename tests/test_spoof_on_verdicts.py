@@ -280,10 +280,15 @@ def test_spoofs_of_a_sampling_watermark_are_flagged_and_its_genuine_output_is_no
                     genuine=24, seed=11)
     accepted = run.accepted
     assert len(accepted) >= 30 // 2, [v["z_score"] for v in run.spoofed]  # the thief fools the detector
-    assert all(v["spoof_check"] is not None and v["spoof_check"]["suspected"] is not None for v in accepted)
+    rate = SAMPLING_FLAG_RATES[spec]
+    assert all(v["spoof_check"] is not None and isinstance(v["spoof_check"]["z"], float) for v in accepted)
+    if rate is None:  # no measured power: the z is reported, the bit is not given (not a false assurance)
+        assert all(v["spoof_check"]["suspected"] is None and v["spoof_suspected"] is None
+                   for v in accepted + run.real)
+    else:
+        assert all(v["spoof_check"]["suspected"] is not None for v in accepted)
     assert allowed_false_flags(24) == 1
     assert_views(run)
-    rate = SAMPLING_FLAG_RATES[spec]
     if rate is not None:
         required = int(stats.binom.ppf(POWER_LEVEL, len(accepted), rate))
         assert required > allowed_false_flags(len(accepted))  # more than a check without power flags

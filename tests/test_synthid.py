@@ -137,7 +137,20 @@ def _plain_sequential(probs: torch.Tensor, words: torch.Tensor, layers: int) -> 
             g = ((words[b] >> d) & 1).to(torch.float32)
             mass = torch.tensor(sum(float(p) for p, bit in zip(out[b], g) if bit), dtype=torch.float32)
             out[b] = out[b] * ((1 + g) - mass)
-    return out
+    return out.clamp_min(0)
+
+
+def test_a_mass_rounded_above_one_leaves_no_negative_probability():
+    """One token holding nearly all the mass with g = 1: 1 - mass rounds below 0 for the others; the
+    winner distribution stays a distribution (draws and multinomial need p >= 0)."""
+    from watermark import synthid
+
+    probs = torch.tensor([[0.7, 0.3000001, 1e-8]], dtype=torch.float32)  # a normalised row, rounded
+    words = torch.tensor([[1, 1, 0]], dtype=torch.int64)  # layer 0: the two big tokens win, the last loses
+    mass = torch.cumsum(probs * words, dim=1)[:, -1]
+    assert float(mass) > 1.0  # the rounding this is about
+    winner = synthid.sequential_tournament(probs, words, 1)
+    assert bool((winner >= 0).all()) and float(winner[0, 2]) == 0.0
 
 
 @pytest.mark.parametrize("seed, rows, width, layers", [(0, 16, 40, 30), (1, 3, 7, 64), (2, 5, 300, 12), (3, 2, 1, 30)])

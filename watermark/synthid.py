@@ -78,7 +78,8 @@ def tournament_from_bits(probs: torch.Tensor, bits: torch.Tensor) -> torch.Tenso
 def sequential_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int) -> torch.Tensor:
     """The tournament of ``synthid:`` specs: ``tournament_probs`` over probabilities [B, C] with layer d's
     g-values bit d of ``words`` [B, C], each layer's E_p[g] summed in column order in float64 (torch.cumsum
-    accumulates so on the CPU) and rounded to p's dtype. The definition the C++ backend reproduces."""
+    accumulates so on the CPU) and rounded to p's dtype; negatives (a mass rounded above 1 makes 1 - mass < 0)
+    set to 0 at the end. The definition the C++ backend reproduces."""
     backend = _tournament_backend(probs, words, layers) if _tournament_backend is not None else None
     if backend is not None:
         return backend
@@ -86,7 +87,7 @@ def sequential_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int)
         g = ((words >> d) & 1).to(probs.dtype)
         mass = torch.cumsum(g * probs, dim=1)[:, -1:]
         probs = probs * ((1 + g) - mass)
-    return probs
+    return probs.clamp_min_(0)  # a mass rounded above 1 leaves its losers a hair below 0
 
 
 _tournament_backend = None

@@ -943,6 +943,7 @@ int provmark_synthid_tournament(float* probs, int64_t rows, int64_t cols, const 
             const float lose = 1.0f - rounded, win = 2.0f - rounded;
             for (int64_t c = 0; c < cols; ++c) p[c] = p[c] * (((w[c] >> d) & 1u) ? win : lose);
         }
+        for (int64_t c = 0; c < cols; ++c) p[c] = p[c] < 0.0f ? 0.0f : p[c];  // a mass rounded above 1
     }
     return 0;
 }

@@ -82,6 +82,11 @@ class OutputMemory:
                 self._nulls[key_id] = (now, null)
         return null
 
+    def forget_cached_nulls(self) -> None:
+        """The next ``cached_null_of`` reads the store (a replay that needs each null as of its output)."""
+        with self._lock:
+            self._nulls.clear()
+
     def null_of(self, key_id: str, limit: int = NULL_WINDOW) -> np.ndarray:
         """The spoof z of the key's most recent ``limit`` outputs past WARMUP (the check's null)."""
         with self.store.read() as session:

@@ -115,9 +115,10 @@ class DetectResponse(BaseModel):
         None, description="explain scope: the best key's calibration: id, length bucket, its measured null, and "
                           "whether that null set the p-value (guarded); None when the key has no calibration")
     spoof_suspected: bool | None = Field(
-        None, description="watermarked kgw:, gumbel: and synthid: verdicts: the text's greens (or high unit "
-                          "scores) sit on the units the service's own output made learnable, as a watermark thief's do (p <= 1e-3 under the key's own outputs); "
-                          "None when it cannot judge (too few units, or too little recorded output). Negative "
+        None, description="watermarked kgw: and synthid: verdicts: the text's greens (or high unit scores) sit "
+                          "on the units the service's own output made learnable, as a watermark thief's do (p <= "
+                          "1e-3 under the key's own outputs); None when it cannot judge (too few units, too "
+                          "little recorded output, or a gumbel: key, where the check has no measured power). Negative "
                           "verdicts under a two-part key: the published half says watermarked and the private "
                           "half says it was spoofed (paired test, p <= 1e-3)")
     spoof_check: dict[str, Any] | None = Field(

@@ -87,7 +87,7 @@ def sequential_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int)
         g = ((words >> d) & 1).to(probs.dtype)
         mass = torch.cumsum(g * probs, dim=1)[:, -1:]
         probs = probs * ((1 + g) - mass)
-    return probs.clamp_min_(0)  # a mass rounded above 1 leaves its losers a hair below 0
+    return probs.clamp_min(0)  # a mass rounded above 1 leaves its losers a hair below 0 (a copy: m may be 0)
 
 
 _tournament_backend = None

@@ -18,15 +18,23 @@ never-seen text costs; with the kernel nothing is cached and both figures measur
 ``fresh_contexts_relative_to_default_spec`` is their rate over the default spec's in the same rounds).
 ``two_part_key``: the default spec under a two-part key (both halves scored, and the paired test), taking
 turns with the one-part key.
+``spoof_check``: positive verdicts (1,000-token texts drawn with the default spec's bias from the corpus's
+words) with the service's own-output memory (``db.output_memory``, a SQLite file holding ``--outputs``
+remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy, `MemoryMirror`) against the same detector without it, taking turns: what
+the spoof check (``detector.spoof_check``) costs a stream of positives. Negatives look nothing up.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import os
+import re
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -145,6 +153,65 @@ def two_part_row(detector, texts: list[str], items, tokens: int, hf_rate: float,
             "relative_to_default_spec": seconds["default"] / seconds["two_part"]}
 
 
+def word_pool(vocab) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word tokens of the corpus (" word", each its own token on re-encoding) and their frequencies."""
+    path = importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor")
+    counts = Counter(encode(vocab, Path(str(path)).read_text(encoding="utf-8")))
+    pieces = vocab.tokenizer.convert_ids_to_tokens(list(counts))
+    words = [i for i, piece in zip(counts, pieces) if piece and re.fullmatch(r"Ġ[a-z]{2,12}", piece)]
+    return torch.tensor(words, dtype=torch.int64), torch.tensor([counts[i] for i in words], dtype=torch.float64)
+
+
+def watermarked_rows(mark, pool: torch.Tensor, weights: torch.Tensor, rows: int, length: int, seed: int,
+                     delta: float = 2.0) -> list[list[int]]:
+    """``rows`` texts of ``length`` pool words drawn by frequency, green ones weighted by e^delta (the key's
+    green lists over its h-token contexts): watermarked text of the default spec without a model."""
+    gen = torch.Generator().manual_seed(seed)
+    h = mark.context_width
+    ids = pool[torch.multinomial(weights, rows * h, replacement=True, generator=gen)].reshape(rows, h)
+    for _ in range(length):
+        green = mark.green_mask(ids[:, ids.shape[1] - h:])[:, pool]
+        step = weights * (1.0 + (math.exp(delta) - 1.0) * green.double())
+        ids = torch.cat([ids, pool[torch.multinomial(step, 1, generator=gen)]], dim=1)
+    return ids[:, h:].tolist()
+
+
+def spoof_check_row(vocab, keyring, outputs: int, texts: int, repeats: int) -> dict:
+    """The default spec's positives with and without the own-output memory (the spoof check), taking turns."""
+    from db.output_memory import MemoryMirror, OutputMemory
+    from db.store import Store
+    from detector import common_units
+    from detector.spoof_check import output_null_z
+
+    plain = Detector(vocab=vocab, keyring=keyring)
+    mark = plain.watermarks(WatermarkSpec.default())[0]
+    common = common_units.for_spec(mark.spec, vocab)
+    pool, weights = word_pool(vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(url=f"sqlite:///{tmp}/memory.db")
+        store.upgrade()
+        memory = OutputMemory(store)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(outputs):  # the memory's outputs need no bias: what is timed is the lookup
+            ids = pool[torch.multinomial(weights, 200, replacement=True, generator=gen)]
+            z, identities = output_null_z(mark, ids, common, memory)
+            memory.record(mark.key_id, identities, z)
+        checked = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory))
+        positives = [vocab.tokenizer.decode(ids) for ids in watermarked_rows(mark, pool, weights, texts, TEXT_TOKENS, 2)]
+        verdicts = [checked.detect(t) for t in positives]
+        tokens = sum(len(encode(vocab, t)) for t in positives)
+        seconds = interleaved({"without": lambda i: plain.detect(positives[i]),
+                               "with": lambda i: checked.detect(positives[i])}, range(len(positives)), repeats)
+        store.close()
+    return {"remembered_outputs": outputs, "texts": texts,
+            "positives": sum(v.watermarked for v in verdicts),
+            "checked": sum(v.spoof_check is not None and v.spoof_check["p_value"] is not None for v in verdicts),
+            "without_memory_tokens_per_s": tokens / seconds["without"],
+            "with_spoof_check_tokens_per_s": tokens / seconds["with"],
+            "relative_throughput": seconds["without"] / seconds["with"],
+            "extra_ms_per_text": (seconds["with"] - seconds["without"]) / len(positives) * 1e3}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=8)
@@ -152,11 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--hf-repeats", type=int, default=3, help="best-of passes for transformers' detector")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the detect CLI uses 1)")
+    parser.add_argument("--outputs", type=int, default=1000, help="remembered outputs in the spoof_check row")
+    parser.add_argument("--only", choices=("spoof_check",), help="run one row alone")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     vocab = load_vocabulary()
+    if args.only == "spoof_check":
+        row = spoof_check_row(vocab, OneKey(), args.outputs, args.texts, args.repeats)
+        write_json("detector_throughput", {"benchmark": "detector_throughput", "command": "python benchmarks/"
+                   "detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "machine": machine(), "text_tokens": TEXT_TOKENS, "spoof_check": row}, args.out)
+        return 0
     texts = corpus_texts(vocab, max(args.texts, args.hf_texts))
     token_counts = [len(encode(vocab, t)) for t in texts]
     detector = Detector(vocab=vocab, keyring=OneKey())
@@ -193,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_rate = hf_tokens / hf_s
     sampling = sampling_rows(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     two_part = two_part_row(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
+    spoof = spoof_check_row(vocab, detector.keyring, args.outputs, args.texts, args.repeats)
     payload = {
         "benchmark": "detector_throughput",
         "command": "python benchmarks/detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -215,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_end_to_end": (hf_tokens / ours_same_s) / hf_rate,
         "sampling": sampling,
         "two_part_key": two_part,
+        "spoof_check": spoof,
         "target_speedup": 100,
     }
     write_json("detector_throughput", payload, args.out)

@@ -7,7 +7,7 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -213,3 +213,7 @@ class KeyOutputRow(Base):
     outputs_before: Mapped[int] = mapped_column(Integer)
     z: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
+    # the output's distinct unit identities, sorted, as little-endian uint64 bytes (key-free, no text): what a
+    # detector worker's copy of the counts adds when it reads this row (db.output_memory.MemoryMirror); None
+    # for rows written before 0004
+    units: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)

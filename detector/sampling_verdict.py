@@ -68,14 +68,19 @@ def statistic_of(mark, score) -> dict:
 
 
 def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab, options, calibrations: list,
-                   dither_key: bytes | None, common) -> Verdict:
-    """The verdict of ``ids`` under sampling watermarks ``marks`` (one per key; one for hf:synthid)."""
+                   dither_key: bytes | None, common, spoof_units: list | None = None) -> Verdict:
+    """The verdict of ``ids`` under sampling watermarks ``marks`` (one per key; one for hf:synthid).
+    ``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
+    best key's scored positions to, (values, key-free identities, previous occurrences): the spoof check's input."""
     first = marks[0]
-    scored = [positions(mark, ids, options.dedup, common, with_units=True) for mark in marks]
+    keep = spoof_units is not None and options.dedup and common is not None
+    scored = [positions(mark, ids, options.dedup, common, with_units=True, with_identities=keep) for mark in marks]
     # token index of scored position 0: h, except vllm:gumbel, which scores every token (padded contexts)
     h = int(ids.shape[0]) - scored[0][0].shape[0] if scored[0][0].shape[0] else first.context_width
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for _, prev, *_ in scored]
     forced = forced_scored_positions(options.forced_positions, h, scored[0][0].shape[0])
+    # the spoof check counts what its null counted: first occurrences, forced positions included
+    unforced = [prev.copy() if forced.shape[0] else prev for _, prev, *_ in scored] if keep else None
     for _, prev, *_ in scored:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
     scores = [counted_score(mark, values, prev) for mark, (values, prev, *_) in zip(marks, scored)]
@@ -104,8 +109,10 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
-    values, prev, units, order = scored[best_index]
+    values, prev, units, order = scored[best_index][:4]
     counted = prev < 0
+    if keep and verdict == WATERMARKED:
+        spoof_units.append((values, scored[best_index][4], unforced[best_index]))
     best_calibration = calibrations[best_index]
     return Verdict(
         verdict=verdict,

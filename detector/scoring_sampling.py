@@ -58,23 +58,28 @@ class SamplingScore:
 
 
 def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None,
-              with_units: bool = False) -> tuple[np.ndarray, ...]:
+              with_units: bool = False, with_identities: bool = False) -> tuple[np.ndarray, ...]:
     """Per scored position: values [N] (float64 for Gumbel; [N, m] uint8 g-values for SynthID) and
     the previous occurrence of its unit [N] (-1 for a first occurrence; all -1 without dedup). With a
     ``common`` table (gumbel: and synthid: specs) a position whose unit is common in human text points
     at itself: it counts nowhere, in the text or in a window (``detector.common_units``). With
     ``with_units`` also each position's unit [N, h + 1] and the units' sorted order (``detector.row_order``;
-    None without dedup), which the dither reuses."""
+    None without dedup), which the dither reuses; with ``with_identities`` last each unit's key-free identity
+    [N] (``sampling_identities``; the common-unit table looks them up anyway)."""
     values, units = mark.scored_positions(token_ids)
     units = units.numpy()
     if dedup:
         prev, order = previous_and_order(units)
     else:
         prev, order = np.full(units.shape[0], -1, dtype=np.int64), None
+    identities = None
+    if (common is not None and units.shape[0]) or with_identities:
+        identities = sampling_identities(units)
     if common is not None and units.shape[0]:
-        excluded = common.excluded(mark, token_ids, sampling_identities(units))
+        excluded = common.excluded(mark, token_ids, identities)
         prev[excluded] = excluded
-    return (values.numpy(), prev) + ((units, order) if with_units else ())
+    return ((values.numpy(), prev) + ((units, order) if with_units else ())
+            + ((identities,) if with_identities else ()))
 
 
 def sampling_identities(units: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from detector.scoring import (
     verdict_of,
 )
 from detector.sampling_verdict import score_sampling
-from detector.spoof_check import verdict_spoof_check
+from detector.spoof_check import SPOOF_KINDS, scored_units, verdict_spoof_check
 from detector.tokenizing import tokenize
 from detector.two_part import public_half_report
 from detector.verdict import Verdict, text_fields
@@ -83,9 +83,9 @@ class Detector:
     Secrets and green tables are cached per process and dropped when the keyring file changes.
     ``bind_keys``: score each key only under its own spec (``watermark.key_binding``); only a caller that
     holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off.
-    ``output_memory``: the service's record of its own output (``db.output_memory.OutputMemory``); with
-    it, a kgw:, gumbel: or synthid: verdict that says ``watermarked`` carries the spoof check
-    (``detector.spoof_check``)."""
+    ``output_memory``: this process's copy of the service's record of its own output
+    (``db.output_memory.MemoryMirror``); with it, a kgw:, gumbel: or synthid: verdict that says
+    ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
                  bind_keys: bool = True, output_memory=None) -> None:
@@ -153,18 +153,22 @@ class Detector:
         # our keyed specs leave out units common in human text; hf:, hf:synthid and vllm:gumbel count every
         # position (the table says so per kind), as their reference detectors do
         common = common_units.for_spec(spec, vocab)
+        checked = self.output_memory is not None and spec.needs_key and spec.kind in SPOOF_KINDS
+        spoof_units = [] if checked else None  # a positive verdict's counted units, from its own scoring pass
         if is_sampling(spec):
             calibrations = _current(self.calibrations_for(marks), common)
             verdict = score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
-                                     dither_key, common)
+                                     dither_key, common, spoof_units)
         else:
             verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
-                             self.calibrations_for(marks), dither_key)
-        if self.output_memory is not None and verdict.watermarked and spec.needs_key:
-            # only positives: a spoof is a text the detector accepted (human text costs no lookup); specs
-            # without the check (vllm:gumbel) get None before any lookup
+                             self.calibrations_for(marks), dither_key, spoof_units)
+        if checked and verdict.watermarked:
+            # only positives: a spoof is a text the detector accepted (human text costs nothing); the counts and
+            # the null are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
             mark = next(m for m in marks if m.key_id == verdict.key_id)
-            verdict.spoof_check = verdict_spoof_check(mark, ids, common, self.output_memory)
+            if not spoof_units:  # scored without dedup: the check counts first occurrences all the same
+                spoof_units.append(scored_units(mark, ids, common))
+            verdict.spoof_check = verdict_spoof_check(mark, spoof_units[0], self.output_memory.view(mark.key_id))
         return verdict
 
     @property
@@ -302,15 +306,24 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
 
 def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
            spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
-           calibrations: list[Calibration | None], dither_key: bytes | None = None) -> Verdict:
+           calibrations: list[Calibration | None], dither_key: bytes | None = None,
+           spoof_units: list | None = None) -> Verdict:
+    """``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
+    best key's scored positions to, (green flags, key-free identities, previous occurrences): the spoof check's
+    input (``detector.spoof_check.scored_units`` computes the same again)."""
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
     common = common_units.for_spec(spec, vocab)
     calibrations = _current(calibrations, common)
-    flags, prevs, units = zip(*(score_positions(wm, ids, common, options.dedup, with_units=True) for wm in marks))
+    # with a common-unit table the identities are computed anyway: kept for the spoof check
+    scored = [score_positions(wm, ids, common, options.dedup, with_units=True, with_identities=common is not None)
+              for wm in marks]
+    flags, prevs, units = ([s[i] for s in scored] for i in range(3))
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
+    # the spoof check counts what its null counted: first occurrences, forced positions included
+    unforced = [prev.copy() for prev in prevs] if forced.shape[0] else prevs
     for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
     counted = [counted_positions(prev, True) for prev in prevs]
@@ -345,6 +358,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
 
     public_half = public_half_report(marks, ids, common, options.dedup, forced, flags, counted, text_alpha, min_tokens,
                                      verdict)
+    if spoof_units is not None and verdict == WATERMARKED and options.dedup and common is not None:
+        spoof_units.append((flags[best_index], scored[best_index][3], unforced[best_index]))
     normal_corrected = min(1.0, best.p_value_normal * len(marks))
     return Verdict(
         verdict=verdict,

@@ -27,11 +27,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
+from db.output_memory import NullSample
 from detector.common_units import CommonUnits
 from detector.scoring import score_positions
-from detector.scoring_sampling import positions, sampling_identities
+from detector.scoring_sampling import positions
 
 MIN_UNITS = 16  # fewer counted units: no spoof check (the permutation variance is too coarse)
 MIN_NULL = 100  # the key's own outputs (past db.output_memory.WARMUP) needed before a spoof p-value is given
@@ -95,21 +95,28 @@ def counted_units(mark, token_ids, common: CommonUnits | None) -> tuple[np.ndarr
     [T - h]; every scored position's key-free unit identity [T - h]), from the detector's own scoring:
     dedup, units common in human text left out. The generation side names its output's units with the
     same identities (``output_null_z``), so the counts it writes are the counts a verdict reads."""
+    values, identities, prev = scored_units(mark, token_ids, common)
+    counted = prev < 0
+    return unit_scores(values[counted]), counted, identities
+
+
+def scored_units(mark, token_ids, common: CommonUnits | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Every scored position's values as the detector scores them: KGW green flags [N], gumbel s [N], synthid
+    g-values [N, m]; its key-free unit identity [N]; its previous occurrence under dedup with the common units
+    left out [N], < 0 for the units that count): the check's input, as a verdict's own scoring pass has it."""
     kind = mark.spec.kind
     if kind == "kgw":
         flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
-        counted = prev < 0
-        return flags[counted].astype(np.float64), counted, identities
+        return flags, identities, prev
     if kind not in SPOOF_KINDS:
         raise ValueError(f"the spoof check takes {', '.join(SPOOF_KINDS)} specs, not {mark.spec.format()!r}")
-    values, prev, units, _ = positions(mark, token_ids, True, common, with_units=True)
-    counted = prev < 0
-    return unit_scores(values[counted]), counted, sampling_identities(units)
+    values, prev, identities = positions(mark, token_ids, True, common, with_identities=True)
+    return values, identities, prev
 
 
 def unit_scores(values: np.ndarray) -> np.ndarray:
-    """A sampling unit's score, what the detector's statistic sums for it: gumbel's s = -log(1 - r) [n], or
-    synthid's number of g = 1 layers from its g-values [n, m] (the mean g up to the constant m)."""
+    """A unit's score, what the detector's statistic sums for it: KGW's green flag [n], gumbel's s = -log(1 - r)
+    [n], or synthid's number of g = 1 layers from its g-values [n, m] (the mean g up to the constant m)."""
     if values.ndim == 2:
         return values.sum(axis=1, dtype=np.float64)
     return np.asarray(values, dtype=np.float64)
@@ -125,12 +132,18 @@ def spoof_statistic(scores: np.ndarray, learnability: np.ndarray) -> SpoofCheck:
     n = y.shape[0]
     if n < 2:
         return SpoofCheck(n, float("nan"))
-    centred = x - x.mean()
-    spread_x = float((centred ** 2).sum())
-    spread_y = float(((y - y.mean()) ** 2).sum())
-    if spread_x <= FLAT * float((x ** 2).sum()) or spread_y <= FLAT * float((y ** 2).sum()):
+    centred = x - x.sum() / n
+    centred_y = y - y.sum() / n
+    return statistic_of_sums(n, float(centred @ centred), float(centred_y @ centred_y), float(y @ centred),
+                             float(x @ x), float(y @ y))
+
+
+def statistic_of_sums(n: int, spread_x: float, spread_y: float, sum_xy: float, raw_x: float, raw_y: float) -> SpoofCheck:
+    """The permutation z from its sums: Sxx, Syy about the means, sum y (x - mean x), sum x^2, sum y^2 (NaN
+    when y or x is constant, or n < 2)."""
+    if n < 2 or spread_x <= FLAT * raw_x or spread_y <= FLAT * raw_y:
         return SpoofCheck(n, float("nan"))
-    return SpoofCheck(n, float((y * centred).sum() / math.sqrt(spread_y * spread_x / (n - 1))))
+    return SpoofCheck(n, sum_xy / math.sqrt(spread_y * spread_x / (n - 1)))
 
 
 class StoredCounts:
@@ -160,16 +173,23 @@ def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float |
     return (z if math.isfinite(z) else None), identities
 
 
-def verdict_spoof_check(mark, token_ids, common: CommonUnits, memory) -> dict | None:
+def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], memory) -> dict | None:
     """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
     (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
     is None while the key's null has fewer than MIN_NULL outputs, and for a kind without measured power
     (gumbel: not in ``JUDGED_KINDS``: a false bit would read as an assurance); None (and nothing looked up)
-    when the spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units."""
-    check = spoof_check(mark, token_ids, common, StoredCounts(memory, mark.key_id))
-    if check is None or not math.isfinite(check.z):
+    when the spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units.
+
+    ``units``: (values, identities, previous occurrences) of every scored position as the verdict's own
+    scoring pass found them (``scored_units`` gives the same from the token ids); ``memory``: the key's memory
+    as this process holds it (``db.output_memory.MemoryMirror.view``: its count table and null, no query)."""
+    if mark.spec.kind not in SPOOF_KINDS:
         return None
-    null = SpoofNull(memory.cached_null_of(mark.key_id))
+    values, identities, prev = units
+    check = statistic_of_sums(*memory.table.spoof_sums(identities, unit_scores(values), prev))
+    if check.units < MIN_UNITS or not math.isfinite(check.z):
+        return None
+    null = SpoofNull.of(memory.null)
     size = int(null.z.shape[0])
     if size < MIN_NULL:
         return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": None,
@@ -184,8 +204,15 @@ class SpoofNull:
     """The null of the spoof z: the key's own outputs, each against the counts without itself."""
 
     def __init__(self, z_values) -> None:
-        values = np.asarray(z_values, dtype=np.float64)  # None becomes NaN
-        self.z = np.sort(values[np.isfinite(values)])
+        sample = NullSample.of(np.asarray(z_values, dtype=np.float64))  # None becomes NaN, dropped
+        self.z, self._mean, self._sd = sample.z, sample.mean, sample.sd
+
+    @classmethod
+    def of(cls, sample: NullSample) -> SpoofNull:
+        """The null of an already sorted sample with its moments (a detector worker's copy keeps one)."""
+        null = cls.__new__(cls)
+        null.z, null._mean, null._sd = sample.z, sample.mean, sample.sd
+        return null
 
     def p_value(self, z: float) -> float:
         """(1 + #{null z >= z}) / (1 + n): the conservative empirical p-value."""
@@ -197,6 +224,6 @@ class SpoofNull:
     def p_value_normal(self, z: float) -> float:
         """P(Z' >= z) for Z' normal with the null's mean and sd: reaches below 1 / n, but its tail is a
         model, not a measurement (check it against a larger null before trusting it there)."""
-        if not math.isfinite(z) or self.z.shape[0] < 3:
+        if not math.isfinite(z) or self.z.shape[0] < 3 or not self._sd > 0.0:
             return 1.0
-        return float(stats.norm.sf(z, loc=float(self.z.mean()), scale=float(self.z.std(ddof=1))))
+        return 0.5 * math.erfc((z - self._mean) / (self._sd * math.sqrt(2.0)))  # scipy's norm.sf, without its overhead

@@ -86,10 +86,10 @@ def replay(outputs: list[list[int]], spec, secret: bytes, vocab, progress: bool 
     import torch
     from tqdm import tqdm
 
-    from db.output_memory import WARMUP, OutputMemory
+    from db.output_memory import WARMUP, MemoryMirror, OutputMemory
     from db.store import Store
     from detector import common_units
-    from detector.spoof_check import MIN_NULL, output_null_z, verdict_spoof_check
+    from detector.spoof_check import MIN_NULL, output_null_z, scored_units, verdict_spoof_check
     from watermark.scheme import make_watermark
 
     mark = make_watermark(spec, secret, vocab.vocab_size, "own-null")
@@ -99,14 +99,14 @@ def replay(outputs: list[list[int]], spec, secret: bytes, vocab, progress: bool 
         store = Store(f"sqlite:///{home}/memory.db")
         store.upgrade()
         memory = OutputMemory(store)
+        mirror = MemoryMirror(memory, sync_seconds=0.0)  # the memory as it stands after each output
         for index, ids in enumerate(tqdm(outputs, desc="remember and check", unit="text", disable=not progress)):
             tensor = torch.as_tensor(ids, dtype=torch.int64)
             z, identities = output_null_z(mark, tensor, common, memory)
             memory.record(mark.key_id, identities, z)
             if index < WARMUP + MIN_NULL:
                 continue
-            memory.forget_cached_nulls()  # the null as it stands now, not a minute-old copy
-            found = verdict_spoof_check(mark, tensor, common, memory)
+            found = verdict_spoof_check(mark, scored_units(mark, tensor, common), mirror.view(mark.key_id))
             if found is not None and found.get("p_value") is not None:
                 checks.append({"index": index, **found})
         store.close()

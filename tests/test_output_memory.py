@@ -1,11 +1,13 @@
 """db.output_memory on both backends (a SQLite file and a real PostgreSQL server): each output's distinct units
 counted once, counts of units never emitted 0, lookups past one statement's chunk, 64-bit identities with the
-top bit set, and the null window of the most recent outputs past the warm-up."""
+top bit set, and the null window of the most recent outputs past the warm-up; the detector's in-process copy
+of it gives the same counts and null."""
 
 import numpy as np
 
 from db import output_memory
-from db.output_memory import WARMUP, OutputMemory
+from db.output_memory import WARMUP, MemoryMirror, OutputMemory
+from db.rows import KeyOutputRow, utc_now
 from db.store import Store
 
 pytest_plugins = ["pg"]
@@ -34,4 +36,51 @@ def test_counts_and_null_on_each_backend(database_url, monkeypatch):
         memory.record("w", shared[:3], float(i))
     assert sorted(memory.null_of("w").tolist()) == [float(i) for i in range(WARMUP, WARMUP + 5)]
     assert memory.null_of("w", limit=2).tolist() == [float(WARMUP + 4), float(WARMUP + 3)]  # the most recent
+    store.close()
+
+
+def test_the_detectors_copy_follows_the_store_on_each_backend(database_url):
+    """``MemoryMirror`` (what a detector worker reads on every positive verdict, instead of a query per text)
+    gives the store's own counts and null: loaded from the aggregate, then following new outputs through
+    their rows, as its table grows, per key, and through a row written without its units (an older
+    generation service: it reloads)."""
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = OutputMemory(store)
+    mirror = MemoryMirror(memory, sync_seconds=0.0)
+    rng = np.random.default_rng(7)
+    pool = rng.integers(0, 2**64, size=3000, dtype=np.uint64)  # many above 2**63
+    ask = np.concatenate([pool, rng.integers(0, 2**64, size=50, dtype=np.uint64)])  # and never emitted
+
+    def record(key, n):
+        for _ in range(n):
+            units = pool[rng.zipf(1.3, size=150) % pool.size]
+            memory.record(key, units, float(rng.normal(1.8, 1.0)))
+
+    def agrees(key):
+        view = mirror.view(key)
+        assert view.counts(ask).tolist() == memory.counts_of(key, ask).tolist()
+        assert sorted(view.null.z.tolist()) == sorted(memory.null_of(key).tolist())
+
+    record("k", WARMUP + 20)
+    agrees("k")  # the first view loads the aggregate
+    grown, bits = 0, mirror.view("k").table.bits
+    for _ in range(6):  # then follows outputs row by row; the recent part is merged into the base as it grows
+        record("k", 25)
+        agrees("k")
+        grown += mirror.view("k").table.bits > bits
+        bits = mirror.view("k").table.bits
+    assert grown >= 1  # the table was rehashed into a larger one on the way
+    record("other", 3)
+    agrees("other")
+    agrees("k")
+    with store.write() as session:  # an output remembered without its units (a service before this change)
+        session.add(KeyOutputRow(key_id="k", outputs_before=memory.outputs("k"), z=0.5, units=None,
+                                 created_at=utc_now()))
+    memory.record("k", pool[:5], None)
+    agrees("k")
+    stale = MemoryMirror(memory, sync_seconds=3600.0)
+    before = stale.view("k").counts(pool[:5]).tolist()
+    record("k", 2)
+    assert stale.view("k").counts(pool[:5]).tolist() == before  # within its sync interval it does not ask
     store.close()

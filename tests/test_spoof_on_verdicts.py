@@ -24,16 +24,19 @@ from scipy import stats
 
 from api.detector.app import create_app, services_of
 from api.generation.own_output import OwnOutput
-from db.output_memory import WARMUP, OutputMemory
+from db.output_memory import WARMUP, MemoryMirror, OutputMemory
 from db.store import Store
 from detector import common_units
 from detector.scoring_sampling import positions, sampling_identities
-from detector.spoof_check import MIN_NULL, SPOOF_ALPHA
+from detector.normalize import normalize
+from detector.service import Detector
+from detector.spoof_check import MIN_NULL, SPOOF_ALPHA, SpoofNull, StoredCounts, spoof_check
 from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
 from watermark.sampling_common import SeenContexts
 from watermark.scheme import make_watermark
 from watermark.specs import is_sampling
+from watermark.vocab import encode
 
 pytest_plugins = ["pg"]
 
@@ -293,3 +296,41 @@ def test_spoofs_of_a_sampling_watermark_are_flagged_and_its_genuine_output_is_no
         required = int(stats.binom.ppf(POWER_LEVEL, len(accepted), rate))
         assert required > allowed_false_flags(len(accepted))  # more than a check without power flags
         assert len(run.flagged) >= required, [v["spoof_check"] for v in accepted]
+
+
+@pytest.mark.parametrize("spec", [SPEC, "gumbel:h=1", "synthid:h=1"], ids=["kgw", "gumbel", "synthid"])
+def test_a_verdicts_spoof_check_is_its_definition(tmp_path, world, spec):
+    """What a positive verdict reports (its first scoring pass's units, counts and null from the detector's
+    in-process copy of the memory, ``MemoryMirror``) equals the check's definition: the text scored again
+    (``spoof_check``), counts read from the store, the null as stored, scipy's normal tail; also as the
+    memory grows between verdicts."""
+    vocab = world[0]
+    keyring = Keyring(tmp_path / "home")
+    keyring.create(KEY, secret=hashlib.sha256(b"provmark-test/spoof-definition/" + spec.encode()).digest(), spec=spec)
+    mark = make_watermark(spec, keyring.secret(KEY), vocab.vocab_size, KEY)
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    own, memory = OwnOutput(store, keyring), OutputMemory(store)
+    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(WARMUP + MIN_NULL + 5):
+        own.remember(info, sample(world, mark, generator), vocab)
+    detector = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory, sync_seconds=0.0))
+    common = common_units.for_spec(mark.spec, vocab)
+    checked = 0
+    for _ in range(6):
+        text = as_text(world, sample(world, mark, generator))
+        verdict = detector.detect(text, keys=[KEY])
+        assert verdict.watermarked
+        ids = torch.tensor(encode(vocab, normalize(text).text))
+        check = spoof_check(mark, ids, common, StoredCounts(memory, KEY))
+        null = np.asarray(memory.null_of(KEY))
+        expected = stats.norm.sf(check.z, loc=null.mean(), scale=null.std(ddof=1))
+        found = verdict.spoof_check
+        assert found["z"] == round(check.z, 4) and found["units"] == check.units
+        assert found["null_outputs"] == null.size
+        assert found["p_value"] == pytest.approx(expected, rel=1e-9, abs=1e-300)
+        assert found["p_value_empirical"] == SpoofNull(null).p_value(check.z)
+        checked += 1
+        own.remember(info, sample(world, mark, generator), vocab)  # the next verdict sees one more output
+    assert checked == 6

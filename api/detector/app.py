@@ -43,7 +43,7 @@ from api.metrics import count_verdict, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
-from db.output_memory import OutputMemory
+from db.output_memory import MemoryMirror, OutputMemory
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
 from watermark.keys import Keyring
@@ -149,7 +149,7 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     # Load the tokenizer now, once per process, rather than inside the first request. The generation
     # service's record of its own output (same store) gives positives their spoof check.
     return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home),
-                    output_memory=OutputMemory(store))
+                    output_memory=MemoryMirror(OutputMemory(store)))
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:

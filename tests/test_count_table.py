@@ -1,0 +1,58 @@
+"""db.count_table: the detector worker's hash table of one key's unit counts. The C kernel and the numpy path
+give the same counts and the same spoof-check sums (and those are the check's definition,
+``detector.spoof_check.spoof_statistic``); the table grows and stays exact; identity 0 reads as never emitted."""
+
+import math
+
+import numpy as np
+import pytest
+
+from db import count_table
+from db.count_table import CountTable
+from detector.spoof_check import spoof_statistic, statistic_of_sums
+
+needs_kernel = pytest.mark.skipif(count_table._library() is None, reason="no C compiler: the numpy path only")
+
+
+def filled(native: bool, rng: np.random.Generator) -> tuple[CountTable, dict[int, int], np.ndarray]:
+    pool = rng.integers(-(2**63), 2**63, size=5000, dtype=np.int64)
+    table, expected = CountTable(native=native), {}
+    for _ in range(40):  # outputs of distinct units, as the memory adds them; the table grows several times
+        units = np.unique(pool[rng.zipf(1.2, size=300) % pool.size])
+        table.add(units)
+        for unit in units.tolist():
+            expected[unit] = expected.get(unit, 0) + 1
+    return table, expected, pool
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_kernel), False], ids=["kernel", "numpy"])
+def test_counts_are_exact_as_the_table_grows(native):
+    rng = np.random.default_rng(11)
+    table, expected, pool = filled(native, rng)
+    assert table.bits > count_table.MIN_BITS and table.size == len(expected)
+    ask = np.concatenate([pool, rng.integers(-(2**63), 2**63, size=200, dtype=np.int64)])
+    assert table.counts(ask.view(np.uint64)).tolist() == [float(expected.get(u, 0)) for u in ask.tolist()]
+    units, counts = table.items()
+    assert dict(zip(units.tolist(), counts.tolist())) == expected
+    table.add(np.array([0, 0], dtype=np.int64))  # the empty marker is never stored
+    assert table.size == len(expected) and table.counts(np.array([0], dtype=np.uint64)).tolist() == [0.0]
+
+
+def test_the_kernel_and_numpy_give_the_checks_own_statistic():
+    rng = np.random.default_rng(12)
+    tables = [filled(native, np.random.default_rng(13))[0] for native in (True, False)]
+    pool = filled(False, np.random.default_rng(13))[2]
+    for scores_of in (lambda n: rng.random(n) < 0.4, lambda n: rng.exponential(size=n),
+                      lambda n: rng.integers(0, 31, size=n)):
+        units = pool[rng.integers(0, pool.size, size=900)].view(np.uint64)
+        scores = np.asarray(scores_of(units.size), dtype=np.float64)
+        prev = np.where(rng.random(units.size) < 0.3, 5, -1)  # positions that do not count
+        counted = prev < 0
+        learnability = np.log(tables[1].counts(units[counted]) + 0.5)
+        expected = spoof_statistic(scores[counted], learnability)
+        for table in tables if count_table._library() is not None else tables[1:]:
+            check = statistic_of_sums(*table.spoof_sums(units, scores, prev))
+            assert check.units == expected.units == int(counted.sum())
+            assert check.z == pytest.approx(expected.z, rel=1e-10)
+    flat = statistic_of_sums(*tables[1].spoof_sums(units, np.ones(units.size), prev))
+    assert math.isnan(flat.z)  # every score equal: no statistic

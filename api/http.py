@@ -245,6 +245,16 @@ class Auth:
                                headers={"Retry-After": str(max(1, math.ceil(wait)))})
         return info
 
+    def limit_anonymous(self) -> None:
+        """The rate limit for a route that takes no token, per client address (``request.remote_addr``: behind
+        a reverse proxy every client shares the proxy's address unless the proxy sets it, e.g. werkzeug's
+        ProxyFix): asking without a token is not a way around a token's limit. 429 beyond it."""
+        if self.limiter is not None:
+            wait = self.limiter.take("address:" + (request.remote_addr or "unknown"))
+            if wait > 0:
+                raise ApiError(429, "rate_limited", "too many requests from this address",
+                               headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
 
 # ---- OpenAPI -------------------------------------------------------------------------------------
 class OpenAPI:

@@ -161,6 +161,18 @@ def test_rate_limit_answers_429_with_retry_after(provmark_home, keyring):
     assert status == 429 and body["error"]["code"] == "rate_limited" and int(headers["Retry-After"]) >= 1
 
 
+def test_the_public_key_route_is_rate_limited_per_address(provmark_home, keyring):
+    """The one keyed route without a token (a two-part key's published half) is held to the same limit per
+    client address: a token's limit cannot be sidestepped by asking without one."""
+    keyring.create("pub", public_half=True)
+    app = make_app(provmark_home, rate_limit=1, rate_burst=2)
+    with serve(app) as base_url:
+        statuses = [call("GET", f"{base_url}/v1/keys/pub/public")[0] for _ in range(2)]
+        status, body, headers = call("GET", f"{base_url}/v1/keys/nobody/public")  # unknown ids count too
+    assert statuses == [200, 200]
+    assert status == 429 and body["error"]["code"] == "rate_limited" and int(headers["Retry-After"]) >= 1
+
+
 # ---- request errors ----------------------------------------------------------------------------
 
 def test_request_errors_are_json_and_name_the_field(provmark_home, keyring):

@@ -2,6 +2,7 @@
 
 A two-part key's detection half exists to be published: anyone may fetch it and verify text offline
 (``provmark detect --public-key FILE``). A one-part key has nothing public, and answers as an unknown id does.
+No token, so the rate limit applies per client address (``Auth.limit_anonymous``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def blueprint(api, services) -> Blueprint:
     bp = Blueprint("keys", __name__)
 
     @api.route(bp, "/v1/keys/<key_id>/public", methods=["GET"], summary="The publishable half of a two-part key",
-               responses={200: PublicKeyDocument, 404: ErrorResponse}, tags=["keys"])
+               responses={200: PublicKeyDocument, 404: ErrorResponse, 429: ErrorResponse}, tags=["keys"])
     def public_key(key_id: str):
+        services.auth.limit_anonymous()
         keyring = services.detector.keyring
         if not KEY_ID_RE.fullmatch(key_id):
             raise ApiError(404, "key_not_found", NOT_PUBLISHED)

@@ -84,3 +84,42 @@ def test_the_detectors_copy_follows_the_store_on_each_backend(database_url):
     record("k", 2)
     assert stale.view("k").counts(pool[:5]).tolist() == before  # within its sync interval it does not ask
     store.close()
+
+
+def test_upgrading_a_store_keeps_its_memory_and_the_copy_reads_it(database_url):
+    """A store the previous version wrote (revision 0003: output rows without their units) keeps every count
+    and null row through the upgrade, and the detector's copy loads it from the aggregate, then follows new
+    outputs by their rows."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from db.migrations import alembic_config, head_revision
+
+    store = Store(url=database_url)
+    config = alembic_config()
+    with store.write_engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0003_output_memory")
+    rng = np.random.default_rng(9)
+    units = rng.integers(-(2**63), 2**63, size=300, dtype=np.int64)
+    with store.write_engine.begin() as connection:  # what 0003's service wrote: counts, and rows without units
+        for unit in units.tolist():
+            connection.execute(text("INSERT INTO output_units (key_id, unit, outputs) VALUES ('k', :u, 3)"), {"u": unit})
+        for i in range(WARMUP + 3):
+            connection.execute(text("INSERT INTO key_outputs (key_id, outputs_before, z, created_at) "
+                                    "VALUES ('k', :i, :z, CURRENT_TIMESTAMP)"), {"i": i, "z": float(i)})
+    assert store.upgrade() == head_revision()
+    memory = OutputMemory(store)
+    ask = units.view(np.uint64)
+    assert memory.counts_of("k", ask).tolist() == [3.0] * units.size
+    assert sorted(memory.null_of("k").tolist()) == [float(i) for i in range(WARMUP, WARMUP + 3)]
+    view = MemoryMirror(memory, sync_seconds=0.0).view("k")
+    assert view.counts(ask).tolist() == [3.0] * units.size and view.null.z.tolist() == [40.0, 41.0, 42.0]
+    memory.record("k", ask[:10], 7.0)
+    assert view.counts(ask[:11]).tolist() == [3.0] * 11  # the copy asks again only on its next view
+    mirror = MemoryMirror(memory, sync_seconds=0.0)
+    mirror.view("k")
+    memory.record("k", ask[:10], 8.0)
+    assert mirror.view("k").counts(ask[:11]).tolist() == [5.0] * 10 + [3.0]
+    assert mirror.view("k").null.z.tolist() == [7.0, 8.0, 40.0, 41.0, 42.0]  # sorted
+    store.close()

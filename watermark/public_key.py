@@ -27,7 +27,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from scipy import stats
+from scipy import special
 
 from watermark.config import SpecError, WatermarkSpec
 from watermark.key_info import KEY_ID_RE, KeySpecError, key_fingerprint
@@ -67,7 +67,8 @@ def spoof_test(public_green, private_green) -> dict:
     b = public green and private red, c = private green and public red; p = P(Binomial(b + c, 1/2) >= b)."""
     b = int((public_green & ~private_green).sum())
     c = int((private_green & ~public_green).sum())
-    p = float(stats.binom.sf(b - 1, b + c, 0.5)) if b + c else 1.0
+    # the binomial's upper tail as scipy.stats.binom.sf computes it, without its ~0.15 ms of argument handling
+    p = float(special.bdtrc(b - 1, b + c, 0.5)) if b + c else 1.0
     return {"public_only": b, "private_only": c, "p_value": p}
 
 

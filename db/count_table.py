@@ -59,83 +59,80 @@ def _address(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+class _Slots:
+    """One allocation of the table: (unit, count) pairs side by side, unit 0 empty; what a call reads, held by
+    the call (a table that grows meanwhile swaps in a new one, filled before the swap, and frees this one
+    only when the last call holding it returns)."""
+
+    __slots__ = ("bits", "pairs", "keys", "vals", "mask", "shift", "args")
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+        self.pairs = np.zeros(2 << bits, dtype=np.int64)
+        self.keys, self.vals = self.pairs[0::2], self.pairs[1::2]  # views
+        self.mask, self.shift = (1 << bits) - 1, 64 - bits
+        self.args = (_address(self.pairs), self.mask, self.shift)  # the C functions' first three arguments
+
+
 class CountTable:
-    """``add`` counts, ``counts`` of identities, ``spoof_sums`` for the spoof check (``native`` False: numpy)."""
+    """``add`` counts, ``counts`` of identities, ``spoof_sums`` for the spoof check (``native`` False: numpy).
+    One writer (``add``) and any number of readers at once: readers see the table before or after an add."""
 
     def __init__(self, units: np.ndarray | None = None, counts: np.ndarray | None = None, native: bool = True) -> None:
         self._lib = _library() if native else None
         self.size = 0
-        self._allocate(MIN_BITS)
+        self._slots = _Slots(MIN_BITS)
         if units is not None and len(units):
             self.add(units, counts)
 
-    def _allocate(self, bits: int) -> None:
-        self.bits = bits
-        self.slots = np.zeros(2 << bits, dtype=np.int64)  # (unit, count) pairs; unit 0: empty
-        self.keys, self.vals = self.slots[0::2], self.slots[1::2]  # views
-        self._mask, self._shift = (1 << bits) - 1, 64 - bits
-        self._slots = (_address(self.slots), self._mask, self._shift)
+    @property
+    def bits(self) -> int:
+        return self._slots.bits
 
     def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
         """Each unit's count += its increment (1 when None). Units are int64 or uint64 identities."""
-        units = np.ascontiguousarray(np.asarray(units).view(np.int64) if np.asarray(units).dtype == np.uint64
-                                     else units, dtype=np.int64)
+        units = _as_int64(units)
         increments = (np.ones(units.shape[0], dtype=np.int64) if increments is None
                       else np.ascontiguousarray(increments, dtype=np.int64))
-        if 2 * (self.size + units.shape[0]) > self.keys.shape[0]:  # at most half full after the add
-            self._grow(self.size + units.shape[0])
+        slots = self._slots
+        if 2 * (self.size + units.shape[0]) > slots.keys.shape[0]:  # at most half full after the add
+            used = slots.keys != 0
+            grown = _Slots(max(MIN_BITS, int(2 * (self.size + units.shape[0]) - 1).bit_length()))
+            self._insert(grown, slots.keys[used].copy(), slots.vals[used].copy())
+            self._slots = slots = grown  # filled before readers see it
+        self.size += self._insert(slots, units, increments)
+
+    def _insert(self, slots: _Slots, units: np.ndarray, increments: np.ndarray) -> int:
+        """Add into ``slots``; how many units were new."""
         if self._lib is not None:
-            self.size += self._lib.count_table_add(*self._slots, _address(units), _address(increments), units.shape[0])
-            return
-        keys, vals, mask = self.keys, self.vals, self._mask
+            return self._lib.count_table_add(*slots.args, _address(units), _address(increments), units.shape[0])
+        keys, vals, mask, added = slots.keys, slots.vals, slots.mask, 0
         for unit, increment in zip(units.tolist(), increments.tolist()):
             if unit == 0:
                 continue
-            slot = (unit & 0xFFFFFFFFFFFFFFFF) >> self._shift
+            slot = (unit & 0xFFFFFFFFFFFFFFFF) >> slots.shift
             while keys[slot] != 0 and keys[slot] != unit:
                 slot = (slot + 1) & mask
             if keys[slot] == 0:
                 keys[slot] = unit
-                self.size += 1
+                added += 1
             vals[slot] += increment
-
-    def _grow(self, entries: int) -> None:
-        used = self.keys != 0
-        units, counts = self.keys[used], self.vals[used]
-        bits = max(MIN_BITS, int(2 * entries - 1).bit_length())
-        self._allocate(bits)
-        self.size = 0
-        if units.shape[0]:
-            self.add(units, counts)
+        return added
 
     def counts(self, units: np.ndarray) -> np.ndarray:
         """float64 count of each identity (0 for a unit never added)."""
-        query = np.ascontiguousarray(np.asarray(units, dtype=np.uint64).view(np.int64))
-        out = np.empty(query.shape[0], dtype=np.float64)
+        query, slots = _as_int64(units), self._slots
         if self._lib is not None:
-            self._lib.count_table_counts(*self._slots, _address(query), query.shape[0], _address(out))
+            out = np.empty(query.shape[0], dtype=np.float64)
+            self._lib.count_table_counts(*slots.args, _address(query), query.shape[0], _address(out))
             return out
-        return self._numpy_counts(query)
-
-    def _numpy_counts(self, query: np.ndarray) -> np.ndarray:
-        """Probe rounds over the queries not yet settled (hit, or an empty slot)."""
-        out = np.zeros(query.shape[0], dtype=np.float64)
-        slot = (query.view(np.uint64) >> np.uint64(self._shift)).astype(np.int64)
-        pending = np.flatnonzero(query != 0)
-        slot, wanted = slot[pending], query[pending]
-        while pending.shape[0]:
-            found = self.keys[slot]
-            hit = found == wanted
-            out[pending[hit]] = self.vals[slot[hit]]
-            going = ~hit & (found != 0)
-            pending, slot, wanted = pending[going], (slot[going] + 1) & self._mask, wanted[going]
-        return out
+        return _numpy_counts(slots, query)
 
     def spoof_sums(self, units: np.ndarray, scores: np.ndarray, prev: np.ndarray) -> tuple[int, float, float, float,
                                                                                             float, float]:
         """Over the positions with ``prev`` < 0, x = log(count + 1/2) of the unit and y its score: (n, Sxx, Syy,
         Sxy about the means, sum x^2, sum y^2). ``units`` uint64 or int64, ``scores`` float64, ``prev`` int64."""
-        query = np.ascontiguousarray(units.view(np.int64) if units.dtype == np.uint64 else units, dtype=np.int64)
+        query, slots = _as_int64(units), self._slots
         y = np.ascontiguousarray(scores, dtype=np.float64)
         first = np.ascontiguousarray(prev, dtype=np.int64)
         if not query.shape[0] == y.shape[0] == first.shape[0]:
@@ -143,12 +140,12 @@ class CountTable:
                              f"{first.shape[0]}")
         if self._lib is not None:
             out = (ctypes.c_double * 6)()
-            self._lib.count_table_spoof_sums(*self._slots, _address(query), _address(y), _address(first),
+            self._lib.count_table_spoof_sums(*slots.args, _address(query), _address(y), _address(first),
                                              query.shape[0], out)
             n, spread_x, spread_y, sum_xy, raw_x, raw_y = out
             return int(n), spread_x, spread_y, sum_xy, raw_x, raw_y
         counted = first < 0
-        x, y = np.log(self._numpy_counts(query[counted]) + 0.5), y[counted]
+        x, y = np.log(_numpy_counts(slots, query[counted]) + 0.5), y[counted]
         if not x.shape[0]:
             return 0, 0.0, 0.0, 0.0, 0.0, 0.0
         cx, cy = x - x.sum() / x.shape[0], y - y.sum() / y.shape[0]
@@ -156,5 +153,27 @@ class CountTable:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(Every unit in the table [int64], its count), in slot order."""
-        used = self.keys != 0
-        return self.keys[used], self.vals[used]
+        slots = self._slots
+        used = slots.keys != 0
+        return slots.keys[used], slots.vals[used]
+
+
+def _as_int64(units) -> np.ndarray:
+    """Unit identities (uint64 or int64) as contiguous int64 (the same 64 bits)."""
+    units = np.asarray(units)
+    return np.ascontiguousarray(units.view(np.int64) if units.dtype == np.uint64 else units, dtype=np.int64)
+
+
+def _numpy_counts(slots: _Slots, query: np.ndarray) -> np.ndarray:
+    """Probe rounds over the queries not yet settled (hit, or an empty slot)."""
+    out = np.zeros(query.shape[0], dtype=np.float64)
+    slot = (query.view(np.uint64) >> np.uint64(slots.shift)).astype(np.int64)
+    pending = np.flatnonzero(query != 0)
+    slot, wanted = slot[pending], query[pending]
+    while pending.shape[0]:
+        found = slots.keys[slot]
+        hit = found == wanted
+        out[pending[hit]] = slots.vals[slot[hit]]
+        going = ~hit & (found != 0)
+        pending, slot, wanted = pending[going], (slot[going] + 1) & slots.mask, wanted[going]
+    return out

@@ -56,3 +56,36 @@ def test_the_kernel_and_numpy_give_the_checks_own_statistic():
             assert check.z == pytest.approx(expected.z, rel=1e-10)
     flat = statistic_of_sums(*tables[1].spoof_sums(units, np.ones(units.size), prev))
     assert math.isnan(flat.z)  # every score equal: no statistic
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_kernel), False], ids=["kernel", "numpy"])
+def test_readers_see_every_count_while_the_table_grows(native):
+    """A detector worker's threads read the table while its sync adds outputs: a reader never sees a table
+    being filled (a grown table is swapped in full) nor one freed under it."""
+    import threading
+
+    rng = np.random.default_rng(21)
+    known = rng.integers(1, 2**62, size=500, dtype=np.int64)
+    table = CountTable(known, np.full(known.size, 3), native=native)
+    wrong, done = [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            found = table.counts(known)
+            if not (found == 3.0).all():
+                wrong.append(int((found != 3.0).sum()))
+            n = table.spoof_sums(known, np.ones(known.size), np.full(known.size, -1))[0]
+            if n != known.size:
+                wrong.append(n)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for thread in readers:
+        thread.start()
+    try:
+        for _ in range(12 if native else 4):  # new units only: the table grows several times
+            table.add(rng.integers(2**62, 2**63 - 1, size=table.bits * (600 if native else 150), dtype=np.int64))
+    finally:
+        done.set()
+        for thread in readers:
+            thread.join()
+    assert table.bits > 12 and not wrong

@@ -67,7 +67,7 @@ void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, cons
     size_t m = 0;
     double kx = 0.0, ky = 0.0, sx = 0.0, sy = 0.0, sxx = 0.0, syy = 0.0, sxy = 0.0, rx = 0.0, ry = 0.0;
     for (size_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) /* the table is larger than the caches: overlap the misses of the next lookups */
+        if (i + AHEAD < n && prev[i + AHEAD] < 0) /* overlap the cache misses of the next lookups */
             __builtin_prefetch(&slots[2 * ((uint64_t)units[i + AHEAD] >> shift)]);
         if (prev[i] >= 0)
             continue;

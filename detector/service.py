@@ -323,7 +323,7 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
     # the spoof check counts what its null counted: first occurrences, forced positions included
-    unforced = [prev.copy() for prev in prevs] if forced.shape[0] else prevs
+    unforced = [prev.copy() for prev in prevs] if forced.shape[0] and spoof_units is not None else prevs
     for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
         prev[forced] = forced
     counted = [counted_positions(prev, True) for prev in prevs]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from generation.constraints.constraint import FORCED_BELOW, Constraint
@@ -87,8 +88,11 @@ def request_output(request_id: str, prompt_ids: list[int], token_ids: list[int],
 
 
 def watermark_info(watermark) -> WatermarkInfo:
-    """The public description of a request's watermark: spec string, key id, fingerprint."""
-    return WatermarkInfo(_spec_text(watermark.spec), watermark.key_id, watermark.fingerprint)
+    """The public description of a request's watermark: spec string, key id, fingerprint. A stand-in whose spec
+    is not hashable (the evaluation's spoofer) is formatted each time."""
+    spec = watermark.spec
+    text = _spec_text(spec) if isinstance(spec, Hashable) else spec.format()
+    return WatermarkInfo(text, watermark.key_id, watermark.fingerprint)
 
 
 @functools.lru_cache(maxsize=256)

@@ -94,6 +94,18 @@ def test_the_spoofer_boosts_only_tokens_it_believes_green():
     assert not scores[1].any()  # a context it knows nothing about: untouched
 
 
+def test_the_engine_can_describe_the_spoofers_outputs():
+    """The engine describes every output's watermark by its public fields (``watermark_info``), once per spec;
+    the spoofer's mark is a stand-in whose spec is not hashable, and must go through the same path (it once
+    raised TypeError there, which stopped ``provmark eval security --attack spoofing``)."""
+    from generation.sequence import request_output
+
+    mark = SpoofMark(_toy_estimate(), delta=3.0, label="toy")
+    out = request_output("r", [1], [2, 3], "text", "length", mark)
+    assert out.watermark.spec == "spoof:toy,delta=3" and out.watermark.fingerprint == mark.fingerprint
+    assert out.watermark.key_id is None
+
+
 def test_edits_move_colours_the_way_each_attack_wants():
     import random
 

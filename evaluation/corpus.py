@@ -18,6 +18,8 @@ from pathlib import Path
 
 CORPUS_DISTRIBUTION = "gensim"
 CORPUS_FILE = "gensim/test/test_data/lee_background.cor"
+# Lee's 50 test articles, disjoint from the 299: held-out prompts beyond what the main file leaves over
+SECOND_FILE = "gensim/test/test_data/lee.cor"
 INSTALL_HINT = "pip install gensim  (only its test data file is read)"
 
 # Words that end in a full stop without ending a sentence (titles, months, common short forms).
@@ -44,14 +46,14 @@ class Document:
         return f"{self.first_sentence} {self.body}".strip()
 
 
-def corpus_path() -> Path:
+def corpus_path(file: str = CORPUS_FILE) -> Path:
     """Where the installed corpus file is; CorpusError with an install hint when it is missing."""
     try:
-        path = Path(importlib.metadata.distribution(CORPUS_DISTRIBUTION).locate_file(CORPUS_FILE))
+        path = Path(importlib.metadata.distribution(CORPUS_DISTRIBUTION).locate_file(file))
     except importlib.metadata.PackageNotFoundError:
         raise CorpusError(f"the human corpus needs the {CORPUS_DISTRIBUTION!r} package: {INSTALL_HINT}") from None
     if not path.is_file():
-        raise CorpusError(f"corpus file {CORPUS_FILE} not found in the installed {CORPUS_DISTRIBUTION}")
+        raise CorpusError(f"corpus file {file} not found in the installed {CORPUS_DISTRIBUTION}")
     return path
 
 
@@ -80,10 +82,10 @@ def split_first_sentence(text: str) -> tuple[str, str]:
     return text[: spans[0][1]].strip(), text[spans[1][0]:].strip()
 
 
-@lru_cache(maxsize=1)
-def load_documents() -> tuple[Document, ...]:
-    """Every article of the corpus, in file order, split into first sentence and body."""
-    lines = corpus_path().read_text(encoding="utf-8", errors="replace").splitlines()
+@lru_cache(maxsize=2)
+def load_documents(file: str = CORPUS_FILE) -> tuple[Document, ...]:
+    """Every article of the corpus (or of ``SECOND_FILE``), in file order, split into first sentence and body."""
+    lines = corpus_path(file).read_text(encoding="utf-8", errors="replace").splitlines()
     documents = []
     for index, line in enumerate(lines):
         if not line.strip():
@@ -101,3 +103,15 @@ def prompt_documents(n: int, min_body_words: int = 40) -> list[Document]:
     if n > len(chosen):
         raise ValueError(f"n: the corpus has {len(chosen)} usable articles, {n} asked for")
     return chosen[:n]
+
+
+def held_out_documents(skip: int, min_body_words: int = 40) -> list[Document]:
+    """The usable articles after the first ``skip`` of the corpus, then those of ``SECOND_FILE`` (indices
+    from ``SECOND_INDEX``): prompts no run that drew its first ``skip`` from ``prompt_documents`` has seen."""
+    first = [d for d in load_documents() if len(d.body.split()) >= min_body_words][skip:]
+    second = [Document(SECOND_INDEX + d.index, d.first_sentence, d.body) for d in load_documents(SECOND_FILE)
+              if len(d.body.split()) >= min_body_words]
+    return first + second
+
+
+SECOND_INDEX = 10_000  # SECOND_FILE's article i is document SECOND_INDEX + i

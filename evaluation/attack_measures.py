@@ -11,7 +11,7 @@ import random
 import numpy as np
 
 from detector import common_units
-from detector.spoof_check import OutputCounts, SpoofNull, spoof_check
+from detector.spoof_check import SPOOF_ALPHA, OutputCounts, SpoofNull, spoof_check
 from evaluation.attacks import AttackContext, get_attack
 from evaluation.metrics import summary
 from evaluation.spoofing import SpoofMark, scrub_edit, spoof_edit
@@ -92,7 +92,12 @@ def _spoof_check(run, label: str, spoofed: list[str], genuine: list[str]) -> dic
             out[f"flagged_at_{a:g}_normal_fit"] = float(np.mean([null.p_value_normal(v) <= a for v in z])) if z else None
         return out
 
+    spoofed_z = [c.z if c is not None else float("nan") for c in
+                 (spoof_check(mark, run.encode(t), common, counts) for t in spoofed)]
+    # what the service would have accepted as ours with the spoof check on: watermarked, not spoof_suspected
+    passed = [d and not null.p_value_normal(z) <= SPOOF_ALPHA for d, z in zip(detected, spoofed_z)]
     return {"outputs_in_memory": counts.outputs, "null_texts": int(null.z.shape[0]),
+            "spoof_alpha": SPOOF_ALPHA, "success_with_spoof_check": float(np.mean(passed)) if passed else None,
             "null_median_z": float(np.median(null.z)) if null.z.size else None,
             "spoofed": rates(spoofed), "spoofed_detected": rates(spoofed, detected), "genuine": rates(genuine)}
 
@@ -186,7 +191,13 @@ def plot(results: dict, config, out) -> list[str]:
         top = f"{max(config.rates):g}"
         for lb in labels:
             pts = sections(lb, "spoofing")
-            ax.plot([n for n, _ in pts], [s["generated"]["success_rate"] for n, s in pts], marker="o", label=f"{lb}: steered model")
+            line, = ax.plot([n for n, _ in pts], [s["generated"]["success_rate"] for n, s in pts], marker="o",
+                            label=f"{lb}: steered model")
+            checked = [(n, s["spoof_check"]["success_with_spoof_check"]) for n, s in pts
+                       if s.get("spoof_check", {}).get("success_with_spoof_check") is not None]
+            if checked:  # what the service accepts with the spoof check on (not spoof_suspected)
+                ax.plot([n for n, _ in checked], [v for _, v in checked], marker="s", linestyle=":",
+                        color=line.get_color(), label=f"{lb}: steered model, not spoof_suspected")
             ax.plot([n for n, _ in pts], [s["human_edited"][top]["success_rate"] for n, s in pts], marker="x",
                     linestyle="--", label=f"{lb}: human text, {top} edited")
 
@@ -205,7 +216,7 @@ def plot(results: dict, config, out) -> list[str]:
     if any(sections(lb, "stealing") for lb in labels):
         figure("stealing_accuracy.png", "stolen watermarked tokens N", "fraction", True, stealing)
     if any(sections(lb, "spoofing") for lb in labels):
-        figure("spoofing_success.png", "stolen watermarked tokens N", "spoof success (detected)", True, spoofing)
+        figure("spoofing_success.png", "stolen watermarked tokens N", "spoof success (detected as ours)", True, spoofing)
     if any(sections(lb, "scrubbing") for lb in labels):
         figure("scrubbing_tpr.png", "edit rate (fraction of tokens replaced)", "TPR (detected)", False, scrubbing)
     return names

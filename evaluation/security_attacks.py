@@ -6,8 +6,12 @@ fresh key bound to that spec in a throw-away keyring (fixed secrets: reproducibl
 1. *Corpus*: watermarked texts of ``tokens`` tokens from our engine on the first ``TRAIN_PROMPTS`` prompts
    of the evaluation corpus, in seeded rounds until the largest N; the attacker keeps only the text.
 2. *Stealing* (``evaluation.stealing``) from the first N tokens, for each N: accuracy of the estimated
-   colours against the truth (the evaluator's key) on the units of held-out texts (the next prompts):
-   unwatermarked (what a spoofer writes from) and watermarked (what a scrubber edits).
+   colours against the truth (the evaluator's key) on the units of held-out texts (the next prompts:
+   the corpus's remaining articles, then Lee's test articles): unwatermarked (what a spoofer writes
+   from) and watermarked (what a scrubber edits). ``estimator`` picks the thief: the paper's pair vote,
+   ``learned-anchors`` (selfhash: which context token anchors, learned from the same text) or
+   ``known-units`` (told by the key: an upper bound on any context-aware thief); the spoofing and
+   scrubbing below use its table.
 3. *Spoofing*: the base model steered by the stolen table on the held-out prompts, and human article
    bodies edited with it (``evaluation.spoofing``), scored by the real detector under the production key:
    success = detected (exact verdict, z >= 4 with the default options).
@@ -32,7 +36,7 @@ from detector.service import Detector
 from evaluation import attack_measures as measure
 from evaluation import stealing
 from evaluation.cache import JsonlCache, cache_key
-from evaluation.corpus import load_documents, prompt_documents
+from evaluation.corpus import held_out_documents, prompt_documents
 from evaluation.generations import GenerationSource
 from evaluation.harness import PROMPT_TEMPLATE, parse_scheme
 from evaluation.lm import TeacherForcedLM
@@ -42,6 +46,7 @@ from generation.engine import Engine
 from generation.models import load_model
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
+from watermark.seeding import selfhash_salts
 from watermark.vocab import encode
 
 ATTACKS = ("stealing", "spoofing", "scrubbing")
@@ -60,6 +65,9 @@ class AttackConfig:
     spoof_delta: float = 4.0
     seed: int = 0
     max_num_seqs: int = 48
+    # "pairs" (the paper's vote), "learned-anchors" (selfhash anchors learned from the text) or "known-units"
+    # (the thief told every unit: an upper bound), evaluation.stealing
+    estimator: str = "pairs"
 
     def __post_init__(self) -> None:
 
@@ -80,7 +88,11 @@ class AttackConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
                 raise ValueError(f"{name}: expected an integer >= 2, got {value!r}")
-        held_out = _usable_documents() - TRAIN_PROMPTS
+        if self.estimator not in stealing.ESTIMATORS:
+            raise ValueError(f"estimator: expected one of {', '.join(stealing.ESTIMATORS)}, got {self.estimator!r}")
+        if self.estimator == "learned-anchors" and any(parse_scheme(s).scheme == "minhash" for s in self.schemes):
+            raise ValueError("estimator: learned-anchors learns selfhash anchors; minhash specs are not covered")
+        held_out = len(held_out_documents(TRAIN_PROMPTS))
         if self.eval_texts > held_out:
             raise ValueError(f"eval_texts: the corpus holds out {held_out} prompts, {self.eval_texts} asked for")
         if not self.rates or any(not 0 < r < 1 for r in self.rates):
@@ -99,11 +111,6 @@ class AttackConfig:
         return math.ceil(self.training_texts / TRAIN_PROMPTS)
 
 
-def _usable_documents() -> int:
-
-    return sum(len(d.body.split()) >= 40 for d in load_documents())
-
-
 class AttackRun:
     """Everything one run shares: model, engine, generation cache, keys, detector."""
 
@@ -115,12 +122,12 @@ class AttackRun:
         self.config, self.out, self.progress = config, out, progress
         self.vocab = loaded.vocab
         tokenizer = self.vocab.tokenizer
-        documents = prompt_documents(TRAIN_PROMPTS + config.eval_texts)
+        held_docs = held_out_documents(TRAIN_PROMPTS)[: config.eval_texts]
         self.train_prompts = [chat_prompt_ids(tokenizer, PROMPT_TEMPLATE.format(sentence=d.first_sentence))
-                              for d in documents[:TRAIN_PROMPTS]]
+                              for d in prompt_documents(TRAIN_PROMPTS)]
         self.eval_prompts = [chat_prompt_ids(tokenizer, PROMPT_TEMPLATE.format(sentence=d.first_sentence))
-                             for d in documents[TRAIN_PROMPTS:]]
-        self.human_ids = [self.encode(d.body)[: config.tokens] for d in documents[TRAIN_PROMPTS:]]
+                             for d in held_docs]
+        self.human_ids = [self.encode(d.body)[: config.tokens] for d in held_docs]
         self.lm = TeacherForcedLM(loaded)
         longest = max(len(p) for p in self.train_prompts + self.eval_prompts)
         self.engine = Engine(loaded, max_num_seqs=config.max_num_seqs, max_model_len=longest + config.tokens + 8)
@@ -137,6 +144,7 @@ class AttackRun:
             self.marks[label] = generation_watermark(spec, self.vocab.vocab_size, info.key_id, ring)
             self.key_fingerprints[label] = info.fingerprint
         self.detector = Detector(vocab=self.vocab, keyring=ring)  # the production detector: keys bound to specs
+        self._rows: dict[str, list] = {}  # per scheme, the base model's rows of the stolen text (_base_rows)
 
     def close(self) -> None:
         self._home.cleanup()
@@ -180,29 +188,69 @@ class AttackRun:
             out.append({"z": None if z is None or not math.isfinite(z) else float(z), "detected": v.verdict == "watermarked"})
         return out
 
-    def stolen_counts(self, label: str, texts: list, tokens: int):
-        """The attacker's counts from the first ``tokens`` watermarked tokens (re-tokenized text), cached."""
+    def stolen_counts(self, label: str, texts: list, tokens: int, namer=None):
+        """The attacker's counts from the first ``tokens`` watermarked tokens (re-tokenized text), cached: pair
+        counts (``stealing.accumulate``), or with ``namer`` unit counts (``stealing.accumulate_units``) under
+        the units ``namer`` names (the key for known-units, the learned anchors for learned-anchors)."""
 
         mark = self.marks[label]
+        extra = {} if namer is None else {"estimator": self.config.estimator}  # pairs: the older runs' cache key
         digest = cache_key(label=label, key=self.key_fingerprints[label], n=tokens, seed=self.config.seed,
-                           t=self.config.tokens, rounds=self.config.rounds)
+                           t=self.config.tokens, rounds=self.config.rounds, **extra)
         path = self.out / "cache" / f"stolen-{digest[:20]}.npz"
+        kind = stealing.StolenCounts if namer is None else stealing.UnitCounts
         if path.exists():
-            return stealing.StolenCounts.load(path)
-        sequences, starts, left = [], [], tokens
-        for g in texts:
-            ids = self.encode(g.text)[:left]
-            if not ids:
-                break
-            sequences.append(list(g.prompt_ids) + ids)
-            starts.append(len(g.prompt_ids))
-            left -= len(ids)
-        top = stealing.base_topk(self.lm, sequences, starts, progress=self.progress)
-        rows = [(seq[s:], ids, probs) for seq, s, (ids, probs) in zip(sequences, starts, top)]
-        counts = stealing.accumulate(rows, self.vocab.vocab_size, mark.context_width, mark.spec.scheme == "selfhash")
+            return kind.load(path)
+        rows = self._base_rows(label, texts, tokens)
+        if namer is None:
+            counts = stealing.accumulate(rows, self.vocab.vocab_size, mark.context_width, mark.spec.scheme == "selfhash")
+        else:
+            counts = stealing.accumulate_units(rows, namer)
         path.parent.mkdir(parents=True, exist_ok=True)
         counts.save(path)
         return counts
+
+    def _base_rows(self, label: str, texts: list, tokens: int) -> list:
+        """``(ids, top-k ids, top-k probs)`` of the first ``tokens`` stolen tokens: one base-model pass over the
+        largest N's texts, sliced for the smaller ones (teacher forcing: a prefix's rows are the prefix)."""
+        found = self._rows.get(label)
+        largest = max(self.config.steal_tokens)
+        path = self.out / "cache" / "base-{}.npz".format(cache_key(
+            label=label, key=self.key_fingerprints[label], n=largest, seed=self.config.seed, t=self.config.tokens,
+            rounds=self.config.rounds, top_k=stealing.TOP_K)[:20])
+        if found is None and path.exists():
+            found = self._rows[label] = stealing.load_rows(path)
+        if found is None:
+            sequences, starts, left = [], [], largest
+            for g in texts:
+                if left <= 0:
+                    break
+                ids = self.encode(g.text)[:left]
+                if ids:  # a text that re-tokenizes to nothing is skipped
+                    sequences.append(list(g.prompt_ids) + ids)
+                    starts.append(len(g.prompt_ids))
+                    left -= len(ids)
+            top = stealing.base_topk(self.lm, sequences, starts, progress=self.progress)
+            found = self._rows[label] = [(seq[s:], ids, probs) for seq, s, (ids, probs) in zip(sequences, starts, top)]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stealing.save_rows(path, found)  # the other estimator's run reads it instead of a second pass
+        out, left = [], tokens
+        for ids, top_ids, probs in found:
+            if left <= 0:
+                break
+            out.append((ids[:left], top_ids[:left], probs[:left]))
+            left -= len(out[-1][0])
+        return out
+
+    def estimate(self, label: str, texts: list, tokens: int):
+        """The attacker's colour table from the first ``tokens`` watermarked tokens (``config.estimator``)."""
+        estimator, mark = self.config.estimator, self.marks[label]
+        if estimator == "pairs":
+            return ColourEstimate(self.stolen_counts(label, texts, tokens))
+        namer = mark  # known-units; and for lefthash and unigram the unit is key-free: nothing to learn
+        if estimator == "learned-anchors" and mark.spec.scheme == "selfhash":
+            namer = stealing.LearnedAnchors(self.stolen_counts(label, texts, tokens), selfhash_salts(self.vocab.vocab_size))
+        return stealing.KnownUnitEstimate(self.stolen_counts(label, texts, tokens, namer), namer)
 
 
 def _label(spec) -> str:
@@ -225,7 +273,7 @@ def run_attacks(config: AttackConfig, out_dir: str | Path, loaded=None, progress
         corpus = run.training_texts()
         held = run.held_out()
 
-        estimates = {(label, n): ColourEstimate(run.stolen_counts(label, corpus[label], n))
+        estimates = {(label, n): run.estimate(label, corpus[label], n)
                      for label in run.marks for n in config.steal_tokens
                      if set(config.attacks) - set(results.get(label, {}).get(str(n), {}))}
         if "spoofing" in config.attacks:  # every steered set in shared batches: one pass, not one per N

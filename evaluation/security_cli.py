@@ -74,7 +74,7 @@ def stealing_config(args, attacks: tuple[str, ...]):
         return AttackConfig(attacks=attacks, steal_tokens=steal,
                             schemes=tuple(s.strip() for s in args.schemes.split(";") if s.strip()),
                             tokens=args.tokens, eval_texts=args.eval_texts, rates=_numbers("--rates", args.rates, float),
-                            spoof_delta=args.spoof_delta, seed=args.seed)
+                            spoof_delta=args.spoof_delta, seed=args.seed, estimator=args.estimator)
     except ValueError as exc:
         message = str(exc)
         for name in ("steal_tokens", "eval_texts", "spoof_delta", "max_num_seqs"):
@@ -119,6 +119,7 @@ def headline(results: dict) -> dict:
                 row["coverage"] = section["stealing"]["on_unwatermarked"]["coverage"]
             if "spoofing" in section:
                 row["spoof_success"] = section["spoofing"]["generated"]["success_rate"]
+                row["spoof_success_with_spoof_check"] = section["spoofing"].get("spoof_check", {}).get("success_with_spoof_check")
             if "scrubbing" in section:
                 top = max(section["scrubbing"]["by_rate"], key=float)
                 cell = section["scrubbing"]["by_rate"][top]

@@ -56,8 +56,7 @@ class SpoofMark:
         self.context_width = estimate.window
         self.spec = SimpleNamespace(hard=False, format=lambda: f"spoof:{label},delta={self.delta:g}")
         # the cache key of its generations: the table's content and the bias
-        digest = hashlib.sha256(estimate.keys.tobytes() + estimate.scores.tobytes()
-                                + estimate.token_scores.tobytes() + repr(self.delta).encode()).hexdigest()
+        digest = hashlib.sha256(estimate.digest_material() + repr(self.delta).encode()).hexdigest()
         self.fingerprint = f"spoof:{label}:{digest[:24]}"
 
 

@@ -181,3 +181,126 @@ def test_the_base_model_pass_holds_one_chunk_of_logits_at_a_time():
         assert ids.shape == (len(seq) - start, 9)
         assert np.array_equal(ids[:, :8], torch.topk(p, 8, dim=-1).indices.numpy())
         assert np.allclose(probs[:, :8], torch.topk(p, 8, dim=-1).values.numpy())
+
+
+SELFHASH = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0"
+
+
+def _selfhash_stream(mark, tokens: int, seed: int):
+    """A stream watermarked by ``mark`` (selfhash h = 4): a first-order random base model, +DELTA on the
+    green candidates of each step's real 4-token context (the candidate takes part in its own seed)."""
+    rng = np.random.default_rng(seed)
+    base = rng.dirichlet(np.full(V, 0.5), size=V)
+    ids = [int(t) for t in rng.integers(V, size=4)]
+    for _ in range(tokens):
+        green = mark.green_mask(torch.tensor([ids[-4:]]))[0].numpy()
+        p = base[ids[-1]] * np.exp(DELTA * green)
+        ids.append(int(rng.choice(V, p=p / p.sum())))
+    ids = np.array(ids)
+    top_ids = np.tile(np.arange(V), (len(ids), 1))
+    top_probs = np.vstack([np.full(V, 1.0 / V), base[ids[:-1]]])
+    return ids, top_ids, top_probs
+
+
+def test_selfhash_anchors_can_be_learned_from_the_stolen_text():
+    """The pair vote (``ColourEstimate``) spreads each position over every context token. A thief who learns
+    which context token anchors (``LearnedAnchors``: leading bits of each token's keyed value, from the same
+    pair counts and the public salts) names the unit itself, and one told by the key (``known-units``) is the
+    bound. On one stolen selfhash stream: the learned thief's green calls beat the prior by a binomial bound,
+    and it is right about more held-out units than the vote and fewer than the bound."""
+    from watermark.scheme import make_watermark
+    from watermark.seeding import selfhash_salts
+
+    from evaluation.stealing import KnownUnitEstimate, LearnedAnchors, accumulate_units
+
+    mark = make_watermark(SELFHASH, bytes(range(32)), V)
+    stolen = [tuple(_selfhash_stream(mark, 20_000, seed=3))]
+    pair_counts = accumulate(stolen, V, window=4, self_anchor=True)
+    learned = LearnedAnchors(pair_counts, selfhash_salts(V))
+    estimates = {"vote": ColourEstimate(pair_counts),
+                 "learned": KnownUnitEstimate(accumulate_units(stolen, learned), learned),
+                 "bound": KnownUnitEstimate(accumulate_units(stolen, mark), mark)}
+    held, _, _ = _selfhash_stream(mark, 3_000, seed=4)
+    units, truth = mark.ngrams(held.tolist()).numpy(), mark.green_flags(held.tolist()).numpy()
+    scores, seen = estimates["learned"].unit_scores(units)
+    called = seen & (scores > 0)
+    assert int((called & truth).sum()) > binom.isf(TAIL, int(called.sum()), GAMMA)
+    accuracy = {name: colour_accuracy(e, units, truth)["balanced_accuracy_all"] for name, e in estimates.items()}
+    assert accuracy["vote"] < accuracy["learned"] < accuracy["bound"], accuracy
+    assert estimates["bound"].counts.tokens == 20_000 and learned.known.max() > 0
+
+
+def test_the_known_unit_tables_row_is_its_units(tmp_path):
+    """What the spoofer adds after a context (``row_scores``) is the score of the unit each candidate would
+    form there (``unit_scores``), for every candidate; and the counts survive a save and load."""
+    from watermark.scheme import make_watermark
+
+    from evaluation.stealing import KnownUnitEstimate, UnitCounts, accumulate_units
+
+    mark = make_watermark(SELFHASH, bytes(range(32)), V)
+    counts = accumulate_units([tuple(_selfhash_stream(mark, 2_000, seed=5))], mark)
+    estimate = KnownUnitEstimate(counts, mark)
+    for context in ([1, 2, 3, 4], [7, 7, 9, 0], [5, 6, 5, 6, 11, 12, 13, 14]):
+        row, row_known = estimate.row_scores(context)
+        cand = np.array([context[-4:] + [t] for t in range(V)])
+        each, each_known = estimate.unit_scores(cand)
+        assert np.array_equal(row, each) and np.array_equal(row_known, each_known) and row_known.any()
+    counts.save(tmp_path / "u.npz")
+    again = UnitCounts.load(tmp_path / "u.npz")
+    assert again.tokens == counts.tokens and np.array_equal(again.units, counts.units)
+    assert np.allclose(again.expected, counts.expected)
+
+
+def test_the_base_models_rows_survive_a_save_and_load(tmp_path):
+    """The base-model pass is the costly half of stealing; its rows are kept so the other estimator's run
+    reads them instead of a second pass."""
+    from evaluation.stealing import load_rows, save_rows
+
+    rows = [tuple(_stream(n, seed=n)[:3]) for n in (5, 1, 12)]
+    rows = [(list(ids), top_ids, top_probs) for ids, top_ids, top_probs in rows]
+    save_rows(tmp_path / "rows.npz", rows)
+    again = load_rows(tmp_path / "rows.npz")
+    assert len(again) == 3 and not list(tmp_path.glob("*.tmp*"))
+    for (ids, top_ids, top_probs), (ids2, top_ids2, top_probs2) in zip(rows, again):
+        assert ids == ids2 and np.array_equal(top_ids, top_ids2) and np.array_equal(top_probs, top_probs2)
+
+
+def test_held_out_prompts_reach_past_the_first_corpus():
+    """``--eval-texts`` was capped at 49 (what the 299 articles leave after the 250 training prompts): a
+    spoof rate below 5 % needs 59 texts with none detected. Lee's 50 test articles follow them, disjoint
+    from every training prompt."""
+    from evaluation.corpus import held_out_documents, prompt_documents
+    from evaluation.security_attacks import TRAIN_PROMPTS, AttackConfig
+
+    held = held_out_documents(TRAIN_PROMPTS)
+    train = {d.first_sentence for d in prompt_documents(TRAIN_PROMPTS)}
+    assert len(held) >= 80 and not train & {d.first_sentence for d in held}
+    assert len({d.index for d in held}) == len(held)
+    assert held[:10] == prompt_documents(TRAIN_PROMPTS + 10)[TRAIN_PROMPTS:]  # older runs' prompts first
+    AttackConfig(eval_texts=80, estimator="known-units")
+    with pytest.raises(ValueError, match="estimator"):
+        AttackConfig(estimator="anchors")
+    with pytest.raises(ValueError, match="minhash"):
+        AttackConfig(estimator="learned-anchors", schemes=("kgw:scheme=minhash,h=4,gamma=0.25,delta=2.0",))
+
+
+def test_the_thieves_figure_reads_runs_and_refuses_what_is_not_one(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "compare_thieves.py"
+    spec = importlib.util.spec_from_file_location("compare_thieves", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    run.mkdir()
+    section = {"spoofing": {"generated": {"success_rate": 0.9}, "spoof_check": {"success_with_spoof_check": 0.4}}}
+    (run / "results.json").write_text(json.dumps({"config": {}, "lab": {"300000": section, "100000": section,
+                                                                        "control": {}}}))
+    assert script.points(json.loads((run / "results.json").read_text()), "lab") == [(100000, 0.9, 0.4), (300000, 0.9, 0.4)]
+    out = tmp_path / "fig.png"
+    assert script.main(["--run", f"bound={run}", "--label", "lab", "--out", str(out)]) == 0 and out.stat().st_size > 0
+    assert script.main(["--run", f"bound={tmp_path / 'none'}", "--label", "lab", "--out", str(out)]) == 2
+    assert script.main(["--run", f"bound={run}", "--label", "other", "--out", str(out)]) == 2
+    assert "no spoofing results" in capsys.readouterr().err

@@ -191,6 +191,19 @@ class Watermark:
         units that human texts share can be looked up in a key-free table. hf specs: not named (zeros)."""
         return self.scored_positions(token_ids, with_identities=True)[2]
 
+    def ngram_identities(self, ngrams: torch.Tensor | np.ndarray) -> np.ndarray:
+        """uint64 [M]: the unit (``watermark.units``) each row of ``ngrams`` [M, h + 1] (context, then token)
+        forms under this key. For minhash and selfhash the key chooses which context token anchors, so this
+        is keyed, unlike the identities themselves. hf specs name no units."""
+        if self._tables is None:
+            raise ValueError(f"{self.spec.format()}: an hf spec names no units")
+        ngrams = torch.as_tensor(ngrams, dtype=torch.int64)
+        anchors = None
+        if self.spec.scheme in ("minhash", "selfhash"):
+            t = self._tables.tensors(ngrams.device)
+            anchors = anchor_values(self.spec.scheme, t["token"], t.get("salt"), t.get("self"), ngrams).argmin(dim=1).numpy()
+        return identities(self.spec.scheme, ngrams.numpy(), anchors)
+
     def ngrams(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """[T - h, h + 1]: each scored position's context followed by its token (the dedup unit)."""
         ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)

@@ -20,6 +20,7 @@ import threading
 from functools import lru_cache
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from watermark.prf import KeyedPRF, splitmix64, to_signed64
@@ -86,6 +87,11 @@ class SeedTables:
             out["salt"] = salt
             out["self"] = out["token"] ^ salt
         return out
+
+
+def selfhash_salts(vocab_size: int) -> np.ndarray:
+    """selfhash's per-candidate salts (int64 [V]): key-free, public like the scheme's code."""
+    return _salt_table(vocab_size).numpy().copy()
 
 
 @lru_cache(maxsize=4)

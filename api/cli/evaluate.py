@@ -73,7 +73,9 @@ def register(subparsers) -> None:
 SECURITY_DESCRIPTION = """Attacks on the watermark's secrecy, each run by a client holding only what that attacker holds:
 
   oracle     a detect-token client learning unit colours from verdicts (evaluation.security)
-  stealing   colours estimated from N watermarked tokens of the generation API (evaluation.stealing)
+  stealing   colours estimated from N watermarked tokens of the generation API (evaluation.stealing;
+             --estimator: the paper's pair vote, selfhash anchors learned from the text, or the bound of
+             a thief told every unit by the key)
   spoofing   the unwatermarked model steered by the stolen colours, scored by the real detector
   scrubbing  watermarked text edited with the stolen colours, against blind edits at the same rate
   public-half  a two-part key against a spoofer who holds its published half (evaluation.public_half;
@@ -109,6 +111,10 @@ def _register_security(commands) -> None:
     p.add_argument("--rates", default="0.1,0.2,0.3,0.5", metavar="LIST",
                    help="edit rates of scrubbing and human-text spoofing (default 0.1,0.2,0.3,0.5)")
     p.add_argument("--spoof-delta", type=float, default=4.0, help="bias the spoofer adds to believed-green tokens")
+    p.add_argument("--estimator", default="pairs", choices=("pairs", "learned-anchors", "known-units"),
+                   help="the thief's colour table: pairs (default: one vote per (context token, token)), "
+                        "learned-anchors (selfhash: learns which context token anchors from the same text), or "
+                        "known-units (told each unit by the key: an upper bound, not an attack)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=run_security)
 

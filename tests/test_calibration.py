@@ -132,11 +132,15 @@ def test_the_guard_turns_a_borderline_verdict_when_the_key_is_measurably_shifted
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
     pool = stats_tests.pool.__wrapped__(vocab)
     detector = Detector(vocab=vocab, keyring=keyring)
+    # the null the guard will hold the verdict to: N(+1, 1) measured on 2,000 texts, shifted by its mean less
+    # two standard errors (0.955). "Borderline" is z below the threshold plus that shift: z < 5.0 let a
+    # random key pick z = 4.996, which the guard rightly still calls watermarked (flaky in CI, 2026-11-26)
+    shift, _ = shifted(result, mean=1.0).buckets[0].guard
     for seed in range(200):  # the first seeded passage whose plain verdict is borderline
         ids = stats_tests.watermarked_ids(mark, pool, [], 60, 0.9, seed)
         text = vocab.tokenizer.decode(ids)
         verdict = detector.detect(text, keys=["k1"])
-        if verdict.watermarked and verdict.z_score < 5.0 and verdict.calibration["guarded"] is False:
+        if verdict.watermarked and verdict.z_score - shift < Z_THRESHOLD and verdict.calibration["guarded"] is False:
             break
     else:
         pytest.fail("no borderline passage among 200 seeds")

@@ -29,11 +29,15 @@ def stealing(run, label: str, estimate, held: dict, n: int) -> dict:
     """Accuracy of the stolen colours on the units of held-out texts, unwatermarked and watermarked."""
 
     mark = run.marks[label]
+    namer = getattr(estimate, "mark", None)  # a thief that names units (learned anchors, or told them)
     out = {"tokens": estimate.counts.tokens, "pairs_supported": int(len(estimate.keys))}
     for name in ("unwatermarked", label):
         units, truth = zip(*(_truth_units(mark, run.encode(g.text)) for g in held[name]))
-        out["on_" + ("unwatermarked" if name == "unwatermarked" else "watermarked")] = colour_accuracy(
-            estimate, np.concatenate(units), np.concatenate(truth))
+        units = np.concatenate(units)
+        section = out["on_" + ("unwatermarked" if name == "unwatermarked" else "watermarked")] = colour_accuracy(
+            estimate, units, np.concatenate(truth))
+        if namer is not None and len(units):  # every position, not distinct units: how often it names the right one
+            section["positions_named_right"] = float(np.mean(namer.ngram_identities(units) == mark.ngram_identities(units)))
     return out
 
 

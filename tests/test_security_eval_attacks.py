@@ -284,15 +284,25 @@ def test_held_out_prompts_reach_past_the_first_corpus():
         AttackConfig(estimator="learned-anchors", schemes=("kgw:scheme=minhash,h=4,gamma=0.25,delta=2.0",))
 
 
-def test_the_thieves_figure_reads_runs_and_refuses_what_is_not_one(tmp_path, capsys):
+def _script(name: str):
     import importlib.util
-    import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "compare_thieves.py"
-    spec = importlib.util.spec_from_file_location("compare_thieves", path)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_level_trade_script_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    assert _script("spoof_level_trade").main(["--run", str(tmp_path)]) == 2
+    assert "no results.json" in capsys.readouterr().err
+
+
+def test_the_thieves_figure_reads_runs_and_refuses_what_is_not_one(tmp_path, capsys):
+    import json
+
+    script = _script("compare_thieves")
     run = tmp_path / "run"
     run.mkdir()
     section = {"spoofing": {"generated": {"success_rate": 0.9}, "spoof_check": {"success_with_spoof_check": 0.4}}}

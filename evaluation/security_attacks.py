@@ -47,6 +47,7 @@ from generation.models import load_model
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
 from watermark.seeding import selfhash_salts
+from watermark.units import MAX_GRAM
 from watermark.vocab import encode
 
 ATTACKS = ("stealing", "spoofing", "scrubbing")
@@ -92,6 +93,9 @@ class AttackConfig:
             raise ValueError(f"estimator: expected one of {', '.join(stealing.ESTIMATORS)}, got {self.estimator!r}")
         if self.estimator == "learned-anchors" and any(parse_scheme(s).scheme == "minhash" for s in self.schemes):
             raise ValueError("estimator: learned-anchors learns selfhash anchors; minhash specs are not covered")
+        if self.estimator != "pairs" and any(parse_scheme(s).scheme == "lefthash" and parse_scheme(s).context_width >= MAX_GRAM
+                                             for s in self.schemes):
+            raise ValueError(f"estimator: {self.estimator} names units, and lefthash units are named up to h = {MAX_GRAM - 1}")
         held_out = len(held_out_documents(TRAIN_PROMPTS))
         if self.eval_texts > held_out:
             raise ValueError(f"eval_texts: the corpus holds out {held_out} prompts, {self.eval_texts} asked for")

@@ -79,7 +79,7 @@ def stealing_config(args, attacks: tuple[str, ...]):
         message = str(exc)
         for name in ("steal_tokens", "eval_texts", "spoof_delta", "max_num_seqs"):
             message = message.replace(name, "--" + name.replace("_", "-"))
-        if message.startswith(("schemes", "tokens", "rates")):
+        if message.startswith(("schemes", "tokens", "rates", "estimator")):
             message = "--" + message
         raise ValueError(message) from None
 

@@ -125,6 +125,8 @@ def test_edits_move_colours_the_way_each_attack_wants():
     (["--attack", "spoofing", "--schemes", "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1"], "--schemes"),
     (["--attack", "spoofing", "--eval-texts", "500"], "--eval-texts"),
     (["--attack", "all", "--spoof-delta", "0"], "--spoof-delta"),
+    (["--attack", "stealing", "--estimator", "known-units", "--schemes", "kgw:scheme=lefthash,h=5,gamma=0.25,delta=2.0"],
+     "--estimator"),
 ])
 def test_bad_options_are_a_clear_cli_error(tmp_path, capsys, flags, needle):
     assert main(["eval", "security", *flags, "--out", str(tmp_path / "x")]) != 0
@@ -282,6 +284,9 @@ def test_held_out_prompts_reach_past_the_first_corpus():
         AttackConfig(estimator="anchors")
     with pytest.raises(ValueError, match="minhash"):
         AttackConfig(estimator="learned-anchors", schemes=("kgw:scheme=minhash,h=4,gamma=0.25,delta=2.0",))
+    with pytest.raises(ValueError, match="h = 4"):  # a longer n-gram has no key-free name to count it under
+        AttackConfig(estimator="known-units", schemes=("kgw:scheme=lefthash,h=5,gamma=0.25,delta=2.0",))
+    AttackConfig(estimator="known-units", schemes=("kgw:scheme=lefthash,h=4,gamma=0.25,delta=2.0",))
 
 
 def _script(name: str):

@@ -296,7 +296,11 @@ class KnownUnitEstimate:
         return self._lookup(self.mark.ngram_identities(rows))
 
     def digest_material(self) -> bytes:
-        return b"known-units" + self.keys.tobytes() + self.scores.tobytes()
+        """The table and who names its units (the key, or learned anchors): a row's scores depend on both."""
+        namer = type(self.mark).__name__.encode()
+        if isinstance(self.mark, LearnedAnchors):
+            namer += self.mark.prefix.tobytes() + self.mark.known.tobytes()
+        return b"units:" + namer + self.keys.tobytes() + self.scores.tobytes()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -326,7 +330,6 @@ class LearnedAnchors:
     def __init__(self, counts: StolenCounts, salt: np.ndarray, bits: int = ANCHOR_BITS) -> None:
         V = counts.vocab_size
         self.vocab_size, self.context_width = V, counts.window
-        self.scheme = "selfhash"
         self.order_salt = np.asarray(salt).astype(np.int64).view(np.uint64) ^ _SIGN  # T XOR this, unsigned = order
         self.prefix = np.zeros(V, dtype=np.uint64)  # learned leading bits of T[x], left-aligned
         self.known = np.zeros(V, dtype=np.int64)  # how many

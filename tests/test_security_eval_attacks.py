@@ -227,6 +227,8 @@ def test_selfhash_anchors_can_be_learned_from_the_stolen_text():
     scores, seen = estimates["learned"].unit_scores(units)
     called = seen & (scores > 0)
     assert int((called & truth).sum()) > binom.isf(TAIL, int(called.sum()), GAMMA)
+    # the spoofer's generations are cached by the table's digest: who named the units is part of it
+    assert estimates["learned"].digest_material() != estimates["bound"].digest_material()
     accuracy = {name: colour_accuracy(e, units, truth)["balanced_accuracy_all"] for name, e in estimates.items()}
     assert accuracy["vote"] < accuracy["learned"] < accuracy["bound"], accuracy
     assert estimates["bound"].counts.tokens == 20_000 and learned.known.max() > 0

@@ -21,7 +21,9 @@ turns with the one-part key.
 ``spoof_check``: positive verdicts (1,000-token texts drawn with the default spec's bias from the corpus's
 words) with the service's own-output memory (``db.output_memory``, a SQLite file holding ``--outputs``
 remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy, `MemoryMirror`) against the same detector without it, taking turns: what
-the spoof check (``detector.spoof_check``) costs a stream of positives. Negatives look nothing up.
+the spoof check (``detector.spoof_check``) and the own-output match (``db.output_grams``) cost a stream of
+positives; ``negatives_relative_throughput``: the same for human 1,000-token texts (the match alone).
+Both detectors read a real keyring in a temporary folder (the match's n-gram key comes from its master key).
 """
 
 from __future__ import annotations
@@ -176,18 +178,24 @@ def watermarked_rows(mark, pool: torch.Tensor, weights: torch.Tensor, rows: int,
     return ids[:, h:].tolist()
 
 
-def spoof_check_row(vocab, keyring, outputs: int, texts: int, repeats: int) -> dict:
-    """The default spec's positives with and without the own-output memory (the spoof check), taking turns."""
+def spoof_check_row(vocab, outputs: int, texts: int, repeats: int) -> dict:
+    """The default spec's positives, and human negatives, with and without the own-output memory (the spoof
+    check and the own-output match), taking turns."""
+    from db.output_grams import gram_key, output_grams
     from db.output_memory import MemoryMirror, OutputMemory
     from db.store import Store
     from detector import common_units
     from detector.spoof_check import output_null_z
+    from watermark.keys import Keyring
 
-    plain = Detector(vocab=vocab, keyring=keyring)
-    mark = plain.watermarks(WatermarkSpec.default())[0]
-    common = common_units.for_spec(mark.spec, vocab)
     pool, weights = word_pool(vocab)
     with tempfile.TemporaryDirectory() as tmp:
+        keyring = Keyring(Path(tmp) / "home", master_key=os.urandom(32))
+        keyring.create("bench", secret=os.urandom(32), spec=WatermarkSpec.default())
+        plain = Detector(vocab=vocab, keyring=keyring)
+        mark = plain.watermarks(WatermarkSpec.default())[0]
+        common = common_units.for_spec(mark.spec, vocab)
+        grams_key = gram_key(keyring)
         store = Store(url=f"sqlite:///{tmp}/memory.db")
         store.upgrade()
         memory = OutputMemory(store)
@@ -195,13 +203,16 @@ def spoof_check_row(vocab, keyring, outputs: int, texts: int, repeats: int) -> d
         for _ in range(outputs):  # the memory's outputs need no bias: what is timed is the lookup
             ids = pool[torch.multinomial(weights, 200, replacement=True, generator=gen)]
             z, identities = output_null_z(mark, ids, common, memory)
-            memory.record(mark.key_id, identities, z)
+            memory.record(mark.key_id, identities, z, output_grams(ids.numpy(), None, grams_key))
         checked = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory))
         positives = [vocab.tokenizer.decode(ids) for ids in watermarked_rows(mark, pool, weights, texts, TEXT_TOKENS, 2)]
         verdicts = [checked.detect(t) for t in positives]
         tokens = sum(len(encode(vocab, t)) for t in positives)
         seconds = interleaved({"without": lambda i: plain.detect(positives[i]),
                                "with": lambda i: checked.detect(positives[i])}, range(len(positives)), repeats)
+        human = corpus_texts(vocab, texts)
+        negatives = interleaved({"without": lambda i: plain.detect(human[i]),
+                                 "with": lambda i: checked.detect(human[i])}, range(len(human)), repeats)
         store.close()
     return {"remembered_outputs": outputs, "texts": texts,
             "positives": sum(v.watermarked for v in verdicts),
@@ -209,7 +220,9 @@ def spoof_check_row(vocab, keyring, outputs: int, texts: int, repeats: int) -> d
             "without_memory_tokens_per_s": tokens / seconds["without"],
             "with_spoof_check_tokens_per_s": tokens / seconds["with"],
             "relative_throughput": seconds["without"] / seconds["with"],
-            "extra_ms_per_text": (seconds["with"] - seconds["without"]) / len(positives) * 1e3}
+            "extra_ms_per_text": (seconds["with"] - seconds["without"]) / len(positives) * 1e3,
+            "negatives_relative_throughput": negatives["without"] / negatives["with"],
+            "negatives_extra_ms_per_text": (negatives["with"] - negatives["without"]) / len(human) * 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     vocab = load_vocabulary()
     if args.only == "spoof_check":
-        row = spoof_check_row(vocab, OneKey(), args.outputs, args.texts, args.repeats)
+        row = spoof_check_row(vocab, args.outputs, args.texts, args.repeats)
         write_json("detector_throughput", {"benchmark": "detector_throughput", "command": "python benchmarks/"
                    "detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "machine": machine(), "text_tokens": TEXT_TOKENS, "spoof_check": row}, args.out)
@@ -268,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_rate = hf_tokens / hf_s
     sampling = sampling_rows(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     two_part = two_part_row(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
-    spoof = spoof_check_row(vocab, detector.keyring, args.outputs, args.texts, args.repeats)
+    spoof = spoof_check_row(vocab, args.outputs, args.texts, args.repeats)
     payload = {
         "benchmark": "detector_throughput",
         "command": "python benchmarks/detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -52,7 +52,14 @@ def _library():
     library.count_table_counts.restype = None
     library.count_table_spoof_sums.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size, pointer]
     library.count_table_spoof_sums.restype = None
+    library.output_grams_hash.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer]
+    library.output_grams_hash.restype = size
     return library
+
+
+def native_library():
+    """The C kernels of this module's source (None without a compiler, or with ``PROVMARK_NATIVE=0``)."""
+    return _library()
 
 
 def _address(array: np.ndarray) -> int:
@@ -91,7 +98,7 @@ class CountTable:
 
     def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
         """Each unit's count += its increment (1 when None). Units are int64 or uint64 identities."""
-        units = _as_int64(units)
+        units = as_int64(units)
         increments = (np.ones(units.shape[0], dtype=np.int64) if increments is None
                       else np.ascontiguousarray(increments, dtype=np.int64))
         slots = self._slots
@@ -121,7 +128,7 @@ class CountTable:
 
     def counts(self, units: np.ndarray) -> np.ndarray:
         """float64 count of each identity (0 for a unit never added)."""
-        query, slots = _as_int64(units), self._slots
+        query, slots = as_int64(units), self._slots
         if self._lib is not None:
             out = np.empty(query.shape[0], dtype=np.float64)
             self._lib.count_table_counts(*slots.args, _address(query), query.shape[0], _address(out))
@@ -132,7 +139,7 @@ class CountTable:
                                                                                             float, float]:
         """Over the positions with ``prev`` < 0, x = log(count + 1/2) of the unit and y its score: (n, Sxx, Syy,
         Sxy about the means, sum x^2, sum y^2). ``units`` uint64 or int64, ``scores`` float64, ``prev`` int64."""
-        query, slots = _as_int64(units), self._slots
+        query, slots = as_int64(units), self._slots
         y = np.ascontiguousarray(scores, dtype=np.float64)
         first = np.ascontiguousarray(prev, dtype=np.int64)
         if not query.shape[0] == y.shape[0] == first.shape[0]:
@@ -158,7 +165,7 @@ class CountTable:
         return slots.keys[used], slots.vals[used]
 
 
-def _as_int64(units) -> np.ndarray:
+def as_int64(units) -> np.ndarray:
     """Unit identities (uint64 or int64) as contiguous int64 (the same 64 bits)."""
     units = np.asarray(units)
     return np.ascontiguousarray(units.view(np.int64) if units.dtype == np.uint64 else units, dtype=np.int64)

@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from db.count_table import CountTable
+from db.output_grams import GramIndex
 from db.rows import KeyOutputRow, OutputUnitRow, utc_now
 from db.store import Store
 
@@ -36,6 +37,9 @@ NULL_WINDOW = 1_000
 WARMUP = 40  # outputs remembered before a key's outputs enter its null
 CHUNK = 500  # units per IN (...) / upsert statement (SQLite's variable limit, PostgreSQL's plan size)
 SYNC_SECONDS = 1.0  # how stale a detector worker's copy of a key's memory may be
+# outputs whose units a detector worker keeps at hand (the newest it read, and those verdicts asked for): a
+# verdict that recognises one of them checks it without its units, no query (about 1.2 KB each)
+UNITS_KEPT = 4096
 # rows a copy looks back past the newest it has read: on PostgreSQL an output's id is drawn when its transaction
 # starts, so a row may commit after rows with larger ids (SQLite commits one writer at a time, in id order)
 LOOK_BACK = 256
@@ -106,11 +110,12 @@ class OutputMemory:
                               .order_by(KeyOutputRow.id.desc()).limit(1))
         return 0 if last is None else int(last) + 1
 
-    def record(self, key_id: str, units: np.ndarray, z: float | None) -> None:
+    def record(self, key_id: str, units: np.ndarray, z: float | None, grams: np.ndarray | None = None) -> None:
         """One watermarked output of ``key_id``: each distinct unit's count + 1, and the output's row with
-        its spoof z (against the counts before it; None when it had too few counted units). One
-        transaction. Two workers recording at once may give two rows the same ``outputs_before``: it only
-        places the WARMUP line one output later."""
+        its spoof z (against the counts before it; None when it had too few counted units) and its sampled
+        n-grams (``db.output_grams.output_grams``; None or empty: none kept). One transaction. Two workers
+        recording at once may give two rows the same ``outputs_before``: it only places the WARMUP line one
+        output later."""
         distinct = sorted(set(as_stored(np.unique(units))))
         with self.store.write() as session:
             insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
@@ -122,7 +127,8 @@ class OutputMemory:
                     set_={"outputs": OutputUnitRow.outputs + 1}))
             finite = z is not None and math.isfinite(z)
             session.add(KeyOutputRow(key_id=key_id, outputs_before=self._outputs(session, key_id),
-                                     z=float(z) if finite else None, created_at=utc_now(), units=packed(distinct)))
+                                     z=float(z) if finite else None, created_at=utc_now(), units=packed(distinct),
+                                     grams=packed(np.unique(grams).tolist()) if grams is not None and len(grams) else None))
 
     def aggregate(self, key_id: str) -> tuple[np.ndarray, np.ndarray, int]:
         """(Every unit the key emitted [int64], in how many outputs [int64], the newest row id they
@@ -148,7 +154,8 @@ class OutputMemory:
 
     def rows_since(self, key_id: str, after: int, skip: set[int]) -> list[tuple]:
         """The key's output rows with id > ``after`` not in ``skip``, oldest first: (id, outputs_before, z,
-        units bytes or None). Ids first, then only the rows wanted, so looking back costs no unit bytes."""
+        units bytes or None, n-gram bytes or None). Ids first, then only the rows wanted, so looking back costs
+        no unit bytes."""
         with self.store.read() as session:
             ids = [i for i in session.scalars(select(KeyOutputRow.id).where(
                 KeyOutputRow.key_id == key_id, KeyOutputRow.id > after).order_by(KeyOutputRow.id)).all()
@@ -156,9 +163,23 @@ class OutputMemory:
             rows = []
             for start in range(0, len(ids), CHUNK):
                 rows += session.execute(select(KeyOutputRow.id, KeyOutputRow.outputs_before, KeyOutputRow.z,
-                                               KeyOutputRow.units)
+                                               KeyOutputRow.units, KeyOutputRow.grams)
                                         .where(KeyOutputRow.id.in_(ids[start:start + CHUNK]))).all()
         return sorted((tuple(r) for r in rows), key=lambda r: r[0])
+
+    def grams_through(self, key_id: str, newest: int) -> list[tuple[int, bytes]]:
+        """(row id, n-gram bytes) of the key's outputs up to row ``newest`` that kept n-grams, oldest first."""
+        with self.store.read() as session:
+            return [(int(i), g) for i, g in session.execute(
+                select(KeyOutputRow.id, KeyOutputRow.grams).where(
+                    KeyOutputRow.key_id == key_id, KeyOutputRow.id <= newest, KeyOutputRow.grams.is_not(None))
+                .order_by(KeyOutputRow.id)).all()]
+
+    def units_of(self, row_id: int) -> np.ndarray | None:
+        """One remembered output's distinct unit identities (int64; None for a row without them)."""
+        with self.store.read() as session:
+            units = session.scalar(select(KeyOutputRow.units).where(KeyOutputRow.id == row_id))
+        return None if units is None else np.frombuffer(units, dtype="<i8").astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +198,16 @@ class NullSample:
 
 
 class KeyCopy:
-    """One key's memory as a detector worker holds it: the unit counts (``db.count_table.CountTable``) and the
-    null window."""
+    """One key's memory as a detector worker holds it: the unit counts (``db.count_table.CountTable``), the
+    null window, and which output each remembered n-gram belongs to (``db.output_grams.GramIndex``)."""
 
-    def __init__(self, units: np.ndarray, counts: np.ndarray, newest: int, null: list[tuple[int, float]]) -> None:
+    def __init__(self, units: np.ndarray, counts: np.ndarray, newest: int, null: list[tuple[int, float]],
+                 grams: list[tuple[int, bytes]] = ()) -> None:
         self.table = CountTable(units, counts)
+        self.grams = GramIndex()
+        for row_id, packed_grams in grams:
+            self.grams.add(row_id, np.frombuffer(packed_grams, dtype="<i8"))
+        self.kept_units: dict[int, bytes | None] = {}  # row id -> its units (UNITS_KEPT, oldest dropped first)
         self.newest = newest
         self.seen: set[int] = set()  # row ids within LOOK_BACK of ``newest`` already counted
         self._null_rows = sorted(null)[-NULL_WINDOW:]  # (row id, z), oldest first
@@ -193,19 +219,30 @@ class KeyCopy:
         return self.table.counts(identities)
 
     def add(self, rows: list[tuple]) -> None:
-        """Count ``rows`` (id, outputs_before, z, units bytes) in: their units, their z in the null window."""
+        """Count ``rows`` (id, outputs_before, z, units bytes, n-gram bytes or None) in: their units, their z in
+        the null window, their n-grams."""
         if not rows:
             return
-        self.table.add(np.concatenate([np.frombuffer(units, dtype="<i8") for *_, units in rows]).astype(np.int64))
-        for row_id, outputs_before, z, _ in rows:
+        self.table.add(np.concatenate([np.frombuffer(row[3], dtype="<i8") for row in rows]).astype(np.int64))
+        for row_id, _, _, units, packed_grams in rows:
+            if packed_grams is not None:
+                self.grams.add(row_id, np.frombuffer(packed_grams, dtype="<i8"))
+            self.keep_units(row_id, units)
+        for row_id, outputs_before, z, *_ in rows:
             self.seen.add(row_id)
             self.newest = max(self.newest, row_id)
             if z is not None and math.isfinite(z) and outputs_before >= WARMUP:
                 self._null_rows.append((row_id, float(z)))
         self.seen = {i for i in self.seen if i > self.newest - LOOK_BACK}
-        if any(z is not None for _, _, z, _ in rows):
+        if any(row[2] is not None for row in rows):
             self._null_rows = sorted(self._null_rows)[-NULL_WINDOW:]
             self.null = NullSample.of([z for _, z in self._null_rows])
+
+    def keep_units(self, row_id: int, units: bytes | None) -> None:
+        """Keep one output's units at hand (``MemoryMirror.units_of``), the oldest kept dropped past UNITS_KEPT."""
+        self.kept_units[row_id] = units
+        while len(self.kept_units) > UNITS_KEPT:
+            del self.kept_units[next(iter(self.kept_units))]
 
 
 class MemoryMirror:
@@ -225,12 +262,24 @@ class MemoryMirror:
                 copy = self._keys[key_id] = self._load(key_id)
             elif time.monotonic() - copy.synced_at >= self.sync_seconds:
                 rows = self.memory.rows_since(key_id, copy.newest - LOOK_BACK, copy.seen)
-                if any(units is None for *_, units in rows):  # written by a service that does not keep them
+                if any(row[3] is None for row in rows):  # written by a service that does not keep them
                     copy = self._keys[key_id] = self._load(key_id)
                 else:
                     copy.add(rows)
                     copy.synced_at = time.monotonic()
             return copy
+
+    def units_of(self, key_id: str, row_id: int) -> np.ndarray | None:
+        """The distinct unit identities of one of the key's outputs (int64; None for a row without them):
+        from the worker's copy when it has them at hand, else one query (then kept)."""
+        copy = self.view(key_id)
+        if row_id in copy.kept_units:
+            units = copy.kept_units[row_id]
+            return None if units is None else np.frombuffer(units, dtype="<i8").astype(np.int64)
+        found = self.memory.units_of(row_id)
+        with self._lock:
+            copy.keep_units(row_id, None if found is None else found.astype("<i8").tobytes())
+        return found
 
     def _load(self, key_id: str) -> KeyCopy:
         units, counts, newest = self.memory.aggregate(key_id)
@@ -241,6 +290,7 @@ class MemoryMirror:
             recent = session.scalars(select(KeyOutputRow.id).where(
                 KeyOutputRow.key_id == key_id, KeyOutputRow.id > newest - LOOK_BACK,
                 KeyOutputRow.id <= newest)).all()
-        copy = KeyCopy(units, counts, newest, [(int(i), float(z)) for i, z in null])
+        copy = KeyCopy(units, counts, newest, [(int(i), float(z)) for i, z in null],
+                       self.memory.grams_through(key_id, newest))
         copy.seen = set(recent)
         return copy

@@ -217,3 +217,6 @@ class KeyOutputRow(Base):
     # detector worker's copy of the counts adds when it reads this row (db.output_memory.MemoryMirror); None
     # for rows written before 0004
     units: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # the output's sampled keyed 5-gram hashes, sorted, as little-endian int64 bytes (detector.output_match: does
+    # a text repeat this output's wording?); None for rows written before 0005 and outputs too short to have any
+    grams: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)

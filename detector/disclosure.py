@@ -26,7 +26,8 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
 
     always      verdict, watermark, fingerprint, num_tokens, alpha, z_threshold, min_tokens, dedup,
                 correction, normalizations, tokenizer_fingerprint, model_id, text_sha256,
-                text_length, common_units, disclosure
+                text_length, common_units, disclosure, matches_own_output (one bit: the text repeats one
+                remembered output's wording, ``db.output_grams``; it says nothing of the key's colours)
     scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
     watermarked key_id, decided_by, windows {detected, char_start, char_end}, spoof_suspected (one bit:
                 the spoof check's decision, ``detector.spoof_check``; None while it cannot judge)
@@ -34,7 +35,7 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
                 the paired test dithered like z; ``detector.two_part``)
     never       num_tokens_scored, num_green_tokens, green_fraction, p_value_normal, keys (per-key z/p),
                 num_common_positions, num_forced_positions, calibration details, explanation, spoof_check,
-                public_half (the published half's counts and the paired test)
+                own_output (the n-gram counts behind matches_own_output), public_half (the published half's counts and the paired test)
 
 The stored verdict row keeps the full numbers (the audit trail loses nothing) and what was shown.
 """
@@ -58,7 +59,7 @@ DETECT_SCOPE, EXPLAIN_SCOPE = "detect", "explain"
 DISCLOSURE = "coarse-dithered/v1"  # names the rule above in every detect-scope answer
 DETECT_FIELDS = ("verdict", "watermark", "fingerprint", "num_tokens", "alpha", "z_threshold", "min_tokens",
                  "dedup", "correction", "normalizations", "tokenizer_fingerprint", "model_id", "text_sha256",
-                 "text_length", "common_units")
+                 "text_length", "common_units", "matches_own_output")
 _DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from db.output_grams import Match, gram_key, text_grams
 from detector import common_units
 from detector import windows as winmax
 from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
@@ -93,6 +94,7 @@ class Detector:
         self.output_memory = output_memory
         self._bind_keys = bind_keys
         self._dither_key: bytes | None = None
+        self._gram_key: int | None = None  # db.output_grams: keys the n-grams of remembered outputs
         self._keyring = keyring
         self._lock = threading.Lock()
         self._stamp: tuple | None = None
@@ -162,14 +164,38 @@ class Detector:
         else:
             verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
                              self.calibrations_for(marks), dither_key, spoof_units)
+        if checked:
+            # every verdict: a scrubbed output is a text the z-test let go; the counts, the null and the n-gram
+            # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
+            match = self._own_output(ids, marks)
+            verdict.own_output = None if match is None else match[1].to_dict()
         if checked and verdict.watermarked:
-            # only positives: a spoof is a text the detector accepted (human text costs nothing); the counts and
-            # the null are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
+            # only positives: a spoof is a text the detector accepted (human text costs nothing)
             mark = next(m for m in marks if m.key_id == verdict.key_id)
             if not spoof_units:  # scored without dedup: the check counts first occurrences all the same
                 spoof_units.append(scored_units(mark, ids, common))
-            verdict.spoof_check = verdict_spoof_check(mark, spoof_units[0], self.output_memory.view(mark.key_id))
+            # our own output, edited or not, is checked as its null was: against the counts without itself
+            mine = match is not None and match[0] == mark.key_id and match[1].matches
+            verdict.spoof_check = verdict_spoof_check(
+                mark, spoof_units[0], self.output_memory.view(mark.key_id),
+                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None)
         return verdict
+
+    def _own_output(self, ids: torch.Tensor, marks: list) -> tuple[str, Match] | None:
+        """The remembered output of a tested key that the text repeats most (``db.output_grams``), with that
+        key's id; None when no tested key has remembered outputs (or the keyring, a stand-in with secrets
+        only, has no master key to key the n-grams with)."""
+        if self._gram_key is None:
+            if not hasattr(self.keyring, "derive_key"):
+                return None
+            self._gram_key = gram_key(self.keyring)
+        grams = text_grams(ids.numpy(), self._gram_key)
+        best = None
+        for mark in marks:
+            found = self.output_memory.view(mark.key_id).grams.match(grams)
+            if found is not None and (best is None or found.matched > best[1].matched):
+                best = (mark.key_id, found)
+        return best
 
     @property
     def dither_key(self) -> bytes:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from db.count_table import as_int64
 from db.output_memory import NullSample
 from detector.common_units import CommonUnits
 from detector.scoring import score_positions
@@ -74,10 +75,12 @@ class OutputCounts:
         return found
 
 
-def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts,
-                leave_out: bool = False) -> SpoofCheck | None:
+def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts, leave_out: bool = False,
+                without: np.ndarray | None = None) -> SpoofCheck | None:
     """The check on one text under one key (None for specs without it, ``SPOOF_KINDS``, or too few counted
-    units). ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not."""
+    units). ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not.
+    ``without``: the unit identities of one output in ``counts`` that the text repeats (an edited copy of
+    it, ``db.output_grams``), taken out of the counts as a verdict does."""
     if mark.spec.kind not in SPOOF_KINDS:
         return None
     scores, counted, identities = counted_units(mark, token_ids, common)
@@ -85,6 +88,8 @@ def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts,
         return None
     if leave_out:
         seen = counts.of(identities, identities)[counted]
+    elif without is not None:
+        seen = counts.of(identities[counted], without)
     else:  # only the counted units are looked up (the shared memory is a database)
         seen = counts.of(identities[counted])
     return spoof_statistic(scores, np.log(seen + 0.5))
@@ -173,7 +178,8 @@ def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float |
     return (z if math.isfinite(z) else None), identities
 
 
-def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], memory) -> dict | None:
+def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], memory,
+                        without: np.ndarray | None = None) -> dict | None:
     """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
     (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
     is None while the key's null has fewer than MIN_NULL outputs, and for a kind without measured power
@@ -182,11 +188,18 @@ def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], 
 
     ``units``: (values, identities, previous occurrences) of every scored position as the verdict's own
     scoring pass found them (``scored_units`` gives the same from the token ids); ``memory``: the key's memory
-    as this process holds it (``db.output_memory.MemoryMirror.view``: its count table and null, no query)."""
+    as this process holds it (``db.output_memory.MemoryMirror.view``: its count table and null, no query).
+    ``without``: the unit identities of one remembered output the text repeats (``db.output_grams``), left
+    out of the counts as each output of the null was scored without itself."""
     if mark.spec.kind not in SPOOF_KINDS:
         return None
     values, identities, prev = units
-    check = statistic_of_sums(*memory.table.spoof_sums(identities, unit_scores(values), prev))
+    if without is None:
+        check = statistic_of_sums(*memory.table.spoof_sums(identities, unit_scores(values), prev))
+    else:
+        counted = identities[prev < 0]
+        seen = memory.table.counts(counted) - np.isin(as_int64(counted), as_int64(without))
+        check = spoof_statistic(unit_scores(values[prev < 0]), np.log(np.maximum(seen, 0.0) + 0.5))
     if check.units < MIN_UNITS or not math.isfinite(check.z):
         return None
     null = SpoofNull.of(memory.null)

@@ -54,6 +54,10 @@ class Verdict:
     # kgw:, gumbel: and synthid: verdicts that say watermarked, where the service keeps its own output
     # (db.output_memory): the spoof check (detector.spoof_check.verdict_spoof_check): z, p-values, null size, suspected
     spoof_check: dict | None = None
+    # kgw:, gumbel: and synthid: verdicts where the service keeps its own output: whether the text repeats the
+    # wording of one output it wrote under a tested key (db.output_grams.Match.to_dict; independent of colours
+    # and of the verdict, which it never changes); None when no tested key has remembered outputs
+    own_output: dict | None = None
     # two-part keys (watermark.public_key): what the published half says of this text, and the paired test of
     # the two halves that tells a spoof steered by the published half from our own output (detector.two_part)
     public_half: dict | None = None
@@ -64,6 +68,7 @@ class Verdict:
         out = asdict(self)
         del out["dither"]
         out["spoof_suspected"] = spoof_suspected(self.watermarked, self.spoof_check, self.public_half)
+        out["matches_own_output"] = None if self.own_output is None else self.own_output["matched"]
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
             value = out[name]
             out[name] = float(value) if value is not None and math.isfinite(value) else None

@@ -10,7 +10,9 @@ import random
 
 import numpy as np
 
+from db.output_grams import GramIndex, output_grams, text_grams
 from detector import common_units
+from detector.normalize import normalize
 from detector.spoof_check import SPOOF_ALPHA, OutputCounts, SpoofNull, spoof_check
 from evaluation.attacks import AttackContext, get_attack
 from evaluation.metrics import summary
@@ -41,11 +43,37 @@ def stealing(run, label: str, estimate, held: dict, n: int) -> dict:
     return out
 
 
-def _summary(scored: list[dict]) -> dict:
+def _summary(scored: list[dict], matched: list[bool] | None = None) -> dict:
+    """Detection rate, z >= 4 and median z; with ``matched`` (the texts that repeat a remembered output,
+    ``remembered``) also how many match and how many are detected or match (``matches_own_output``)."""
     z = [s["z"] for s in scored if s["z"] is not None]
-    return {"n": len(scored), "success_rate": float(np.mean([s["detected"] for s in scored])) if scored else None,
-            "z_at_least_4": float(np.mean([s["z"] is not None and s["z"] >= Z_SUCCESS for s in scored])) if scored else None,
-            "median_z": float(np.median(z)) if z else None}
+    out = {"n": len(scored), "success_rate": float(np.mean([s["detected"] for s in scored])) if scored else None,
+           "z_at_least_4": float(np.mean([s["z"] is not None and s["z"] >= Z_SUCCESS for s in scored])) if scored else None,
+           "median_z": float(np.median(z)) if z else None}
+    if matched is not None and scored:
+        out["matches_own_output"] = float(np.mean(matched))
+        out["detected_or_matched"] = float(np.mean([s["detected"] or m for s, m in zip(scored, matched)]))
+    return out
+
+
+GRAM_KEY = 0x5EC0_0D5E  # the run's n-gram hash key (the service derives its own from the master key)
+
+
+def remembered(run, label: str, held: dict):
+    """A function text -> whether it repeats an output the service remembers (``db.output_grams``): every
+    watermarked output of this key, the training corpus and the held-out texts, with their prompts left out."""
+    key = f"_remembered_{label}"
+    if getattr(run, key, None) is None:
+        index = GramIndex()
+        for row, g in enumerate(run.training_texts()[label] + held[label]):
+            index.add(row, output_grams(run.encode(normalize(g.text).text), g.prompt_ids, GRAM_KEY))
+        setattr(run, key, index)
+    index = getattr(run, key)
+
+    def matches(texts: list[str]) -> list[bool]:
+        found = [index.match(text_grams(run.encode(normalize(t).text), GRAM_KEY)) for t in texts]
+        return [m is not None and m.matches for m in found]
+    return matches
 
 
 def spoofing(run, label: str, estimate, held: dict, n: int) -> dict:
@@ -137,21 +165,24 @@ def scrubbing(run, label: str, estimate, held: dict, n: int) -> dict:
     logits = getattr(run, key)
     blind_attack = get_attack("token-substitute-lm")
     context = AttackContext(run.vocab.tokenizer, lm=run.lm)
-    clean = _summary(run.detect(label, texts))
+    matches = remembered(run, label, held)  # the service remembers what it wrote: matches_own_output
+    clean = _summary(run.detect(label, texts), matches(texts))
     rows = {"0": {**clean, "blind": dict(clean)}}
     for rate in cfg.rates:
         rng = random.Random(f"{cfg.seed}|scrub|{label}|{n}|{rate}")
         stolen = [run.decode(scrub_edit(estimate, i, lg, list(range(len(i))), rate, rng)) for i, lg in zip(ids, logits)]
         blind = blind_attack.apply(texts, rate, cfg.seed, context)
-        rows[f"{rate:g}"] = {**_summary(run.detect(label, stolen)), "blind": _summary(run.detect(label, blind))}
+        rows[f"{rate:g}"] = {**_summary(run.detect(label, stolen), matches(stolen)),
+                             "blind": _summary(run.detect(label, blind), matches(blind))}
     return {"by_rate": rows}
 
 
 def control(run, label: str, held: dict) -> dict:
     """What the detector says with no attack: unwatermarked held-out text (the spoof baseline) and human text."""
-    return {"unwatermarked": _summary(run.detect(label, [g.text for g in held["unwatermarked"]])),
-            "human": _summary(run.detect(label, [run.decode(i) for i in run.human_ids])),
-            "watermarked": _summary(run.detect(label, [g.text for g in held[label]]))}
+    matches = remembered(run, label, held)
+    texts = {"unwatermarked": [g.text for g in held["unwatermarked"]], "human": [run.decode(i) for i in run.human_ids],
+             "watermarked": [g.text for g in held[label]]}
+    return {name: _summary(run.detect(label, t), matches(t)) for name, t in texts.items()}
 
 
 def plot(results: dict, config, out) -> list[str]:
@@ -216,6 +247,10 @@ def plot(results: dict, config, out) -> list[str]:
                             label=f"{lb}: stolen colours, N={n}")
             ax.plot([float(r) for r in rates], [best["by_rate"][r]["blind"]["success_rate"] for r in rates], marker="x",
                     linestyle="--", color=line.get_color(), label=f"{lb}: blind edits")
+            if "detected_or_matched" in best["by_rate"][rates[0]]:  # runs before matches_own_output lack it
+                ax.plot([float(r) for r in rates], [best["by_rate"][r]["detected_or_matched"] for r in rates],
+                        marker="s", linestyle=":", color=line.get_color(),
+                        label=f"{lb}: stolen colours, detected or matches_own_output")
 
     if any(sections(lb, "stealing") for lb in labels):
         figure("stealing_accuracy.png", "stolen watermarked tokens N", "fraction", True, stealing)

@@ -1,6 +1,7 @@
 """What the spoof check's level trades, on a finished ``provmark eval security`` run (docs/security.md):
 spoofs the detector accepts and the check lets through, against genuine output the check calls a spoof,
-fresh and after a user's blind edits of it (once the service has remembered it, as it does).
+fresh and after a user's blind edits of it (once the service has remembered it, as it does), also as the
+detector checks an edited output it recognises (``matches_own_output``): against the counts without it.
 
     python scripts/spoof_level_trade.py --run RUN --estimator known-units --steal-tokens 100000,300000 \
         --eval-texts 80 --rates 0.2,0.3 [--levels 0.001,0.01,0.05] [--edits 0.05,0.1,0.2]
@@ -81,12 +82,28 @@ def main(argv: list[str] | None = None) -> int:
             for text in genuine:  # the service remembered them when it wrote them
                 counts.add(mark.unit_identities(run.encode(text)))
             blind, context = get_attack("token-substitute-lm"), AttackContext(run.vocab.tokenizer, lm=run.lm)
-            edited_p = {rate: p_values(blind.apply(genuine, rate, config.seed, context)) for rate in edits}
+            edited = {rate: blind.apply(genuine, rate, config.seed, context) for rate in edits}
+            edited_p = {rate: p_values(texts) for rate, texts in edited.items()}
+            remembered = measure.remembered(run, label, held)  # the service's n-gram memory of the same outputs
+            owned = {i: mark.unit_identities(run.encode(text)) for i, text in enumerate(genuine)}
+
+            def p_values_as_served(texts: list[str]) -> np.ndarray:
+                """The check as the detector runs it: an edited output it recognises, without that output."""
+                out = []
+                for i, (text, matched) in enumerate(zip(texts, remembered(texts))):
+                    check = spoof_check(mark, run.encode(text), common, counts, without=owned[i] if matched else None)
+                    out.append(null.p_value_normal(check.z) if check is not None else 1.0)
+                return np.array(out)
+
+            served_p = {rate: p_values_as_served(texts) for rate, texts in edited.items()}
+            matched = {rate: float(np.mean(remembered(texts))) for rate, texts in edited.items()}
             out[label] = {f"{a:g}": {
                 "spoofs_accepted_not_suspected": {str(n): float(np.mean(d & ~(p <= a))) for n, (p, d) in spoof_p.items()},
                 "genuine_flagged": float(np.mean(genuine_p <= a)),
                 "genuine_edited_flagged": {f"{r:g}": float(np.mean(p <= a)) for r, p in edited_p.items()},
+                "genuine_edited_flagged_as_served": {f"{r:g}": float(np.mean(p <= a)) for r, p in served_p.items()},
             } for a in levels}
+            out[label]["genuine_edited_matches_own_output"] = {f"{r:g}": v for r, v in matched.items()}
     finally:
         run.close()
     print(json.dumps(out, indent=1))

@@ -306,6 +306,16 @@ def test_the_level_trade_script_refuses_a_folder_that_is_not_a_run(tmp_path, cap
     assert "no results.json" in capsys.readouterr().err
 
 
+def test_the_match_script_refuses_a_folder_without_generations_and_bad_rates(tmp_path, capsys):
+    script = _script("own_output_match")
+    assert script.main(["--run", str(tmp_path)]) == 2
+    assert "no cache/generations.jsonl" in capsys.readouterr().err
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "generations.jsonl").write_text("")
+    assert script.main(["--run", str(tmp_path), "--edits", "0.2,1.5"]) == 2
+    assert "bad option" in capsys.readouterr().err
+
+
 def test_the_thieves_figure_reads_runs_and_refuses_what_is_not_one(tmp_path, capsys):
     import json
 

@@ -143,6 +143,8 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, shown
         options["statistic"] = verdict.statistic
     if verdict.spoof_check is not None:
         options["spoof_check"] = verdict.spoof_check
+    if verdict.own_output is not None:
+        options["own_output"] = verdict.own_output
     if verdict.public_half is not None:  # two-part keys: the published half's verdict and the paired test
         options["public_half"] = verdict.public_half
     return VerdictRecord(

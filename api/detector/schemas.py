@@ -123,6 +123,14 @@ class DetectResponse(BaseModel):
                           "half says it was spoofed (paired test, p <= 1e-3)")
     spoof_check: dict[str, Any] | None = Field(
         None, description="explain scope: the spoof check's z, p-values (normal fit, empirical), units and null size")
+    matches_own_output: bool | None = Field(
+        None, description="kgw:, gumbel: and synthid: keys whose outputs the service remembers: the text repeats "
+                          "the wording of one output the service wrote under a tested key (at least 8 of its sampled "
+                          "5-grams are that output's alone), as edited or scrubbed output still does; it never "
+                          "changes the verdict. None when no tested key has remembered outputs")
+    own_output: dict[str, Any] | None = Field(
+        None, description="explain scope: matched, the sampled 5-grams the text shares with its best-matching "
+                          "remembered output, the text's sampled 5-grams, and the match threshold")
     public_half: dict[str, Any] | None = Field(
         None, description="explain scope, two-part keys: the published half's verdict, counts and z, and the paired "
                           "test of the two halves (a spoof made with the published half is green under it only)")

@@ -4,7 +4,9 @@ A watermark thief learns colours (KGW) or unit scores (gumbel:, synthid:) from t
 the units it knows are the units that recur there; ``detector.spoof_check`` asks whether a positive text's
 evidence sits on those. For that the detector needs, per key, in how many outputs each unit occurred and a
 null of the service's own outputs. Both are written here, when an output's receipt is issued, into the
-shared store (``db.output_memory``), with the unit identities the detector scores by.
+shared store (``db.output_memory``), with the unit identities the detector scores by. So are the output's
+sampled 5-grams (``db.output_grams``), by which the detector recognises the output's wording after edits
+that scrubbed its watermark (``matches_own_output``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import logging
 
 import torch
 
+from db.output_grams import gram_key, output_grams
 from db.output_memory import OutputMemory
 from db.store import Store, StoreError
 from detector import common_units
+from detector.normalize import normalize
 from detector.spoof_check import SPOOF_KINDS, output_null_z
 from watermark.scheme import make_watermark
 from watermark.specs import parse_spec
+from watermark.vocab import encode
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +38,15 @@ class OwnOutput:
         self.memory = OutputMemory(store)
         self.keyring = keyring
         self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
+        self._gram_key: int | None = None
 
-    def remember(self, info, token_ids: list[int], vocab) -> None:
-        """The output's spoof z against what the key wrote before (a null sample) and its units' counts;
-        ``info``: the output's ``WatermarkInfo`` (spec string, key id). Never fails the generation: an
-        error is logged and the output is left out of the memory."""
+    def remember(self, info, token_ids: list[int], vocab, text: str | None = None,
+                 prompt_ids: list[int] | None = None) -> None:
+        """The output's spoof z against what the key wrote before (a null sample), its units' counts and its
+        sampled 5-grams minus its prompt's; ``info``: the output's ``WatermarkInfo`` (spec string, key id).
+        The 5-grams are those of ``text`` as the detector tokenizes it (normalised), or of ``token_ids``
+        when no text is given. Never fails the generation: an error is logged and the output is left out
+        of the memory."""
         if info is None or info.key_id is None:
             return
         try:
@@ -46,7 +55,10 @@ class OwnOutput:
                 return
             ids = torch.as_tensor(token_ids, dtype=torch.int64)
             z, identities = output_null_z(mark, ids, common_units.for_spec(mark.spec, vocab), self.memory)
-            self.memory.record(mark.key_id, identities, z)
+            if self._gram_key is None:
+                self._gram_key = gram_key(self.keyring)
+            seen = token_ids if text is None else encode(vocab, normalize(text).text)
+            self.memory.record(mark.key_id, identities, z, output_grams(seen, prompt_ids, self._gram_key))
         except StoreError as exc:
             log.warning("output not remembered for the spoof check: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller

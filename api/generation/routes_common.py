@@ -180,7 +180,7 @@ class GenerationService:
         """Sign and store the receipt of a finished output (with its audit event, one transaction), and
         remember the output's units for the spoof check (``api.generation.own_output``)."""
         mark = out.watermark
-        self.output_memory.remember(mark, out.token_ids, self.engine.loaded.vocab)
+        self.output_memory.remember(mark, out.token_ids, self.engine.loaded.vocab, out.text, out.prompt_token_ids)
         return issue_receipt(
             self.store, self.signer, actor,
             text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,

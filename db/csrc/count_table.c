@@ -95,3 +95,28 @@ void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, cons
     out[4] = rx;
     out[5] = ry;
 }
+
+/* The sampled keyed n-gram hashes of a token sequence, in position order (db/output_grams.py text_grams: the same
+ * arithmetic as its numpy form): each window's tokens absorbed into the key, then splitmix64's finaliser; kept
+ * when (hash & sample_mask) == 0 and hash != 0. Writes at most n - gram + 1 hashes to out; returns how many. */
+size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask, int64_t *out) {
+    size_t kept = 0;
+    if (gram <= 0 || n < (size_t)gram)
+        return 0;
+    for (size_t i = 0; i + (size_t)gram <= n; i++) {
+        uint64_t h = key;
+        for (int j = 0; j < gram; j++) {
+            h ^= (uint64_t)ids[i + (size_t)j];
+            h *= 0x9E3779B97F4A7C15ULL;
+            h ^= h >> 29;
+        }
+        h ^= h >> 30;
+        h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 27;
+        h *= 0x94D049BB133111EBULL;
+        h ^= h >> 31;
+        if ((h & sample_mask) == 0 && h != 0)
+            out[kept++] = (int64_t)h;
+    }
+    return kept;
+}

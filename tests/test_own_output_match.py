@@ -1,0 +1,222 @@
+"""``matches_own_output`` (issue #17, scrubbing): the detector recognises the wording of an output the service
+wrote under a key (``db.output_grams``) after edits that took its watermark away, and says so beside the
+verdict without changing it; a remembered output it recognises gets its spoof check without itself, as the
+check's null was made. Human text and output the service never wrote match nothing.
+
+The toy world of ``test_spoof_on_verdicts`` (single-token words with Zipf frequencies) stands in for the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import pytest
+import torch
+from sqlalchemy import select
+from http_fixtures import call, make_token, serve
+from scipy import stats
+from test_spoof_on_verdicts import KEY, SPEC, as_text, sample, world  # noqa: F401 - world is a fixture
+
+from api.detector.app import create_app, services_of
+from api.generation.own_output import OwnOutput
+from db.output_grams import GRAM, MIN_MATCHED, SAMPLE, GramIndex, Match, output_grams, text_grams
+from db.output_memory import WARMUP, MemoryMirror, OutputMemory
+from db.rows import KeyOutputRow, VerdictRow, utc_now
+from db.store import Store
+from detector import common_units
+from detector.service import Detector
+from detector.spoof_check import MIN_NULL, StoredCounts, spoof_check
+from generation.sequence import WatermarkInfo
+from watermark.keys import Keyring
+from watermark.scheme import make_watermark
+
+pytest_plugins = ["pg"]
+
+EDIT_RATE = 0.2  # words replaced at random: a 5-gram survives with probability 0.8^5 = 0.33
+
+
+def test_grams_are_keyed_sampled_and_leave_the_prompt_out():
+    ids = np.random.default_rng(0).integers(0, 49152, size=2000)
+    grams = text_grams(ids, 1)
+    windows = ids.shape[0] - GRAM + 1
+    low, high = stats.binom.interval(1 - 1e-9, windows, 1 / SAMPLE)  # one in SAMPLE kept, by hash
+    assert low <= grams.size <= high
+    assert (grams != 0).all() and (np.diff(grams) > 0).all()
+    assert np.intersect1d(grams, text_grams(ids, 2)).size == 0  # another key names other n-grams
+    assert set(text_grams(ids[100:150], 1).tolist()) <= set(grams.tolist())  # a 5-gram's name is where-free
+    assert text_grams(ids[:GRAM - 1], 1).size == 0
+    prompt = ids[:300]
+    kept = output_grams(ids, prompt, 1)
+    assert not np.isin(kept, text_grams(prompt, 1)).any()
+    assert np.array_equal(kept, np.setdiff1d(grams, text_grams(prompt, 1)))
+
+
+def test_an_index_names_the_one_output_a_text_repeats_and_not_shared_phrases():
+    rng = np.random.default_rng(1)
+    phrase = rng.integers(0, 49152, size=40)  # in every output: a phrase, not evidence
+    outputs = [np.concatenate([rng.integers(0, 49152, size=160), phrase]) for _ in range(30)]
+    index = GramIndex()
+    for row, ids in enumerate(outputs):
+        index.add(100 + row, text_grams(ids, 3))
+    found = index.match(text_grams(outputs[7], 3))
+    assert found.row == 107 and found.matches
+    assert found.matched == np.setdiff1d(text_grams(outputs[7], 3), text_grams(phrase, 3)).size
+    changed = outputs[7].copy()
+    replaced = rng.random(changed.size) < EDIT_RATE
+    changed[replaced] = rng.integers(0, 49152, size=int(replaced.sum()))
+    assert index.match(text_grams(changed, 3)).row == 107
+    shared = index.match(text_grams(phrase, 3))
+    assert shared.matched == 0 and not shared.matches
+    assert not index.match(text_grams(rng.integers(0, 49152, size=500), 3)).matches
+    assert GramIndex().match(text_grams(outputs[0], 3)) is None  # nothing remembered: no answer
+    assert Match(1, MIN_MATCHED, 20).matches and not Match(1, MIN_MATCHED - 1, 20).matches
+
+
+def edited(ids: list[int], words: torch.Tensor, rng: random.Random) -> list[int]:
+    return [int(words[rng.randrange(len(words))]) if rng.random() < EDIT_RATE else i for i in ids]
+
+
+def test_edited_output_matches_beside_the_verdict_and_is_spoof_checked_without_itself(tmp_path, world):  # noqa: F811
+    vocab, words, _ = world
+    # a fixed master key: the n-gram hash key (and which 5-grams are sampled) is derived from it
+    keyring = Keyring(tmp_path / "home", master_key=hashlib.sha256(b"provmark-test/own-output-master").digest())
+    keyring.create(KEY, secret=hashlib.sha256(b"provmark-test/own-output-match").digest(), spec=SPEC)
+    mark = make_watermark(SPEC, keyring.secret(KEY), vocab.vocab_size, KEY)
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    own, memory = OwnOutput(store, keyring), OutputMemory(store)
+    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
+    generator = torch.Generator().manual_seed(11)
+    outputs = [sample(world, mark, generator) for _ in range(WARMUP + MIN_NULL + 10)]
+    for ids in outputs:
+        own.remember(info, ids, vocab, as_text(world, ids))
+    detector = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory, sync_seconds=0.0))
+    common = common_units.for_spec(mark.spec, vocab)
+
+    for ids in outputs[-5:]:  # a remembered output as it was written: recognised, and checked without itself
+        verdict = detector.detect(as_text(world, ids), keys=[KEY])
+        assert verdict.watermarked and verdict.own_output["matched"] and verdict.to_dict()["matches_own_output"]
+        alone = spoof_check(mark, torch.tensor(ids), common, StoredCounts(memory, KEY), leave_out=True)
+        assert verdict.spoof_check["z"] == round(alone.z, 4) and verdict.spoof_check["units"] == alone.units
+        counted_in = spoof_check(mark, torch.tensor(ids), common, StoredCounts(memory, KEY))
+        assert counted_in.z > alone.z  # what the check said before: its own units counted as learnable
+
+    rng = random.Random(5)
+    scrubbed_texts = [as_text(world, edited(ids, words, rng)) for ids in outputs[:20]]
+    scrubbed = [detector.detect(text, keys=[KEY]) for text in scrubbed_texts]
+    # LENGTH 120 words: ~58 sampled 5-grams, 0.33 of them survive the edits (~19, sd ~4 with the overlaps):
+    # below MIN_MATCHED = 8 is a 3-sd event; 18 of 20 leaves room for two
+    kept = [v.own_output["grams_matched"] for v in scrubbed]
+    assert sum(v.own_output["matched"] for v in scrubbed) >= 18 and 15 <= np.median(kept) <= 24, kept
+    assert all(v.own_output["grams_matched"] < v.own_output["grams_in_text"] for v in scrubbed)
+
+    fresh = [sample(world, mark, generator) for _ in range(20)]  # watermarked, never remembered
+    plain = [sample(world, None, generator) for _ in range(20)]
+    for ids in fresh + plain:
+        verdict = detector.detect(as_text(world, ids), keys=[KEY])
+        assert verdict.own_output["matched"] is False, verdict.own_output
+        assert verdict.own_output["grams_matched"] < MIN_MATCHED // 2
+    assert [detector.detect(as_text(world, ids), keys=[KEY]).verdict for ids in fresh].count("watermarked") == 20
+
+    app = create_app({"home": tmp_path / "home", "vocab": vocab, "store": store, "keyring": keyring})
+    token, detect_only = make_token(store, "detect", "explain"), make_token(store, "detect")
+    text = next(t for t, v in zip(scrubbed_texts, scrubbed) if v.own_output["matched"])  # the service's view of it
+    with serve(app) as base_url:
+        def verdict(body_text, who):
+            status, body, _ = call("POST", base_url + "/v1/detect", {"text": body_text, "keys": [KEY]}, token=who)
+            assert status == 200, body
+            return body
+
+        shown, full = verdict(text, detect_only), verdict(text, token)
+        human = verdict(as_text(world, plain[0]), detect_only)
+    assert full["matches_own_output"] is True, full.get("own_output")
+    assert shown["matches_own_output"] is True and "own_output" not in shown  # one bit for the detect scope
+    assert full["matches_own_output"] is True and full["own_output"]["grams_matched"] >= MIN_MATCHED
+    assert human["matches_own_output"] is False
+    with services_of(app).store.read() as session:
+        assert session.get(VerdictRow, full["id"]).options["own_output"] == full["own_output"]  # the audit trail
+    store.close()
+
+
+def test_a_detector_without_remembered_output_says_nothing(tmp_path, world):  # noqa: F811
+    vocab = world[0]
+    keyring = Keyring(tmp_path / "home")
+    keyring.create(KEY, secret=bytes(32), spec=SPEC)
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    text = as_text(world, sample(world, None, torch.Generator().manual_seed(2)))
+    with_memory = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(OutputMemory(store), 0.0))
+    assert with_memory.detect(text, keys=[KEY]).to_dict()["matches_own_output"] is None
+    assert Detector(vocab=vocab, keyring=keyring).detect(text, keys=[KEY]).own_output is None
+    store.close()
+
+
+def test_the_detectors_copy_indexes_each_outputs_grams_on_each_backend(database_url):
+    """The n-grams a generation service writes reach a detector worker's index, at its first load and as it
+    follows new rows; a row written without n-grams (before revision 0005) is in the counts, not the index."""
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = OutputMemory(store)
+    mirror = MemoryMirror(memory, sync_seconds=0.0)
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(0, 49152, size=200) for _ in range(12)]
+    units = rng.integers(0, 2**64, size=50, dtype=np.uint64)
+    for ids in texts[:6]:
+        memory.record("k", units, 1.0, output_grams(ids, None, 42))
+    view = mirror.view("k")
+    with store.read() as session:
+        rows = session.scalars(select(KeyOutputRow.id).where(KeyOutputRow.key_id == "k").order_by(KeyOutputRow.id)).all()
+    assert [view.grams.match(text_grams(ids, 42)).row for ids in texts[:6]] == rows
+    for ids in texts[6:]:
+        memory.record("k", units, 1.0, output_grams(ids, None, 42))
+    with store.write() as session:
+        session.add(KeyOutputRow(key_id="k", outputs_before=12, z=0.5, units=units.view(np.int64).tobytes(),
+                                 grams=None, created_at=utc_now()))
+    view = mirror.view("k")
+    assert all(view.grams.match(text_grams(ids, 42)).matches for ids in texts)
+    assert view.grams.outputs == 12
+    expected = np.sort(np.unique(units).view(np.int64))
+    for ids in (texts[2], texts[9]):  # read at the first load (one query, then kept), and followed row by row
+        row = view.grams.match(text_grams(ids, 42)).row
+        assert np.array_equal(np.sort(memory.units_of(row)), expected)
+        assert np.array_equal(np.sort(mirror.units_of("k", row)), expected)
+        assert row in mirror.view("k").kept_units
+    store.close()
+
+
+def test_the_security_evaluation_counts_scrubbed_output_the_memory_recognises():
+    """``eval security``'s scrubbing and control sections (``evaluation.attack_measures.remembered``): the
+    key's outputs, training and held out, are remembered without their prompts' wording; an edited held-out
+    output matches, text the service never wrote does not, and a text detected or matched counts once."""
+    from types import SimpleNamespace
+
+    from evaluation.attack_measures import _summary, remembered
+
+    rng = random.Random(4)
+    words = [f"w{i}" for i in range(5000)]
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    def encode(body: str) -> list[int]:
+        return [words.index(w) for w in body.split()]
+
+    prompt = text(30)
+
+    def generation(body: str) -> SimpleNamespace:
+        return SimpleNamespace(text=body, prompt_ids=encode(prompt))
+
+    run = SimpleNamespace(training_texts=lambda: {"k": [generation(text(150)) for _ in range(40)]}, encode=encode)
+    held = {"k": [generation(text(150)) for _ in range(5)] + [generation(prompt + " " + text(150))]}
+    matches = remembered(run, "k", held)
+    scrubbed = [" ".join(rng.choice(words) if rng.random() < EDIT_RATE else w for w in g.text.split())
+                for g in held["k"]]
+    assert matches(scrubbed) == [True] * 6
+    assert matches([text(150), prompt, prompt + " " + text(40)]) == [False] * 3  # the prompt's wording is not ours
+    summary = _summary([{"z": 5.0, "detected": True}, {"z": 1.0, "detected": False}, {"z": 0.0, "detected": False}],
+                       [True, True, False])
+    assert summary["success_rate"] == pytest.approx(1 / 3) and summary["matches_own_output"] == pytest.approx(2 / 3)
+    assert summary["detected_or_matched"] == pytest.approx(2 / 3)
+    assert "matches_own_output" not in _summary([{"z": 5.0, "detected": True}])

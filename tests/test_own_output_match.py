@@ -14,13 +14,12 @@ import random
 import numpy as np
 import pytest
 import torch
-from sqlalchemy import select
 from http_fixtures import call, make_token, serve
 from scipy import stats
-from test_spoof_on_verdicts import KEY, SPEC, as_text, sample, world  # noqa: F401 - world is a fixture
+from sqlalchemy import select
+from test_spoof_on_verdicts import KEY, SPEC, as_text, keyed_memory, sample, world  # noqa: F401 - world is a fixture
 
 from api.detector.app import create_app, services_of
-from api.generation.own_output import OwnOutput
 from db.output_grams import GRAM, MIN_MATCHED, SAMPLE, GramIndex, Match, output_grams, text_grams
 from db.output_memory import WARMUP, MemoryMirror, OutputMemory
 from db.rows import KeyOutputRow, VerdictRow, utc_now
@@ -28,9 +27,7 @@ from db.store import Store
 from detector import common_units
 from detector.service import Detector
 from detector.spoof_check import MIN_NULL, StoredCounts, spoof_check
-from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
-from watermark.scheme import make_watermark
 
 pytest_plugins = ["pg"]
 
@@ -81,13 +78,8 @@ def edited(ids: list[int], words: torch.Tensor, rng: random.Random) -> list[int]
 def test_edited_output_matches_beside_the_verdict_and_is_spoof_checked_without_itself(tmp_path, world):  # noqa: F811
     vocab, words, _ = world
     # a fixed master key: the n-gram hash key (and which 5-grams are sampled) is derived from it
-    keyring = Keyring(tmp_path / "home", master_key=hashlib.sha256(b"provmark-test/own-output-master").digest())
-    keyring.create(KEY, secret=hashlib.sha256(b"provmark-test/own-output-match").digest(), spec=SPEC)
-    mark = make_watermark(SPEC, keyring.secret(KEY), vocab.vocab_size, KEY)
-    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
-    store.upgrade()
-    own, memory = OwnOutput(store, keyring), OutputMemory(store)
-    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
+    keyring, mark, store, own, memory, info = keyed_memory(
+        tmp_path, vocab, SPEC, b"provmark-test/own-output-match", hashlib.sha256(b"provmark-test/own-output-master").digest())
     generator = torch.Generator().manual_seed(11)
     outputs = [sample(world, mark, generator) for _ in range(WARMUP + MIN_NULL + 10)]
     for ids in outputs:

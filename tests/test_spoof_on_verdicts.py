@@ -191,6 +191,18 @@ def spoof_run(tmp_path, world, spec: str, label: bytes, spoofs: int, genuine: in
     return SpoofRun(spoofed, real, first, shown, plain, stored)
 
 
+def keyed_memory(tmp_path, vocab, spec: str, label: bytes, master_key: bytes | None = None) -> tuple:
+    """(A keyring with KEY bound to ``spec``, its secret from ``label``; KEY's watermark; a SQLite store; the
+    generation side's hook writing into it; the memory reading it; what a finished output under KEY carries)."""
+    keyring = Keyring(tmp_path / "home", master_key=master_key)
+    keyring.create(KEY, secret=hashlib.sha256(label).digest(), spec=spec)
+    mark = make_watermark(spec, keyring.secret(KEY), vocab.vocab_size, KEY)
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
+    return keyring, mark, store, OwnOutput(store, keyring), OutputMemory(store), info
+
+
 def allowed_false_flags(texts: int) -> int:
     """The most genuine texts flagged that still fit a check flagging each at SPOOF_ALPHA (binomial tail at
     FALSE_FLAG_LEVEL)."""
@@ -305,13 +317,8 @@ def test_a_verdicts_spoof_check_is_its_definition(tmp_path, world, spec):
     (``spoof_check``), counts read from the store, the null as stored, scipy's normal tail; also as the
     memory grows between verdicts."""
     vocab = world[0]
-    keyring = Keyring(tmp_path / "home")
-    keyring.create(KEY, secret=hashlib.sha256(b"provmark-test/spoof-definition/" + spec.encode()).digest(), spec=spec)
-    mark = make_watermark(spec, keyring.secret(KEY), vocab.vocab_size, KEY)
-    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
-    store.upgrade()
-    own, memory = OwnOutput(store, keyring), OutputMemory(store)
-    info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
+    keyring, mark, store, own, memory, info = keyed_memory(tmp_path, vocab, spec,
+                                                           b"provmark-test/spoof-definition/" + spec.encode())
     generator = torch.Generator().manual_seed(3)
     for _ in range(WARMUP + MIN_NULL + 5):
         own.remember(info, sample(world, mark, generator), vocab)

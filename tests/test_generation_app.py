@@ -7,17 +7,21 @@ import threading
 import urllib.request
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from http_fixtures import call, make_token, serve
 
 from api.generation.app import create_app
 from db.audit import list_events
+from db.output_grams import gram_key, text_grams
 from db.output_memory import OutputMemory
 from db.receipts import get_receipt, verify_receipt
 from db.rows import text_sha256
+from detector.normalize import normalize
 from generation.sample.params import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
+from watermark.vocab import encode
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 MAX_TEXT_CHARS = 2000
@@ -79,6 +83,11 @@ def test_generate_returns_text_usage_watermark_and_a_verifiable_stored_receipt(l
     mark = Watermark(body["watermark"]["spec"], live.service.keyring.secret(active.key_id), live.service.vocab_size,
                      active.key_id)
     assert memory.counts_of(active.key_id, mark.unit_identities(body["token_ids"])).min() >= 1
+    # and its 5-grams as the detector will see its text (db.output_grams), none of its prompt's
+    *_, grams = memory.rows_since(active.key_id, 0, set())[-1]
+    seen = text_grams(encode(live.service.engine.loaded.vocab, normalize(body["text"]).text), gram_key(live.service.keyring))
+    stored = np.frombuffer(grams, dtype="<i8") if grams is not None else np.zeros(0, dtype=np.int64)
+    assert set(stored.tolist()) <= set(seen.tolist()) and (grams is not None or seen.size == 0)
 
 
 def test_same_seed_same_tokens_and_logprobs_per_token(live):

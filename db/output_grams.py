@@ -132,14 +132,17 @@ class GramIndex:
         grams = np.asarray(grams, dtype=np.int64)
         if grams.shape[0]:
             self.row_sums.add(grams, np.full(grams.shape[0], row, dtype=np.int64))
-            self.holders.add(grams)  # after the sums: a reader that sees a holder sees its row
+            self.holders.add(grams)  # after the sums: a new n-gram's row is in place before it is held
         self.outputs += 1
 
     def match(self, grams: np.ndarray) -> Match | None:
-        """The output the text's n-grams (``text_grams``) name most often; None when none names one."""
+        """The output the text's n-grams (``text_grams``) name most often (row -1 and 0 matched when none
+        names one, or the text is shorter than one n-gram); None while nothing is remembered."""
         grams = np.asarray(grams, dtype=np.int64)
-        if not grams.shape[0] or not self.outputs:
+        if not self.outputs:
             return None
+        if not grams.shape[0]:
+            return Match(-1, 0, 0)
         holders = self.holders.counts(grams)
         own = holders == 1
         if not own.any():

@@ -68,6 +68,7 @@ def test_an_index_names_the_one_output_a_text_repeats_and_not_shared_phrases():
     assert shared.matched == 0 and not shared.matches
     assert not index.match(text_grams(rng.integers(0, 49152, size=500), 3)).matches
     assert GramIndex().match(text_grams(outputs[0], 3)) is None  # nothing remembered: no answer
+    assert index.match(text_grams(outputs[7][:GRAM - 1], 3)) == Match(-1, 0, 0)  # too short: an answer, no match
     assert Match(1, MIN_MATCHED, 20).matches and not Match(1, MIN_MATCHED - 1, 20).matches
 
 

@@ -54,6 +54,9 @@ def _library():
     library.count_table_spoof_sums.restype = None
     library.output_grams_hash.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer]
     library.output_grams_hash.restype = size
+    library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer,
+                                           mask, shift, pointer]
+    library.output_grams_match.restype = ctypes.c_int
     return library
 
 
@@ -95,6 +98,16 @@ class CountTable:
     @property
     def bits(self) -> int:
         return self._slots.bits
+
+    @property
+    def native(self) -> bool:
+        """Whether the C kernels serve this table."""
+        return self._lib is not None
+
+    @property
+    def slots(self) -> _Slots:
+        """The current allocation (a C call that reads it holds this object for the call)."""
+        return self._slots
 
     def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
         """Each unit's count += its increment (1 when None). Units are int64 or uint64 identities."""

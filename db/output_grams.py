@@ -128,7 +128,9 @@ class GramIndex:
         self.outputs = 0
 
     def add(self, row: int, grams: np.ndarray) -> None:
-        """One output's distinct n-grams (``output_grams``) under its row id."""
+        """One output's distinct n-grams (``output_grams``) under its row id (>= 0)."""
+        if row < 0:
+            raise ValueError(f"row: expected a row id >= 0, got {row}")
         grams = np.asarray(grams, dtype=np.int64)
         if grams.shape[0]:
             self.row_sums.add(grams, np.full(grams.shape[0], row, dtype=np.int64))
@@ -150,3 +152,19 @@ class GramIndex:
         rows, counts = np.unique(self.row_sums.counts(grams[own]).astype(np.int64), return_counts=True)
         best = int(np.argmax(counts))
         return Match(int(rows[best]), int(counts[best]), int(grams.shape[0]))
+
+    def match_ids(self, token_ids, key: int) -> Match | None:
+        """``match(text_grams(token_ids, key))`` in one C call where the kernel is built (``output_grams_match``:
+        hashing, deduplication and both lookups without a sort or a numpy temporary; the detector runs it on
+        every verdict), else that numpy path: the same Match."""
+        if not self.outputs:
+            return None
+        library = native_library()
+        if library is not None and self.holders.native and self.row_sums.native:
+            ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+            holders, rows = self.holders.slots, self.row_sums.slots  # held for the call (a growing table swaps)
+            out = np.empty(3, dtype=np.int64)
+            if library.output_grams_match(ids.ctypes.data, ids.shape[0], GRAM, key & MASK64, SAMPLE - 1,
+                                          *holders.args, *rows.args, out.ctypes.data) == 0:
+                return Match(int(out[1]), int(out[2]), int(out[0]))
+        return self.match(text_grams(token_ids, key))

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from db.output_grams import Match, gram_key, text_grams
+from db.output_grams import Match, gram_key
 from detector import common_units
 from detector import windows as winmax
 from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
@@ -189,10 +189,10 @@ class Detector:
             if not hasattr(self.keyring, "derive_key"):
                 return None
             self._gram_key = gram_key(self.keyring)
-        grams = text_grams(ids.numpy(), self._gram_key)
+        ids = ids.numpy()
         best = None
         for mark in marks:
-            found = self.output_memory.view(mark.key_id).grams.match(grams)
+            found = self.output_memory.view(mark.key_id).grams.match_ids(ids, self._gram_key)
             if found is not None and (best is None or found.matched > best[1].matched):
                 best = (mark.key_id, found)
         return best

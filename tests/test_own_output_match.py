@@ -72,6 +72,44 @@ def test_an_index_names_the_one_output_a_text_repeats_and_not_shared_phrases():
     assert Match(1, MIN_MATCHED, 20).matches and not Match(1, MIN_MATCHED - 1, 20).matches
 
 
+def test_the_one_call_match_gives_the_numpy_paths_answer():
+    """``GramIndex.match_ids`` (the C kernel the detector calls on every verdict: hashing, deduplication and
+    both lookups at once) against ``match(numpy_grams(...))``: row 0, rows that tie (the smaller wins),
+    texts that repeat a 5-gram, shared phrases, texts too short or with no owned n-gram, keys past 2^63."""
+    from db.count_table import native_library
+    from db.output_grams import numpy_grams
+
+    if native_library() is None:
+        pytest.skip("no C compiler: match_ids is the numpy path itself")
+    rng = np.random.default_rng(7)
+    key = (1 << 64) - 12345
+    base = [rng.integers(0, 300, size=int(rng.integers(20, 400))) for _ in range(40)]  # a small vocabulary
+    index = GramIndex()
+    for row, ids in enumerate(base):
+        index.add(row, numpy_grams(ids, key))
+    tie = np.concatenate([base[3][:60], base[9][:60], base[3][:60]])  # repeats, and two outputs in one text
+    texts = [*base, tie, base[0][:GRAM - 1], base[0][:GRAM], rng.integers(0, 300, size=800),
+             rng.integers(0, 49152, size=2000), np.tile(base[5][:30], 8)]
+    texts += [np.where(rng.random(t.size) < 0.3, rng.integers(0, 300, size=t.size), t) for t in base[:20]]
+    answers = [(index.match_ids(t, key), index.match(numpy_grams(t, key))) for t in texts]
+    for native, numpy in answers:
+        assert native == numpy
+    assert any(m.row == 0 and m.matches for m, _ in answers)  # row 0 is a row, not an empty slot
+    a = rng.integers(1000, 2000, size=200)  # two outputs a text repeats equally: the smaller row wins
+    b = next(b for b in (rng.integers(2000, 3000, size=200 + k % 40) for k in range(10_000))
+             if numpy_grams(b, key).size == numpy_grams(a, key).size)
+    pair = GramIndex()
+    pair.add(8, numpy_grams(a, key))
+    pair.add(5, numpy_grams(b, key))
+    both = np.concatenate([a, b])
+    assert pair.match_ids(both, key) == pair.match(numpy_grams(both, key))
+    assert pair.match_ids(both, key).row == 5 and pair.match_ids(both, key).matched == numpy_grams(a, key).size
+    assert sum(m.row == -1 for m, _ in answers) >= 2 and sum(m.matches for m, _ in answers) >= 30
+    with pytest.raises(ValueError, match="row"):
+        index.add(-1, numpy_grams(base[0], key))
+    assert GramIndex().match_ids(base[0], key) is None
+
+
 def edited(ids: list[int], words: torch.Tensor, rng: random.Random) -> list[int]:
     return [int(words[rng.randrange(len(words))]) if rng.random() < EDIT_RATE else i for i in ids]
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define SMALL 4096 /* log(count + 1/2) is read from a table below this */
 #define AHEAD 16   /* lookups prefetched ahead */
@@ -96,27 +97,137 @@ void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, cons
     out[5] = ry;
 }
 
-/* The sampled keyed n-gram hashes of a token sequence, in position order (db/output_grams.py text_grams: the same
- * arithmetic as its numpy form): each window's tokens absorbed into the key, then splitmix64's finaliser; kept
- * when (hash & sample_mask) == 0 and hash != 0. Writes at most n - gram + 1 hashes to out; returns how many. */
-size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask, int64_t *out) {
-    size_t kept = 0;
-    if (gram <= 0 || n < (size_t)gram)
-        return 0;
-    for (size_t i = 0; i + (size_t)gram <= n; i++) {
+static inline uint64_t gram_hash(const int64_t *ids, int gram, uint64_t key) {
+    uint64_t h = key;
+    for (int j = 0; j < gram; j++) {
+        h ^= (uint64_t)ids[j];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    h ^= h >> 30;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 27;
+    h *= 0x94D049BB133111EBULL;
+    h ^= h >> 31;
+    return h;
+}
+
+
+/* gram_hash of every 5-token window (db/output_grams.py GRAM), unrolled so that the compiler vectorises it
+ * across windows: AVX-512 has a 64-bit multiply, and the clone the CPU can run is chosen at load time (GCC on
+ * x86-64; elsewhere the plain loop, the same numbers). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HASH5_CLONES __attribute__((target_clones("arch=skylake-avx512", "default"), optimize("O3")))
+#else
+#define HASH5_CLONES
+#endif
+HASH5_CLONES
+static void hash5(const int64_t *ids, size_t windows, uint64_t key, int64_t *out) {
+    for (size_t i = 0; i < windows; i++) {
         uint64_t h = key;
-        for (int j = 0; j < gram; j++) {
-            h ^= (uint64_t)ids[i + (size_t)j];
-            h *= 0x9E3779B97F4A7C15ULL;
-            h ^= h >> 29;
-        }
+        h ^= (uint64_t)ids[i];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        h ^= (uint64_t)ids[i + 1];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        h ^= (uint64_t)ids[i + 2];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        h ^= (uint64_t)ids[i + 3];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        h ^= (uint64_t)ids[i + 4];
+        h *= 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
         h ^= h >> 30;
         h *= 0xBF58476D1CE4E5B9ULL;
         h ^= h >> 27;
         h *= 0x94D049BB133111EBULL;
         h ^= h >> 31;
-        if ((h & sample_mask) == 0 && h != 0)
-            out[kept++] = (int64_t)h;
+        out[i] = (int64_t)h;
+    }
+}
+
+/* The sampled keyed n-gram hashes of a token sequence, in position order (db/output_grams.py text_grams: the same
+ * arithmetic as its numpy form): each window's tokens absorbed into the key, then splitmix64's finaliser; kept
+ * when (hash & sample_mask) == 0 and hash != 0. Writes at most n - gram + 1 hashes to out; returns how many. */
+size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask, int64_t *out) {
+    if (gram <= 0 || n < (size_t)gram)
+        return 0;
+    size_t windows = n - (size_t)gram + 1, kept = 0;
+    if (gram == 5)
+        hash5(ids, windows, key, out);
+    else
+        for (size_t i = 0; i < windows; i++) /* independent windows, no branch: the multiplies overlap */
+            out[i] = (int64_t)gram_hash(ids + i, gram, key);
+    for (size_t i = 0; i < windows; i++) { /* compacted in place without a branch (the sample bit is a coin) */
+        uint64_t h = (uint64_t)out[i];
+        out[kept] = (int64_t)h;
+        kept += (size_t)(((h & sample_mask) == 0) & (h != 0));
     }
     return kept;
+}
+
+/* db/output_grams.py GramIndex.match_ids in one call: the text's distinct sampled n-grams (output_grams_hash's),
+ * each looked up in the index's holders table and, when one output alone holds it, in its row-sum table (that sum
+ * is the output's row); the row named most often wins (the smaller row on a tie, as numpy's unique and argmax).
+ * No sort: the text's n-grams are deduplicated in a hash set of its own, and the owned rows counted in another.
+ * out: distinct sampled n-grams, best row (-1 when none is owned), n-grams it owns. Returns 0, or -1 when the
+ * scratch memory could not be allocated (the caller then takes the numpy path). */
+int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask,
+                       const int64_t *holders, uint64_t holders_mask, int holders_shift, const int64_t *rows,
+                       uint64_t rows_mask, int rows_shift, int64_t *out) {
+    out[0] = 0;
+    out[1] = -1;
+    out[2] = 0;
+    if (gram <= 0 || n < (size_t)gram)
+        return 0;
+    size_t windows = n - (size_t)gram + 1, size = 16;
+    int bits = 4;
+    while (size < 2 * windows) {
+        size <<= 1;
+        bits++;
+    }
+    /* seen: n-gram hashes (0 empty); owners: (row + 1, count) pairs, 0 empty (rows are >= 0: GramIndex.add);
+     * grams: the sampled hashes, then the distinct ones, in text order */
+    int64_t *seen = calloc(3 * size + windows, sizeof(int64_t));
+    if (seen == NULL)
+        return -1;
+    int64_t *owners = seen + size, *grams = seen + 3 * size;
+    uint64_t mask = size - 1;
+    int shift = 64 - bits;
+    size_t sampled = output_grams_hash(ids, n, gram, key, sample_mask, grams), distinct = 0;
+    for (size_t i = 0; i < sampled; i++) {
+        int64_t h = grams[i];
+        size_t slot = (size_t)((uint64_t)h >> shift);
+        while (seen[slot] != 0 && seen[slot] != h)
+            slot = (slot + 1) & mask;
+        if (seen[slot] == 0) { /* nearly always: a text seldom repeats a 5-gram */
+            seen[slot] = h;
+            grams[distinct++] = h;
+        }
+    }
+    int64_t best = -1, most = 0; /* the row owning most n-grams so far, the smaller on a tie */
+    for (size_t i = 0; i < distinct; i++) {
+        if (i + AHEAD < distinct) /* the tables are far larger than a cache: overlap the misses */
+            __builtin_prefetch(&holders[2 * ((uint64_t)grams[i + AHEAD] >> holders_shift)]);
+        if (count_of(holders, holders_mask, holders_shift, grams[i]) != 1)
+            continue;
+        int64_t row = count_of(rows, rows_mask, rows_shift, grams[i]) + 1;
+        size_t at = (size_t)(((uint64_t)row * 0x9E3779B97F4A7C15ULL) >> shift);
+        while (owners[2 * at] != 0 && owners[2 * at] != row)
+            at = (at + 1) & mask;
+        owners[2 * at] = row;
+        int64_t count = ++owners[2 * at + 1];
+        if (count > most || (count == most && row - 1 < best)) {
+            best = row - 1;
+            most = count;
+        }
+    }
+    free(seen);
+    out[0] = (int64_t)distinct;
+    out[1] = best;
+    out[2] = most;
+    return 0;
 }

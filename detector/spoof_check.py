@@ -23,6 +23,7 @@ service's counts was measured too weak to use).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -231,7 +232,7 @@ class SpoofNull:
         """(1 + #{null z >= z}) / (1 + n): the conservative empirical p-value."""
         if not math.isfinite(z):
             return 1.0
-        at_least = self.z.shape[0] - np.searchsorted(self.z, z, side="left")
+        at_least = self.z.shape[0] - bisect.bisect_left(self.z, z)  # numpy's searchsorted costs more on one value
         return float((1 + at_least) / (1 + self.z.shape[0]))
 
     def p_value_normal(self, z: float) -> float:

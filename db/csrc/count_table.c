@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SMALL 4096 /* log(count + 1/2) is read from a table below this */
 #define AHEAD 16   /* lookups prefetched ahead */
@@ -184,20 +185,25 @@ int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uin
     if (gram <= 0 || n < (size_t)gram)
         return 0;
     size_t windows = n - (size_t)gram + 1, size = 16;
+    /* grams: the sampled hashes, then the distinct ones, in text order; after them seen (n-gram hashes, 0 empty)
+     * and owners ((row + 1, count) pairs, 0 empty: rows are >= 0, GramIndex.add), sized by the sampled count
+     * (at most half full) and only they zeroed */
+    size_t largest = 16; /* the set's size for a text whose every n-gram is sampled */
+    while (largest < 2 * windows)
+        largest <<= 1;
+    int64_t *grams = malloc((windows + 3 * largest) * sizeof(int64_t));
+    if (grams == NULL)
+        return -1;
+    size_t sampled = output_grams_hash(ids, n, gram, key, sample_mask, grams), distinct = 0;
     int bits = 4;
-    while (size < 2 * windows) {
+    while (size < 2 * sampled) {
         size <<= 1;
         bits++;
     }
-    /* seen: n-gram hashes (0 empty); owners: (row + 1, count) pairs, 0 empty (rows are >= 0: GramIndex.add);
-     * grams: the sampled hashes, then the distinct ones, in text order */
-    int64_t *seen = calloc(3 * size + windows, sizeof(int64_t));
-    if (seen == NULL)
-        return -1;
-    int64_t *owners = seen + size, *grams = seen + 3 * size;
+    int64_t *seen = grams + windows, *owners = seen + size;
+    memset(seen, 0, 3 * size * sizeof(int64_t));
     uint64_t mask = size - 1;
     int shift = 64 - bits;
-    size_t sampled = output_grams_hash(ids, n, gram, key, sample_mask, grams), distinct = 0;
     for (size_t i = 0; i < sampled; i++) {
         int64_t h = grams[i];
         size_t slot = (size_t)((uint64_t)h >> shift);
@@ -225,7 +231,7 @@ int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uin
             most = count;
         }
     }
-    free(seen);
+    free(grams);
     out[0] = (int64_t)distinct;
     out[1] = best;
     out[2] = most;

@@ -12,6 +12,9 @@ fields it uses and ignores the rest.
     rate_burst       PROVMARK_RATE_BURST        requests a token may make at once (the rate)           both
     retain_text      PROVMARK_RETAIN_TEXT       1: store detected texts with verdicts (hashes only)    detector
     detect_budget    PROVMARK_DETECT_BUDGET     text tokens scored per token and UTC day (db.budget)   detector
+    remembered_outputs
+                     PROVMARK_REMEMBERED_OUTPUTS  16000: the newest outputs per key whose wording a  detector
+                                                worker recognises (matches_own_output; 0: none)
     model            PROVMARK_MODEL             a local Hugging Face folder (the embedded SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from db.budget import DEFAULT_DAILY_TOKENS
+from db.output_memory import GRAMS_KEPT
 from watermark.paths import provmark_home
 
 ENV_PREFIX = "PROVMARK_"
@@ -47,6 +51,7 @@ class Settings:
     rate_burst: int | None = None
     retain_text: bool | None = None  # None: the store's own default (PROVMARK_RETAIN_TEXT)
     detect_budget: int = DEFAULT_DAILY_TOKENS
+    remembered_outputs: int = GRAMS_KEPT
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
@@ -62,6 +67,7 @@ class Settings:
         if isinstance(self.retain_text, str):
             self.retain_text = self.retain_text.strip().lower() in ("1", "true", "yes", "on")
         self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
+        self.remembered_outputs = _as_int("remembered_outputs", self.remembered_outputs, minimum=0)
         self.max_num_seqs = _as_int("max_num_seqs", self.max_num_seqs, minimum=1)
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
 

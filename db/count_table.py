@@ -54,8 +54,9 @@ def _library():
     library.count_table_spoof_sums.restype = None
     library.output_grams_hash.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer]
     library.output_grams_hash.restype = size
-    library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer,
-                                           mask, shift, pointer]
+    library.owner_table_add.argtypes = [pointer, mask, shift, pointer, pointer, size]
+    library.owner_table_add.restype = size
+    library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer]
     library.output_grams_match.restype = ctypes.c_int
     return library
 
@@ -114,13 +115,17 @@ class CountTable:
         units = as_int64(units)
         increments = (np.ones(units.shape[0], dtype=np.int64) if increments is None
                       else np.ascontiguousarray(increments, dtype=np.int64))
+        self.size += self._insert(self._room_for(units.shape[0]), units, increments)
+
+    def _room_for(self, more: int) -> _Slots:
+        """The allocation to add ``more`` units to: this one, or a larger copy (at most half full after the add)."""
         slots = self._slots
-        if 2 * (self.size + units.shape[0]) > slots.keys.shape[0]:  # at most half full after the add
+        if 2 * (self.size + more) > slots.keys.shape[0]:
             used = slots.keys != 0
-            grown = _Slots(max(MIN_BITS, int(2 * (self.size + units.shape[0]) - 1).bit_length()))
-            self._insert(grown, slots.keys[used].copy(), slots.vals[used].copy())
+            grown = _Slots(max(MIN_BITS, int(2 * (self.size + more) - 1).bit_length()))
+            CountTable._insert(self, grown, slots.keys[used].copy(), slots.vals[used].copy())  # values as they are
             self._slots = slots = grown  # filled before readers see it
-        self.size += self._insert(slots, units, increments)
+        return slots
 
     def _insert(self, slots: _Slots, units: np.ndarray, increments: np.ndarray) -> int:
         """Add into ``slots``; how many units were new."""
@@ -176,6 +181,43 @@ class CountTable:
         slots = self._slots
         used = slots.keys != 0
         return slots.keys[used], slots.vals[used]
+
+
+class OwnerTable(CountTable):
+    """Which one output holds each n-gram (``db.output_grams.GramIndex``): the value is the output's row + 1
+    while one output holds it, -1 once two do, 0 when none does (``counts`` reads it). Half the memory and
+    one lookup where a count of holders and a sum of their rows took two tables."""
+
+    def add_owner(self, units: np.ndarray, row: int) -> None:
+        """One output's distinct n-grams (int64 or uint64) under its row (>= 0)."""
+        self.add_owners(units, np.full(np.shape(units)[0], row, dtype=np.int64))
+
+    def add_owners(self, units: np.ndarray, rows: np.ndarray) -> None:
+        """Outputs' n-grams, each under its output's row (each output's n-grams distinct), in one pass: how an
+        index is rebuilt (one allocation of the final size, one C call)."""
+        units = as_int64(units)
+        values = np.ascontiguousarray(rows, dtype=np.int64) + 1
+        if values.shape != units.shape:
+            raise ValueError(f"units and rows: expected one length, got {units.shape[0]} and {values.shape[0]}")
+        slots = self._room_for(units.shape[0])
+        if self._lib is not None:
+            self.size += self._lib.owner_table_add(*slots.args, _address(units), _address(values), units.shape[0])
+            return
+        keys, vals, mask = slots.keys, slots.vals, slots.mask
+        for unit, value in zip(units.tolist(), values.tolist()):
+            if unit == 0:
+                continue
+            slot = (unit & 0xFFFFFFFFFFFFFFFF) >> slots.shift
+            while keys[slot] != 0 and keys[slot] != unit:
+                slot = (slot + 1) & mask
+            if keys[slot] == 0:
+                keys[slot], vals[slot] = unit, value
+                self.size += 1
+            elif vals[slot] != value:
+                vals[slot] = -1
+
+    def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
+        raise TypeError("an owner table takes whole outputs: add_owner(units, row)")
 
 
 def as_int64(units) -> np.ndarray:

@@ -23,11 +23,12 @@ substitution at 10 / 20 / 30 / 40 % keep at least 8 in 98 / 97 / 85 / 39 % of ca
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import numpy as np
 
-from db.count_table import CountTable, native_library
+from db.count_table import OwnerTable, native_library
 
 GRAM = 5  # tokens per remembered n-gram
 SAMPLE = 2  # one n-gram in SAMPLE is kept (by hash): half the memory, the same separation (docs/security.md)
@@ -119,23 +120,41 @@ class Match:
 
 
 class GramIndex:
-    """Sampled n-gram -> the remembered outputs that contain it, as two count tables (``db.count_table``):
-    how many outputs hold each n-gram and the sum of their row ids, so an n-gram held by one output names it."""
+    """Sampled n-gram -> the one remembered output that holds it (``db.count_table.OwnerTable``: its row, or
+    "shared" once a second output holds it too), so an n-gram held by one output names it.
 
-    def __init__(self) -> None:
-        self.holders = CountTable()
-        self.row_sums = CountTable()
+    ``capacity``: the most recent outputs it answers for (None: every one added). A detector worker holds one
+    index per key for as long as it runs, so the service's own output must not grow it without bound: past
+    ``capacity`` plus a quarter, the oldest are dropped and the table rebuilt from the rest (a reader keeps the
+    table it started with; a rebuild swaps in a new one)."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity: expected None or an integer >= 0, got {capacity}")
+        self.capacity = capacity
+        self.table = OwnerTable()
+        self._kept: collections.deque[tuple[int, np.ndarray]] = collections.deque()
         self.outputs = 0
 
     def add(self, row: int, grams: np.ndarray) -> None:
         """One output's distinct n-grams (``output_grams``) under its row id (>= 0)."""
         if row < 0:
             raise ValueError(f"row: expected a row id >= 0, got {row}")
+        if self.capacity == 0:
+            return
         grams = np.asarray(grams, dtype=np.int64)
-        if grams.shape[0]:
-            self.row_sums.add(grams, np.full(grams.shape[0], row, dtype=np.int64))
-            self.holders.add(grams)  # after the sums: a new n-gram's row is in place before it is held
+        self.table.add_owner(grams, row)
         self.outputs += 1
+        if self.capacity is None:
+            return
+        self._kept.append((row, grams))
+        if len(self._kept) > self.capacity + max(1, self.capacity // 4):
+            while len(self._kept) > self.capacity:
+                self._kept.popleft()
+            table = OwnerTable()
+            table.add_owners(np.concatenate([grams for _, grams in self._kept]),
+                             np.repeat([row for row, _ in self._kept], [grams.shape[0] for _, grams in self._kept]))
+            self.table, self.outputs = table, len(self._kept)  # filled before readers see it
 
     def match(self, grams: np.ndarray) -> Match | None:
         """The output the text's n-grams (``text_grams``) name most often (row -1 and 0 matched when none
@@ -145,26 +164,26 @@ class GramIndex:
             return None
         if not grams.shape[0]:
             return Match(-1, 0, 0)
-        holders = self.holders.counts(grams)
-        own = holders == 1
-        if not own.any():
+        owners = self.table.counts(grams)  # row + 1 of the one owner; -1 shared, 0 nobody's
+        owned = owners > 0
+        if not owned.any():
             return Match(-1, 0, int(grams.shape[0]))
-        rows, counts = np.unique(self.row_sums.counts(grams[own]).astype(np.int64), return_counts=True)
+        rows, counts = np.unique(owners[owned].astype(np.int64) - 1, return_counts=True)
         best = int(np.argmax(counts))
         return Match(int(rows[best]), int(counts[best]), int(grams.shape[0]))
 
     def match_ids(self, token_ids, key: int) -> Match | None:
         """``match(text_grams(token_ids, key))`` in one C call where the kernel is built (``output_grams_match``:
-        hashing, deduplication and both lookups without a sort or a numpy temporary; the detector runs it on
+        hashing, deduplication and the lookups without a sort or a numpy temporary; the detector runs it on
         every verdict), else that numpy path: the same Match."""
         if not self.outputs:
             return None
-        library = native_library()
-        if library is not None and self.holders.native and self.row_sums.native:
+        library, table = native_library(), self.table  # one table for the whole call (a rebuild swaps it)
+        if library is not None and table.native:
             ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-            holders, rows = self.holders.slots, self.row_sums.slots  # held for the call (a growing table swaps)
+            slots = table.slots  # held for the call (a growing table swaps its allocation)
             out = np.empty(3, dtype=np.int64)
             if library.output_grams_match(ids.ctypes.data, ids.shape[0], GRAM, key & MASK64, SAMPLE - 1,
-                                          *holders.args, *rows.args, out.ctypes.data) == 0:
+                                          *slots.args, out.ctypes.data) == 0:
                 return Match(int(out[1]), int(out[2]), int(out[0]))
         return self.match(text_grams(token_ids, key))

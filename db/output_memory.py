@@ -43,6 +43,11 @@ UNITS_KEPT = 4096
 # rows a copy looks back past the newest it has read: on PostgreSQL an output's id is drawn when its transaction
 # starts, so a row may commit after rows with larger ids (SQLite commits one writer at a time, in id order)
 LOOK_BACK = 256
+# outputs per key whose wording (db.output_grams) a detector worker keeps, the newest (PROVMARK_REMEMBERED_OUTPUTS):
+# with 200-token outputs the window's peak (20,000, a quarter over) is a 2^22-slot owner table (67 MB) and the
+# n-grams kept for its rebuilds (13 MB) per key and worker, and a rebuild (every 4,000 outputs) takes about 50 ms.
+# The store keeps every output's n-grams: a larger window costs only memory
+GRAMS_KEPT = 16_000
 
 
 def as_stored(units: np.ndarray) -> list[int]:
@@ -167,13 +172,15 @@ class OutputMemory:
                                         .where(KeyOutputRow.id.in_(ids[start:start + CHUNK]))).all()
         return sorted((tuple(r) for r in rows), key=lambda r: r[0])
 
-    def grams_through(self, key_id: str, newest: int) -> list[tuple[int, bytes]]:
-        """(row id, n-gram bytes) of the key's outputs up to row ``newest`` that kept n-grams, oldest first."""
+    def grams_through(self, key_id: str, newest: int, limit: int | None = None) -> list[tuple[int, bytes]]:
+        """(row id, n-gram bytes) of the key's outputs up to row ``newest`` that kept n-grams, oldest first: the
+        newest ``limit`` of them (None: all)."""
         with self.store.read() as session:
-            return [(int(i), g) for i, g in session.execute(
+            found = session.execute(
                 select(KeyOutputRow.id, KeyOutputRow.grams).where(
                     KeyOutputRow.key_id == key_id, KeyOutputRow.id <= newest, KeyOutputRow.grams.is_not(None))
-                .order_by(KeyOutputRow.id)).all()]
+                .order_by(KeyOutputRow.id.desc()).limit(limit)).all()
+        return [(int(i), g) for i, g in reversed(found)]
 
     def units_of(self, row_id: int) -> np.ndarray | None:
         """One remembered output's distinct unit identities (int64; None for a row without them)."""
@@ -202,9 +209,9 @@ class KeyCopy:
     null window, and which output each remembered n-gram belongs to (``db.output_grams.GramIndex``)."""
 
     def __init__(self, units: np.ndarray, counts: np.ndarray, newest: int, null: list[tuple[int, float]],
-                 grams: list[tuple[int, bytes]] = ()) -> None:
+                 grams: list[tuple[int, bytes]] = (), grams_kept: int | None = GRAMS_KEPT) -> None:
         self.table = CountTable(units, counts)
-        self.grams = GramIndex()
+        self.grams = GramIndex(grams_kept)
         for row_id, packed_grams in grams:
             self.grams.add(row_id, np.frombuffer(packed_grams, dtype="<i8"))
         self.kept_units: dict[int, bytes | None] = {}  # row id -> its units (UNITS_KEPT, oldest dropped first)
@@ -249,9 +256,12 @@ class MemoryMirror:
     """Each key's memory in this process (``view``), for the detector's spoof check: the counts a verdict looks
     up and the null it is compared with, as the store had them at most ``sync_seconds`` ago."""
 
-    def __init__(self, memory: OutputMemory, sync_seconds: float = SYNC_SECONDS) -> None:
+    def __init__(self, memory: OutputMemory, sync_seconds: float = SYNC_SECONDS,
+                 grams_kept: int | None = GRAMS_KEPT) -> None:
+        """``grams_kept``: the newest outputs per key whose wording ``matches_own_output`` recognises (None: all)."""
         self.memory = memory
         self.sync_seconds = sync_seconds
+        self.grams_kept = grams_kept
         self._keys: dict[str, KeyCopy] = {}
         self._lock = threading.Lock()
 
@@ -291,6 +301,6 @@ class MemoryMirror:
                 KeyOutputRow.key_id == key_id, KeyOutputRow.id > newest - LOOK_BACK,
                 KeyOutputRow.id <= newest)).all()
         copy = KeyCopy(units, counts, newest, [(int(i), float(z)) for i, z in null],
-                       self.memory.grams_through(key_id, newest))
+                       self.memory.grams_through(key_id, newest, self.grams_kept), self.grams_kept)
         copy.seen = set(recent)
         return copy

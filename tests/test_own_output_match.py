@@ -217,6 +217,87 @@ def test_the_detectors_copy_indexes_each_outputs_grams_on_each_backend(database_
     store.close()
 
 
+def test_the_owner_table_names_one_owner_and_marks_shared_grams_in_c_and_numpy_alike():
+    """``OwnerTable``: an n-gram reads as its one output's row + 1, as -1 once a second output holds it (the
+    same output twice is still one), 0 when absent; the C kernel and the numpy path agree through growth."""
+    from db.count_table import OwnerTable, native_library
+
+    rng = np.random.default_rng(13)
+    outputs = [rng.integers(1, 3000, size=int(rng.integers(1, 900)), dtype=np.int64) for _ in range(12)]
+    tables = [OwnerTable(native=False)] + ([OwnerTable()] if native_library() is not None else [])
+    for table in tables:
+        for row, grams in enumerate(outputs):
+            table.add_owner(np.unique(grams), row)
+        table.add_owner(np.unique(outputs[3]), 3)  # the same output again: still its own
+    probe = np.arange(0, 3100, dtype=np.int64)
+    holders = {g: {row for row, grams in enumerate(outputs) if g in set(grams.tolist())} for g in probe.tolist()}
+    expected = np.array([0 if not h else (min(h) + 1 if len(h) == 1 else -1) for h in holders.values()], dtype=float)
+    for table in tables:
+        assert table.bits > 10  # it grew past its first allocation
+        assert np.array_equal(table.counts(probe), expected)
+    with pytest.raises(TypeError):
+        tables[0].add(probe)
+
+
+def test_an_index_with_a_capacity_answers_for_its_newest_outputs_and_stays_bounded():
+    """A detector worker keeps each key's index for as long as it runs: with ``capacity`` C it answers for at
+    least the newest C outputs and never for more than C + C/4, exactly as an index of those outputs alone
+    would, and its tables stop growing (the service's own output, or a client generating for the purpose,
+    cannot grow a worker's memory without bound)."""
+    rng = np.random.default_rng(11)
+    capacity, key = 40, 5
+    outputs = [rng.integers(0, 49152, size=200) for _ in range(300)]
+    index = GramIndex(capacity)
+    slots = []
+    for row, ids in enumerate(outputs):
+        index.add(row, text_grams(ids, key))
+        slots.append(index.table.bits)
+        assert capacity <= index.outputs <= capacity + capacity // 4 or row < capacity
+        if row in (60, 299):
+            newest = range(row + 1 - index.outputs, row + 1)
+            alone = GramIndex()
+            for kept in newest:
+                alone.add(kept, text_grams(outputs[kept], key))
+            for probe in [*range(0, row + 1, 7), *newest[-capacity:]]:
+                assert index.match_ids(outputs[probe], key) == alone.match_ids(outputs[probe], key)
+                assert index.match_ids(outputs[probe], key).matches == (probe in newest)
+    assert max(slots[100:]) == max(slots[50:100])  # the tables stopped growing once the window filled
+    assert GramIndex(0).match_ids(outputs[0], key) is None  # capacity 0: nothing remembered
+    index_zero = GramIndex(0)
+    index_zero.add(1, text_grams(outputs[1], key))
+    assert index_zero.outputs == 0 and index_zero.match_ids(outputs[1], key) is None
+    with pytest.raises(ValueError, match="capacity"):
+        GramIndex(-1)
+
+
+def test_a_worker_loads_and_follows_only_its_window_of_outputs(tmp_path):
+    """``PROVMARK_REMEMBERED_OUTPUTS`` reaches the detector worker's copy: at its first load it reads the newest
+    outputs' n-grams only, and as it follows new rows the oldest leave the window; a bad value is refused."""
+    from api.settings import Settings
+
+    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    memory = OutputMemory(store)
+    rng = np.random.default_rng(12)
+    texts = [rng.integers(0, 49152, size=200) for _ in range(30)]
+    units = rng.integers(0, 2**64, size=50, dtype=np.uint64)
+    for ids in texts[:10]:
+        memory.record("k", units, 1.0, output_grams(ids, None, 42))
+    mirror = MemoryMirror(memory, sync_seconds=0.0, grams_kept=4)
+    view = mirror.view("k")
+    assert [view.grams.match(text_grams(ids, 42)).matches for ids in texts[:10]] == [False] * 6 + [True] * 4
+    for ids in texts[10:]:
+        memory.record("k", units, 1.0, output_grams(ids, None, 42))
+    view = mirror.view("k")
+    matched = [view.grams.match(text_grams(ids, 42)).matches for ids in texts]
+    assert matched[-4:] == [True] * 4 and not any(matched[:25]) and view.grams.outputs <= 5
+    assert MemoryMirror(memory, 0.0, grams_kept=None).view("k").grams.outputs == 30
+    store.close()
+    assert Settings(home=tmp_path, remembered_outputs="7").remembered_outputs == 7
+    with pytest.raises(ValueError, match="PROVMARK_REMEMBERED_OUTPUTS"):
+        Settings(home=tmp_path, remembered_outputs=-1)
+
+
 def test_the_security_evaluation_counts_scrubbed_output_the_memory_recognises():
     """``eval security``'s scrubbing and control sections (``evaluation.attack_measures.remembered``): the
     key's outputs, training and held out, are remembered without their prompts' wording; an edited held-out

@@ -149,7 +149,7 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     # Load the tokenizer now, once per process, rather than inside the first request. The generation
     # service's record of its own output (same store) gives positives their spoof check.
     return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home),
-                    output_memory=MemoryMirror(OutputMemory(store)))
+                    output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs))
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:

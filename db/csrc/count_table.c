@@ -47,6 +47,29 @@ size_t count_table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *
     return added;
 }
 
+/* An owner table (db/output_grams.py GramIndex): each n-gram's value is its output's row + 1 while one output
+ * holds it, -1 once two do; 0 (absent) otherwise. Adds each unit under its value (its output's row + 1; one
+ * output's units distinct); returns how many were new. The caller keeps the table at most half full. */
+size_t owner_table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values,
+                       size_t n) {
+    size_t added = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t unit = units[i];
+        if (unit == 0)
+            continue;
+        size_t slot = slot_of(slots, mask, shift, unit);
+        int64_t value = values[i];
+        if (slots[2 * slot] == 0) {
+            slots[2 * slot] = unit;
+            slots[2 * slot + 1] = value;
+            added++;
+        } else if (slots[2 * slot + 1] != value) {
+            slots[2 * slot + 1] = -1;
+        }
+    }
+    return added;
+}
+
 /* out[i] = the count of units[i] (0 when absent). */
 void count_table_counts(const int64_t *slots, uint64_t mask, int shift, const int64_t *units, size_t n,
                         double *out) {
@@ -171,14 +194,13 @@ size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, u
 }
 
 /* db/output_grams.py GramIndex.match_ids in one call: the text's distinct sampled n-grams (output_grams_hash's),
- * each looked up in the index's holders table and, when one output alone holds it, in its row-sum table (that sum
- * is the output's row); the row named most often wins (the smaller row on a tie, as numpy's unique and argmax).
+ * each looked up in the index's owner table (owner_table_add); the row that owns most of them alone wins (the
+ * smaller row on a tie, as numpy's unique and argmax).
  * No sort: the text's n-grams are deduplicated in a hash set of its own, and the owned rows counted in another.
  * out: distinct sampled n-grams, best row (-1 when none is owned), n-grams it owns. Returns 0, or -1 when the
  * scratch memory could not be allocated (the caller then takes the numpy path). */
 int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask,
-                       const int64_t *holders, uint64_t holders_mask, int holders_shift, const int64_t *rows,
-                       uint64_t rows_mask, int rows_shift, int64_t *out) {
+                       const int64_t *owners_table, uint64_t table_mask, int table_shift, int64_t *out) {
     out[0] = 0;
     out[1] = -1;
     out[2] = 0;
@@ -216,11 +238,11 @@ int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uin
     }
     int64_t best = -1, most = 0; /* the row owning most n-grams so far, the smaller on a tie */
     for (size_t i = 0; i < distinct; i++) {
-        if (i + AHEAD < distinct) /* the tables are far larger than a cache: overlap the misses */
-            __builtin_prefetch(&holders[2 * ((uint64_t)grams[i + AHEAD] >> holders_shift)]);
-        if (count_of(holders, holders_mask, holders_shift, grams[i]) != 1)
+        if (i + AHEAD < distinct) /* the table is far larger than a cache: overlap the misses */
+            __builtin_prefetch(&owners_table[2 * ((uint64_t)grams[i + AHEAD] >> table_shift)]);
+        int64_t row = count_of(owners_table, table_mask, table_shift, grams[i]); /* row + 1 of its one owner */
+        if (row <= 0)
             continue;
-        int64_t row = count_of(rows, rows_mask, rows_shift, grams[i]) + 1;
         size_t at = (size_t)(((uint64_t)row * 0x9E3779B97F4A7C15ULL) >> shift);
         while (owners[2 * at] != 0 && owners[2 * at] != row)
             at = (at + 1) & mask;

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from http_fixtures import call, make_token, serve
+from http_fixtures import call, make_token, serve, shared_vocabulary
 from scipy import stats
 from sqlalchemy import select
 from test_spoof_on_verdicts import KEY, SPEC, as_text, keyed_memory, sample, world  # noqa: F401 - world is a fixture
@@ -270,12 +270,12 @@ def test_an_index_with_a_capacity_answers_for_its_newest_outputs_and_stays_bound
         GramIndex(-1)
 
 
-def test_a_worker_loads_and_follows_only_its_window_of_outputs(tmp_path):
+def test_a_worker_loads_and_follows_only_its_window_of_outputs(database_url, tmp_path):
     """``PROVMARK_REMEMBERED_OUTPUTS`` reaches the detector worker's copy: at its first load it reads the newest
     outputs' n-grams only, and as it follows new rows the oldest leave the window; a bad value is refused."""
     from api.settings import Settings
 
-    store = Store(url=f"sqlite:///{tmp_path / 'store.db'}")
+    store = Store(url=database_url)
     store.upgrade()
     memory = OutputMemory(store)
     rng = np.random.default_rng(12)
@@ -296,6 +296,10 @@ def test_a_worker_loads_and_follows_only_its_window_of_outputs(tmp_path):
     assert Settings(home=tmp_path, remembered_outputs="7").remembered_outputs == 7
     with pytest.raises(ValueError, match="PROVMARK_REMEMBERED_OUTPUTS"):
         Settings(home=tmp_path, remembered_outputs=-1)
+    app = create_app({"home": tmp_path / "home", "vocab": shared_vocabulary(), "remembered_outputs": 7,
+                      "database_url": f"sqlite:///{tmp_path / 'app.db'}"})
+    assert services_of(app).detector.output_memory.grams_kept == 7  # the service's workers take the setting
+    services_of(app).store.close()
 
 
 def test_the_security_evaluation_counts_scrubbed_output_the_memory_recognises():

@@ -46,16 +46,14 @@ def _library():
         return None
     pointer, size, shift = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     mask = ctypes.c_uint64
-    library.count_table_add.argtypes = [pointer, mask, shift, pointer, pointer, size]
-    library.count_table_add.restype = size
+    library.table_add.argtypes = [pointer, mask, shift, pointer, pointer, size, ctypes.c_int]
+    library.table_add.restype = size
     library.count_table_counts.argtypes = [pointer, mask, shift, pointer, size, pointer]
     library.count_table_counts.restype = None
     library.count_table_spoof_sums.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size, pointer]
     library.count_table_spoof_sums.restype = None
     library.output_grams_hash.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer]
     library.output_grams_hash.restype = size
-    library.owner_table_add.argtypes = [pointer, mask, shift, pointer, pointer, size]
-    library.owner_table_add.restype = size
     library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer]
     library.output_grams_match.restype = ctypes.c_int
     return library
@@ -88,6 +86,8 @@ class _Slots:
 class CountTable:
     """``add`` counts, ``counts`` of identities, ``spoof_sums`` for the spoof check (``native`` False: numpy).
     One writer (``add``) and any number of readers at once: readers see the table before or after an add."""
+
+    OWNERS = 0  # how ``table_add`` merges a unit already in the table: counts sum (OwnerTable: 1)
 
     def __init__(self, units: np.ndarray | None = None, counts: np.ndarray | None = None, native: bool = True) -> None:
         self._lib = _library() if native else None
@@ -123,25 +123,29 @@ class CountTable:
         if 2 * (self.size + more) > slots.keys.shape[0]:
             used = slots.keys != 0
             grown = _Slots(max(MIN_BITS, int(2 * (self.size + more) - 1).bit_length()))
-            CountTable._insert(self, grown, slots.keys[used].copy(), slots.vals[used].copy())  # values as they are
+            self._insert(grown, slots.keys[used].copy(), slots.vals[used].copy())  # new units: values as they are
             self._slots = slots = grown  # filled before readers see it
         return slots
 
-    def _insert(self, slots: _Slots, units: np.ndarray, increments: np.ndarray) -> int:
-        """Add into ``slots``; how many units were new."""
+    def _insert(self, slots: _Slots, units: np.ndarray, values: np.ndarray) -> int:
+        """Add into ``slots`` (``table_add`` in ``csrc/count_table.c``: counts sum, an owner table's values name
+        one owner); how many units were new."""
         if self._lib is not None:
-            return self._lib.count_table_add(*slots.args, _address(units), _address(increments), units.shape[0])
+            return self._lib.table_add(*slots.args, _address(units), _address(values), units.shape[0], self.OWNERS)
         keys, vals, mask, added = slots.keys, slots.vals, slots.mask, 0
-        for unit, increment in zip(units.tolist(), increments.tolist()):
+        for unit, value in zip(units.tolist(), values.tolist()):
             if unit == 0:
                 continue
             slot = (unit & 0xFFFFFFFFFFFFFFFF) >> slots.shift
             while keys[slot] != 0 and keys[slot] != unit:
                 slot = (slot + 1) & mask
             if keys[slot] == 0:
-                keys[slot] = unit
+                keys[slot], vals[slot] = unit, value
                 added += 1
-            vals[slot] += increment
+            elif not self.OWNERS:
+                vals[slot] += value
+            elif vals[slot] != value:
+                vals[slot] = -1
         return added
 
     def counts(self, units: np.ndarray) -> np.ndarray:
@@ -188,6 +192,8 @@ class OwnerTable(CountTable):
     while one output holds it, -1 once two do, 0 when none does (``counts`` reads it). Half the memory and
     one lookup where a count of holders and a sum of their rows took two tables."""
 
+    OWNERS = 1
+
     def add_owner(self, units: np.ndarray, row: int) -> None:
         """One output's distinct n-grams (int64 or uint64) under its row (>= 0)."""
         self.add_owners(units, np.full(np.shape(units)[0], row, dtype=np.int64))
@@ -199,22 +205,7 @@ class OwnerTable(CountTable):
         values = np.ascontiguousarray(rows, dtype=np.int64) + 1
         if values.shape != units.shape:
             raise ValueError(f"units and rows: expected one length, got {units.shape[0]} and {values.shape[0]}")
-        slots = self._room_for(units.shape[0])
-        if self._lib is not None:
-            self.size += self._lib.owner_table_add(*slots.args, _address(units), _address(values), units.shape[0])
-            return
-        keys, vals, mask = slots.keys, slots.vals, slots.mask
-        for unit, value in zip(units.tolist(), values.tolist()):
-            if unit == 0:
-                continue
-            slot = (unit & 0xFFFFFFFFFFFFFFFF) >> slots.shift
-            while keys[slot] != 0 and keys[slot] != unit:
-                slot = (slot + 1) & mask
-            if keys[slot] == 0:
-                keys[slot], vals[slot] = unit, value
-                self.size += 1
-            elif vals[slot] != value:
-                vals[slot] = -1
+        self.size += self._insert(self._room_for(units.shape[0]), units, values)
 
     def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
         raise TypeError("an owner table takes whole outputs: add_owner(units, row)")

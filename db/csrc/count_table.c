@@ -28,41 +28,25 @@ static inline int64_t count_of(const int64_t *slots, uint64_t mask, int shift, i
     return slots[2 * slot] == unit ? slots[2 * slot + 1] : 0;
 }
 
-/* count[unit] += increments[i] for each unit (0 skipped); returns how many units were new to the table.
- * The caller keeps the table at most half full, so every probe ends. */
-size_t count_table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *increments,
-                       size_t n) {
+/* Adds each unit (0 skipped) with its value; returns how many units were new to the table. A count table
+ * (owners 0) sums the values: count[unit] += values[i]. An owner table (owners 1, db/output_grams.py GramIndex)
+ * holds an n-gram's output row + 1 while one output holds it and -1 once two do (one output's units are
+ * distinct, under one value). A new unit takes its value either way. The caller keeps the table at most half
+ * full, so every probe ends. */
+size_t table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values, size_t n,
+                 int owners) {
     size_t added = 0;
     for (size_t i = 0; i < n; i++) {
-        int64_t unit = units[i];
+        int64_t unit = units[i], value = values[i];
         if (unit == 0)
             continue;
         size_t slot = slot_of(slots, mask, shift, unit);
-        if (slots[2 * slot] == 0) {
-            slots[2 * slot] = unit;
-            added++;
-        }
-        slots[2 * slot + 1] += increments[i];
-    }
-    return added;
-}
-
-/* An owner table (db/output_grams.py GramIndex): each n-gram's value is its output's row + 1 while one output
- * holds it, -1 once two do; 0 (absent) otherwise. Adds each unit under its value (its output's row + 1; one
- * output's units distinct); returns how many were new. The caller keeps the table at most half full. */
-size_t owner_table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values,
-                       size_t n) {
-    size_t added = 0;
-    for (size_t i = 0; i < n; i++) {
-        int64_t unit = units[i];
-        if (unit == 0)
-            continue;
-        size_t slot = slot_of(slots, mask, shift, unit);
-        int64_t value = values[i];
         if (slots[2 * slot] == 0) {
             slots[2 * slot] = unit;
             slots[2 * slot + 1] = value;
             added++;
+        } else if (!owners) {
+            slots[2 * slot + 1] += value;
         } else if (slots[2 * slot + 1] != value) {
             slots[2 * slot + 1] = -1;
         }
@@ -121,6 +105,7 @@ void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, cons
     out[5] = ry;
 }
 
+/* One window's keyed n-gram hash: each token absorbed into the key, then splitmix64's finaliser. */
 static inline uint64_t gram_hash(const int64_t *ids, int gram, uint64_t key) {
     uint64_t h = key;
     for (int j = 0; j < gram; j++) {
@@ -136,9 +121,8 @@ static inline uint64_t gram_hash(const int64_t *ids, int gram, uint64_t key) {
     return h;
 }
 
-
-/* gram_hash of every 5-token window (db/output_grams.py GRAM), unrolled so that the compiler vectorises it
- * across windows: AVX-512 has a 64-bit multiply, and the clone the CPU can run is chosen at load time (GCC on
+/* gram_hash of every 5-token window (db/output_grams.py GRAM), with the length a constant so that the compiler
+ * unrolls it and vectorises across windows: AVX-512 has a 64-bit multiply, and the clone the CPU can run is chosen at load time (GCC on
  * x86-64; elsewhere the plain loop, the same numbers). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define HASH5_CLONES __attribute__((target_clones("arch=skylake-avx512", "default"), optimize("O3")))
@@ -147,30 +131,8 @@ static inline uint64_t gram_hash(const int64_t *ids, int gram, uint64_t key) {
 #endif
 HASH5_CLONES
 static void hash5(const int64_t *ids, size_t windows, uint64_t key, int64_t *out) {
-    for (size_t i = 0; i < windows; i++) {
-        uint64_t h = key;
-        h ^= (uint64_t)ids[i];
-        h *= 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        h ^= (uint64_t)ids[i + 1];
-        h *= 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        h ^= (uint64_t)ids[i + 2];
-        h *= 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        h ^= (uint64_t)ids[i + 3];
-        h *= 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        h ^= (uint64_t)ids[i + 4];
-        h *= 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        h ^= h >> 30;
-        h *= 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 27;
-        h *= 0x94D049BB133111EBULL;
-        h ^= h >> 31;
-        out[i] = (int64_t)h;
-    }
+    for (size_t i = 0; i < windows; i++)
+        out[i] = (int64_t)gram_hash(ids + i, 5, key); /* inlined with the constant: unrolled, then vectorised */
 }
 
 /* The sampled keyed n-gram hashes of a token sequence, in position order (db/output_grams.py text_grams: the same
@@ -194,7 +156,7 @@ size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, u
 }
 
 /* db/output_grams.py GramIndex.match_ids in one call: the text's distinct sampled n-grams (output_grams_hash's),
- * each looked up in the index's owner table (owner_table_add); the row that owns most of them alone wins (the
+ * each looked up in the index's owner table (table_add with owners); the row that owns most of them alone wins (the
  * smaller row on a tie, as numpy's unique and argmax).
  * No sort: the text's n-grams are deduplicated in a hash set of its own, and the owned rows counted in another.
  * out: distinct sampled n-grams, best row (-1 when none is owned), n-grams it owns. Returns 0, or -1 when the

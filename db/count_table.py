@@ -47,6 +47,8 @@ def _library():
     pointer, size, shift = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     mask = ctypes.c_uint64
     library.table_add.argtypes = [pointer, mask, shift, pointer, pointer, size, ctypes.c_int]
+    library.owner_table_add_outputs.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size]
+    library.owner_table_add_outputs.restype = size
     library.table_add.restype = size
     library.count_table_counts.argtypes = [pointer, mask, shift, pointer, size, pointer]
     library.count_table_counts.restype = None
@@ -127,10 +129,10 @@ class CountTable:
             self._slots = slots = grown  # filled before readers see it
         return slots
 
-    def _insert(self, slots: _Slots, units: np.ndarray, values: np.ndarray) -> int:
-        """Add into ``slots`` (``table_add`` in ``csrc/count_table.c``: counts sum, an owner table's values name
-        one owner); how many units were new."""
-        if self._lib is not None:
+    def _insert(self, slots: _Slots, units: np.ndarray, values: np.ndarray, keep: int = 0) -> int:
+        """Add into ``slots`` (``merge`` in ``csrc/count_table.c``: counts sum, an owner table's values name
+        one owner, and a unit ``keep`` holds stays its); how many units were new."""
+        if self._lib is not None and not keep:
             return self._lib.table_add(*slots.args, _address(units), _address(values), units.shape[0], self.OWNERS)
         keys, vals, mask, added = slots.keys, slots.vals, slots.mask, 0
         for unit, value in zip(units.tolist(), values.tolist()):
@@ -144,7 +146,7 @@ class CountTable:
                 added += 1
             elif not self.OWNERS:
                 vals[slot] += value
-            elif vals[slot] != value:
+            elif vals[slot] != value and (keep <= 0 or vals[slot] != keep):
                 vals[slot] = -1
         return added
 
@@ -195,17 +197,39 @@ class OwnerTable(CountTable):
     OWNERS = 1
 
     def add_owner(self, units: np.ndarray, row: int) -> None:
-        """One output's distinct n-grams (int64 or uint64) under its row (>= 0)."""
-        self.add_owners(units, np.full(np.shape(units)[0], row, dtype=np.int64))
+        """One output's distinct n-grams (int64 or uint64) under its row (>= 0): ``add_owners`` of one."""
+        self.add_owners([units], [row])
 
-    def add_owners(self, units: np.ndarray, rows: np.ndarray) -> None:
-        """Outputs' n-grams, each under its output's row (each output's n-grams distinct), in one pass: how an
-        index is rebuilt (one allocation of the final size, one C call)."""
-        units = as_int64(units)
-        values = np.ascontiguousarray(rows, dtype=np.int64) + 1
-        if values.shape != units.shape:
-            raise ValueError(f"units and rows: expected one length, got {units.shape[0]} and {values.shape[0]}")
-        self.size += self._insert(self._room_for(units.shape[0]), units, values)
+    def add_owners(self, outputs: list[np.ndarray], rows: list[int]) -> None:
+        """Outputs' distinct n-grams under their rows (>= 0), in order: one C call (``owner_table_add_outputs``)
+        into a table grown once, as an index is rebuilt. When one earlier output alone holds at least half of an
+        output's n-grams, the output is a copy of it (the same prompt and seed sampled twice, greedy decoding
+        asked again, or that output continued): what that output holds stays its, so the copy does not make
+        the original's wording "shared" and unrecognisable."""
+        if len(outputs) != len(rows):
+            raise ValueError(f"outputs and rows: expected one length, got {len(outputs)} and {len(rows)}")
+        parts = [as_int64(units) for units in outputs]
+        units = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        values = np.asarray(rows, dtype=np.int64) + 1
+        slots = self._room_for(units.shape[0])
+        if self._lib is not None:
+            offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([p.shape[0] for p in parts], out=offsets[1:])
+            added = self._lib.owner_table_add_outputs(*slots.args, _address(units), _address(offsets),
+                                                      _address(values), len(parts))
+            if added != ctypes.c_size_t(-1).value:
+                self.size += added
+                return
+        for part, value in zip(parts, values.tolist()):
+            held = _numpy_counts(slots, part) if part.shape[0] else np.zeros(0)
+            held = held[held > 0].astype(np.int64)
+            keep = 0
+            if held.shape[0]:
+                owners, counts = np.unique(held, return_counts=True)
+                best = int(np.argmax(counts))
+                if 2 * int(counts[best]) >= part.shape[0]:
+                    keep = int(owners[best])
+            self.size += self._insert(slots, part, np.full(part.shape[0], value, dtype=np.int64), keep)
 
     def add(self, units: np.ndarray, increments: np.ndarray | None = None) -> None:
         raise TypeError("an owner table takes whole outputs: add_owner(units, row)")

@@ -13,12 +13,14 @@ An output is remembered as the set of its token 5-grams (``GRAM``), each named b
 sampled by hash, one in ``SAMPLE``, minus the 5-grams of its own prompt (what the model copied from
 the user's text is the user's wording: a human document whose first sentence was the prompt would
 otherwise match). A text matches when at least ``MIN_MATCHED`` of its sampled 5-grams belong to one
-remembered output and to no other output (5-grams several outputs share are phrases, not evidence).
+remembered output and to no other output (5-grams several outputs share are phrases, not evidence), except
+that an output which mostly copies one earlier output (greedy decoding asked again, a seeded request sent
+twice, the same request continued) leaves that output's 5-grams to it (``db.count_table.OwnerTable``).
 
 Measured on 2,845 real outputs of the default model and 2,325 human texts of eight domains (news,
 encyclopedia, reviews, docs, code, package code, readmes, licences; ``scripts/own_output_match.py``,
 docs/security.md): human texts share at most 4 such 5-grams with one output; outputs after random token
-substitution at 10 / 20 / 30 / 40 % keep at least 8 in 98 / 97 / 85 / 39 % of cases.
+substitution at 10 / 20 / 30 / 40 % keep at least 8 in 100 / 99.75 / 91.5 / 42 % of cases.
 """
 
 from __future__ import annotations
@@ -151,9 +153,8 @@ class GramIndex:
         if len(self._kept) > self.capacity + max(1, self.capacity // 4):
             while len(self._kept) > self.capacity:
                 self._kept.popleft()
-            table = OwnerTable()
-            table.add_owners(np.concatenate([grams for _, grams in self._kept]),
-                             np.repeat([row for row, _ in self._kept], [grams.shape[0] for _, grams in self._kept]))
+            table = OwnerTable()  # the kept outputs in order, in one call: a copy defers to the output it copies
+            table.add_owners([grams for _, grams in self._kept], [row for row, _ in self._kept])
             self.table, self.outputs = table, len(self._kept)  # filled before readers see it
 
     def match(self, grams: np.ndarray) -> Match | None:

@@ -45,7 +45,7 @@ UNITS_KEPT = 4096
 LOOK_BACK = 256
 # outputs per key whose wording (db.output_grams) a detector worker keeps, the newest (PROVMARK_REMEMBERED_OUTPUTS):
 # with 200-token outputs the window's peak (20,000, a quarter over) is a 2^22-slot owner table (67 MB) and the
-# n-grams kept for its rebuilds (13 MB) per key and worker, and a rebuild (every 4,000 outputs) takes about 50 ms.
+# n-grams kept for its rebuilds (13 MB) per key and worker, and a rebuild (every 4,000 outputs) takes about 55 ms.
 # The store keeps every output's n-grams: a larger window costs only memory
 GRAMS_KEPT = 16_000
 

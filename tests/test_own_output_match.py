@@ -218,25 +218,68 @@ def test_the_detectors_copy_indexes_each_outputs_grams_on_each_backend(database_
 
 
 def test_the_owner_table_names_one_owner_and_marks_shared_grams_in_c_and_numpy_alike():
-    """``OwnerTable``: an n-gram reads as its one output's row + 1, as -1 once a second output holds it (the
-    same output twice is still one), 0 when absent; the C kernel and the numpy path agree through growth."""
+    """``OwnerTable``: an n-gram reads as its one output's row + 1, as -1 once another output holds it too (the
+    same output twice is still one), 0 when absent; an output that is mostly a copy of one earlier output leaves
+    what that output holds to it. The C kernel and the numpy path agree with a plain model through growth."""
     from db.count_table import OwnerTable, native_library
 
     rng = np.random.default_rng(13)
-    outputs = [rng.integers(1, 3000, size=int(rng.integers(1, 900)), dtype=np.int64) for _ in range(12)]
+    outputs = [np.unique(rng.integers(1, 8000, size=int(rng.integers(1, 900)), dtype=np.int64)) for _ in range(12)]
+    outputs += [np.unique(np.concatenate([outputs[2], [8001, 8002]])), outputs[5][: outputs[5].size // 3]]
+    rows = [*range(12), 20, 21, 3]  # the last: output 3 again under its own row
+    outputs.append(outputs[3])
+    model: dict[int, int] = {}  # n-gram -> row + 1, or -1
+    for row, grams in zip(rows, outputs):
+        held = [model[g] for g in grams.tolist() if model.get(g, 0) > 0]
+        owners, counts = np.unique(held, return_counts=True) if held else ([], [])
+        keep = int(owners[np.argmax(counts)]) if held and 2 * max(counts) >= grams.size else 0
+        for g in grams.tolist():
+            if g not in model:
+                model[g] = row + 1
+            elif model[g] not in (row + 1, keep):
+                model[g] = -1
     tables = [OwnerTable(native=False)] + ([OwnerTable()] if native_library() is not None else [])
     for table in tables:
-        for row, grams in enumerate(outputs):
-            table.add_owner(np.unique(grams), row)
-        table.add_owner(np.unique(outputs[3]), 3)  # the same output again: still its own
-    probe = np.arange(0, 3100, dtype=np.int64)
-    holders = {g: {row for row, grams in enumerate(outputs) if g in set(grams.tolist())} for g in probe.tolist()}
-    expected = np.array([0 if not h else (min(h) + 1 if len(h) == 1 else -1) for h in holders.values()], dtype=float)
+        for row, grams in zip(rows, outputs):
+            table.add_owner(grams, row)
+    probe = np.arange(0, 8100, dtype=np.int64)
+    expected = np.array([model.get(g, 0) for g in probe.tolist()], dtype=float)
+    # the copies left their originals' n-grams to them and own only what they added
+    assert (expected == 21).sum() == 2 and (expected == 22).sum() == 0 and (expected == 3).sum() > 0
+    assert (expected == -1).sum() > 0 and (expected == 4).sum() > 0
     for table in tables:
         assert table.bits > 10  # it grew past its first allocation
         assert np.array_equal(table.counts(probe), expected)
     with pytest.raises(TypeError):
         tables[0].add(probe)
+
+
+def test_an_output_generated_twice_or_continued_is_still_recognised():
+    """Greedy decoding, or a seeded request sent again, writes the same output twice; a longer request with the
+    same seed writes it again with more after it. Before, the copies made every n-gram of the original "shared",
+    so neither it nor a scrubbed copy matched: one extra generation hid an output from the match."""
+    rng = np.random.default_rng(14)
+    original = rng.integers(0, 49152, size=200)
+    longer = np.concatenate([original, rng.integers(0, 49152, size=60)])
+    other = rng.integers(0, 49152, size=200)
+    index = GramIndex()
+    index.add(1, text_grams(original, 9))
+    index.add(2, text_grams(other, 9))
+    index.add(3, text_grams(original, 9))  # the same output again
+    index.add(4, text_grams(longer, 9))  # and continued
+    scrubbed = original.copy()
+    replaced = rng.random(scrubbed.size) < EDIT_RATE
+    scrubbed[replaced] = rng.integers(0, 49152, size=int(replaced.sum()))
+    for text in (original, scrubbed):
+        found = index.match_ids(text, 9)
+        assert found.matches and found.row == 1
+    tail = index.match_ids(longer[200:], 9)  # the continuation's own wording is the continuation's
+    assert tail.matches and tail.row == 4
+    assert index.match_ids(other, 9).row == 2
+    window = GramIndex(capacity=2)  # a rebuild replays the outputs in order: the same answers
+    for row, ids in ((1, original), (2, other), (3, original), (4, longer)):
+        window.add(row, text_grams(ids, 9))
+    assert window.match_ids(original, 9).matches and window.match_ids(original, 9).row in (3, 4)
 
 
 def test_an_index_with_a_capacity_answers_for_its_newest_outputs_and_stays_bounded():

@@ -28,16 +28,19 @@ static inline int64_t count_of(const int64_t *slots, uint64_t mask, int shift, i
     return slots[2 * slot] == unit ? slots[2 * slot + 1] : 0;
 }
 
-/* Adds each unit (0 skipped) with its value; returns how many units were new to the table. A count table
- * (owners 0) sums the values: count[unit] += values[i]. An owner table (owners 1, db/output_grams.py GramIndex)
- * holds an n-gram's output row + 1 while one output holds it and -1 once two do (one output's units are
- * distinct, under one value). A new unit takes its value either way. The caller keeps the table at most half
- * full, so every probe ends. */
-size_t table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values, size_t n,
-                 int owners) {
+/* Adds each unit (0 skipped) with its value (values[i], or ``value`` for all when values is NULL); returns how
+ * many units were new to the table. A count table (owners 0) sums the values: count[unit] += values[i]. An owner
+ * table (owners 1, db/output_grams.py GramIndex) holds an n-gram's output row + 1 while one output holds it and
+ * -1 once two do (one output's units are distinct, under one value), except that a unit ``keep`` (> 0) holds
+ * stays its: the output added is a copy of that one. A new unit takes its value either way. The caller keeps the
+ * table at most half full, so every probe ends. */
+static size_t merge(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values,
+                    int64_t value, size_t n, int owners, int64_t keep) {
     size_t added = 0;
     for (size_t i = 0; i < n; i++) {
-        int64_t unit = units[i], value = values[i];
+        int64_t unit = units[i];
+        if (values != NULL)
+            value = values[i];
         if (unit == 0)
             continue;
         size_t slot = slot_of(slots, mask, shift, unit);
@@ -47,10 +50,61 @@ size_t table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units,
             added++;
         } else if (!owners) {
             slots[2 * slot + 1] += value;
-        } else if (slots[2 * slot + 1] != value) {
+        } else if (slots[2 * slot + 1] != value && (keep <= 0 || slots[2 * slot + 1] != keep)) {
             slots[2 * slot + 1] = -1;
         }
     }
+    return added;
+}
+
+/* merge of each unit with its value: a count table's add (owners 0), or an owner table's (owners 1). */
+size_t table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units, const int64_t *values, size_t n,
+                 int owners) {
+    return merge(slots, mask, shift, units, values, 0, n, owners, 0);
+}
+
+/* Outputs added to an owner table in order: output k is units[offsets[k] .. offsets[k + 1]) (distinct) under
+ * values[k] (its row + 1). When one earlier output alone holds at least half of output k's units (the smaller
+ * row + 1 on a tie), output k is a copy of it and leaves that output's units to it (merge's keep). Returns how
+ * many units were new, or (size_t)-1 when scratch memory could not be allocated (nothing added). */
+size_t owner_table_add_outputs(int64_t *slots, uint64_t mask, int shift, const int64_t *units,
+                               const int64_t *offsets, const int64_t *values, size_t outputs) {
+    size_t largest = 16;
+    for (size_t k = 0; k < outputs; k++)
+        while (largest < 2 * (size_t)(offsets[k + 1] - offsets[k]))
+            largest <<= 1;
+    int64_t *held = malloc(2 * largest * sizeof(int64_t)); /* (owner value, count) pairs, 0 empty */
+    if (held == NULL)
+        return (size_t)-1;
+    size_t added = 0;
+    for (size_t k = 0; k < outputs; k++) {
+        const int64_t *own = units + offsets[k];
+        size_t n = (size_t)(offsets[k + 1] - offsets[k]), size = 16;
+        int bits = 4;
+        while (size < 2 * n) {
+            size <<= 1;
+            bits++;
+        }
+        memset(held, 0, 2 * size * sizeof(int64_t));
+        int64_t best = 0, most = 0;
+        for (size_t i = 0; i < n; i++) {
+            int64_t owner = count_of(slots, mask, shift, own[i]);
+            if (owner <= 0)
+                continue;
+            size_t at = (size_t)(((uint64_t)owner * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+            while (held[2 * at] != 0 && held[2 * at] != owner)
+                at = (at + 1) & (size - 1);
+            held[2 * at] = owner;
+            int64_t count = ++held[2 * at + 1];
+            if (count > most || (count == most && owner < best)) {
+                best = owner;
+                most = count;
+            }
+        }
+        int64_t keep = 2 * (size_t)most >= n && most > 0 ? best : 0;
+        added += merge(slots, mask, shift, own, NULL, values[k], n, 1, keep);
+    }
+    free(held);
     return added;
 }
 

@@ -123,7 +123,8 @@ class Match:
 
 class GramIndex:
     """Sampled n-gram -> the one remembered output that holds it (``db.count_table.OwnerTable``: its row, or
-    "shared" once a second output holds it too), so an n-gram held by one output names it.
+    "shared" once a second output holds it too, unless that output mostly copies the first), so an n-gram held
+    by one output names it.
 
     ``capacity``: the most recent outputs it answers for (None: every one added). A detector worker holds one
     index per key for as long as it runs, so the service's own output must not grow it without bound: past

@@ -47,9 +47,9 @@ def _library():
     pointer, size, shift = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     mask = ctypes.c_uint64
     library.table_add.argtypes = [pointer, mask, shift, pointer, pointer, size, ctypes.c_int]
+    library.table_add.restype = size
     library.owner_table_add_outputs.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size]
     library.owner_table_add_outputs.restype = size
-    library.table_add.restype = size
     library.count_table_counts.argtypes = [pointer, mask, shift, pointer, size, pointer]
     library.count_table_counts.restype = None
     library.count_table_spoof_sums.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size, pointer]

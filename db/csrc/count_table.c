@@ -63,6 +63,20 @@ size_t table_add(int64_t *slots, uint64_t mask, int shift, const int64_t *units,
     return merge(slots, mask, shift, units, values, 0, n, owners, 0);
 }
 
+/* One more unit for ``owner`` (> 0) in a hash of 2^bits (owner, count) pairs, 0 empty, kept at most half full;
+ * *best is the owner counted most so far (the smaller on a tie), *most its count. */
+static inline void tally(int64_t *pairs, int bits, int64_t owner, int64_t *best, int64_t *most) {
+    size_t at = (size_t)(((uint64_t)owner * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+    while (pairs[2 * at] != 0 && pairs[2 * at] != owner)
+        at = (at + 1) & (((size_t)1 << bits) - 1);
+    pairs[2 * at] = owner;
+    int64_t count = ++pairs[2 * at + 1];
+    if (count > *most || (count == *most && owner < *best)) {
+        *best = owner;
+        *most = count;
+    }
+}
+
 /* Outputs added to an owner table in order: output k is units[offsets[k] .. offsets[k + 1]) (distinct) under
  * values[k] (its row + 1). When one earlier output alone holds at least half of output k's units (the smaller
  * row + 1 on a tie), output k is a copy of it and leaves that output's units to it (merge's keep). Returns how
@@ -89,17 +103,8 @@ size_t owner_table_add_outputs(int64_t *slots, uint64_t mask, int shift, const i
         int64_t best = 0, most = 0;
         for (size_t i = 0; i < n; i++) {
             int64_t owner = count_of(slots, mask, shift, own[i]);
-            if (owner <= 0)
-                continue;
-            size_t at = (size_t)(((uint64_t)owner * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
-            while (held[2 * at] != 0 && held[2 * at] != owner)
-                at = (at + 1) & (size - 1);
-            held[2 * at] = owner;
-            int64_t count = ++held[2 * at + 1];
-            if (count > most || (count == most && owner < best)) {
-                best = owner;
-                most = count;
-            }
+            if (owner > 0)
+                tally(held, bits, owner, &best, &most);
         }
         int64_t keep = 2 * (size_t)most >= n && most > 0 ? best : 0;
         added += merge(slots, mask, shift, own, NULL, values[k], n, 1, keep);
@@ -176,8 +181,8 @@ static inline uint64_t gram_hash(const int64_t *ids, int gram, uint64_t key) {
 }
 
 /* gram_hash of every 5-token window (db/output_grams.py GRAM), with the length a constant so that the compiler
- * unrolls it and vectorises across windows: AVX-512 has a 64-bit multiply, and the clone the CPU can run is chosen at load time (GCC on
- * x86-64; elsewhere the plain loop, the same numbers). */
+ * unrolls it and vectorises across windows: AVX-512 has a 64-bit multiply, and the clone the CPU can run is
+ * chosen at load time (GCC on x86-64; elsewhere the plain loop, the same numbers). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define HASH5_CLONES __attribute__((target_clones("arch=skylake-avx512", "default"), optimize("O3")))
 #else
@@ -210,8 +215,8 @@ size_t output_grams_hash(const int64_t *ids, size_t n, int gram, uint64_t key, u
 }
 
 /* db/output_grams.py GramIndex.match_ids in one call: the text's distinct sampled n-grams (output_grams_hash's),
- * each looked up in the index's owner table (table_add with owners); the row that owns most of them alone wins (the
- * smaller row on a tie, as numpy's unique and argmax).
+ * each looked up in the index's owner table (owner_table_add_outputs); the row that owns most of them alone wins
+ * (the smaller row on a tie, as numpy's unique and argmax).
  * No sort: the text's n-grams are deduplicated in a hash set of its own, and the owned rows counted in another.
  * out: distinct sampled n-grams, best row (-1 when none is owned), n-grams it owns. Returns 0, or -1 when the
  * scratch memory could not be allocated (the caller then takes the numpy path). */
@@ -252,26 +257,17 @@ int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uin
             grams[distinct++] = h;
         }
     }
-    int64_t best = -1, most = 0; /* the row owning most n-grams so far, the smaller on a tie */
+    int64_t best = 0, most = 0; /* the owner (row + 1) of most n-grams so far, the smaller on a tie */
     for (size_t i = 0; i < distinct; i++) {
         if (i + AHEAD < distinct) /* the table is far larger than a cache: overlap the misses */
             __builtin_prefetch(&owners_table[2 * ((uint64_t)grams[i + AHEAD] >> table_shift)]);
-        int64_t row = count_of(owners_table, table_mask, table_shift, grams[i]); /* row + 1 of its one owner */
-        if (row <= 0)
-            continue;
-        size_t at = (size_t)(((uint64_t)row * 0x9E3779B97F4A7C15ULL) >> shift);
-        while (owners[2 * at] != 0 && owners[2 * at] != row)
-            at = (at + 1) & mask;
-        owners[2 * at] = row;
-        int64_t count = ++owners[2 * at + 1];
-        if (count > most || (count == most && row - 1 < best)) {
-            best = row - 1;
-            most = count;
-        }
+        int64_t owner = count_of(owners_table, table_mask, table_shift, grams[i]); /* row + 1 of its one owner */
+        if (owner > 0)
+            tally(owners, bits, owner, &best, &most);
     }
     free(grams);
     out[0] = (int64_t)distinct;
-    out[1] = best;
+    out[1] = most > 0 ? best - 1 : -1;
     out[2] = most;
     return 0;
 }

@@ -10,6 +10,10 @@ as edited; ``check_rows`` recomputes each row's digest and compares:
     row_deleted   an event names a row that is not there
     row_unlogged  a row has no event (inserted behind the service's back)
 
+A verdict row's ``shown_verdict`` and ``shown_z`` (what the ``audit`` scope alone reads and filters on) are not
+in the digest: they are copies of ``options["disclosed"]``, which is, so they are checked against it instead
+(``db.rows.shown_of``), and revision 0006 could fill them in without changing a digest.
+
 Events written by the service before ``row_sha256`` existed still name the fields they carried (verdict, z, key id,
 spec fingerprint; a receipt's model, key, token count, spec fingerprint), and those are compared;
 such rows are counted in ``AuditReport.rows_partly_covered``, never reported as tampered on that
@@ -29,7 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.audit_report import AuditProblem
-from db.rows import AuditEventRow, ReceiptRow, VerdictRow, iso_utc, text_sha256
+from db.rows import AuditEventRow, ReceiptRow, VerdictRow, iso_utc, shown_of, text_sha256
 
 ROW_EDITED, ROW_DELETED, ROW_UNLOGGED = "row_edited", "row_deleted", "row_unlogged"
 BATCH = 1000
@@ -128,4 +132,6 @@ def _compare(kind: str, noun: str, event: AuditEventRow, row, details: dict) -> 
                 return ROW_EDITED, f"{where} was edited: its {column} differs from its event"
     if kind == "detection" and row.text is not None and text_sha256(row.text) != row.text_sha256:
         return ROW_EDITED, f"{where} was edited: its retained text does not match its text_sha256"
+    if kind == "detection" and (row.shown_verdict, row.shown_z) != shown_of(row.verdict, row.options):
+        return ROW_EDITED, f"{where} was edited: its shown verdict or z no longer matches what it recorded"
     return None

@@ -83,6 +83,10 @@ class VerdictRow(Base):
     caller_token_id: Mapped[str | None] = mapped_column(String(36))
     caller_name: Mapped[str | None] = mapped_column(String(100))
     text: Mapped[str | None] = mapped_column(Text)
+    # the detect-scope view (detector.disclosure) that the ``audit`` scope reads and filters on: copies of
+    # ``options["disclosed"]`` (covered by the row's digest through ``options``); None when never recorded
+    shown_verdict: Mapped[str | None] = mapped_column(String(32), index=True, nullable=True)
+    shown_z: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +110,22 @@ class VerdictRow(Base):
             "caller_name": self.caller_name,
             "text": self.text,
         }
+
+
+SHOWN_VERDICTS = ("watermarked", "not_watermarked", "insufficient_text")
+
+
+def shown_of(verdict: str, options: dict | None) -> tuple[str | None, float | None]:
+    """(shown verdict, shown z) of a row: its recorded detect-scope view; an insufficient text is one in every
+    view (and shows no score); (None, None) when no view was recorded. The ``shown_*`` columns hold exactly
+    this, and ``audit verify`` checks that they still do (``db.audit_rows``)."""
+    disclosed = (options or {}).get("disclosed")
+    if isinstance(disclosed, dict) and disclosed.get("verdict") in SHOWN_VERDICTS:
+        z = disclosed.get("z_score")
+        return disclosed["verdict"], None if z is None else float(z)
+    if verdict == "insufficient_text":
+        return verdict, None
+    return None, None
 
 
 class ReceiptRow(Base):

@@ -155,16 +155,18 @@ class Store:
             raise ValueError("text does not match text_sha256")
         return verdicts.record_verdicts(self, [record], caller, [text])[0]
 
-    def get_verdict(self, verdict_id: str) -> dict | None:
-        return verdicts.get_verdict(self, verdict_id)
+    def get_verdict(self, verdict_id: str, exact: bool = True) -> dict | None:
+        """One verdict, whole (``exact``) or in the audit scope's detect-scope view (``db.verdicts``)."""
+        return verdicts.get_verdict(self, verdict_id, exact=exact)
 
     def list_verdicts(self, since: datetime | None = None, until: datetime | None = None, verdict: str | None = None,
                       key_id: str | None = None, min_z: float | None = None, text_sha256: str | None = None,
-                      cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE) -> VerdictPage:
+                      cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE, exact: bool = True) -> VerdictPage:
         """Verdicts newest first, filtered (``since`` inclusive, ``until`` exclusive); pass
-        ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive."""
+        ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive. ``exact=False``:
+        the audit scope's detect-scope view, filtered on it (``db.verdicts``)."""
         return verdicts.list_verdicts(self, since=since, until=until, verdict=verdict, key_id=key_id, min_z=min_z,
-                                      text_sha256=text_sha256, cursor=cursor, limit=limit)
+                                      text_sha256=text_sha256, cursor=cursor, limit=limit, exact=exact)
 
     def verdicts_csv(self, **filters: Any) -> Iterator[str]:
         """CSV lines (header first) of every verdict matching ``list_verdicts`` filters, page by page."""

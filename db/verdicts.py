@@ -4,6 +4,14 @@ and batch detection both call it), and the queries: one verdict, pages newest fi
 
 A cursor is the (created_at, id) of the last row of a page, base64url JSON: pages stay stable while new
 verdicts arrive.
+
+Two views of a row (#17). ``exact=True`` (a reader trusted with colours: the ``explain`` scope, or the
+operator's CLI) gets the row whole. ``exact=False`` (the ``audit`` scope alone) gets the detect-scope view the
+row recorded (``options["disclosed"]``: verdict, coarse dithered z and p, the key only for a shown
+``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict`` and
+``min_z`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token that may
+detect and audit would read back the exact G and T of the texts it chose, or bisect their z with ``min_z``. A
+row whose detect-scope view was never recorded (batch detection, rows from before it) is ``withheld``.
 """
 
 from __future__ import annotations
@@ -24,11 +32,15 @@ from sqlalchemy import or_, select
 from db import audit
 from db.audit_rows import row_digest
 from db.caller import Caller
-from db.rows import VerdictRow, iso_utc, new_id, utc_now
+from db.rows import VerdictRow, iso_utc, new_id, shown_of, utc_now
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 VERDICTS = ("watermarked", "not_watermarked", "insufficient_text")
+EXACT, WITHHELD = "exact", "withheld"  # the ``disclosure`` of a row read whole, and of one with no recorded view
+# what a coarse (audit-only) reader sees of a row's options: the request and which keys were tested
+REQUEST_OPTIONS = ("watermark", "keys", "all_keys", "windows", "explain", "normalize", "dedup", "z_threshold", "fpr",
+                   "forced_positions", "keys_tested", "source", "disclosed")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -95,8 +107,10 @@ def record_verdicts(store, records: Sequence[VerdictRecord], caller: Caller,
     with store.write() as session:
         for record, text in zip(records, texts):
             verdict_id = new_id()
+            shown_verdict, shown_z = shown_of(record.verdict, record.options)
             row = VerdictRow(id=verdict_id, created_at=utc_now(), text=text if store.retain_text else None,
                              caller_token_id=caller.token_id, caller_name=caller.name,
+                             shown_verdict=shown_verdict, shown_z=shown_z,
                              **{name: getattr(record, name) for name in VerdictRecord.__dataclass_fields__})
             session.add(row)
             session.flush()  # the verdict row first: a constraint error leaves no audit event behind
@@ -107,10 +121,28 @@ def record_verdicts(store, records: Sequence[VerdictRecord], caller: Caller,
     return ids
 
 
-def get_verdict(store, verdict_id: str) -> dict | None:
+def view(row: VerdictRow, exact: bool) -> dict:
+    """A row as a reader sees it (module docstring): whole for ``exact``, else the detect-scope view."""
+    if exact:
+        return {**row.to_dict(), "disclosure": EXACT}
+    out = row.to_dict()
+    options = row.options or {}
+    disclosed = options.get("disclosed") if isinstance(options.get("disclosed"), dict) else {}
+    shown_verdict, shown_z = shown_of(row.verdict, options)
+    out.update(verdict=shown_verdict, z=shown_z, p_value=disclosed.get("p_value"), green_count=None,
+               scored_count=None, green_fraction=None, windows=disclosed.get("windows"),
+               key_id=row.key_id if shown_verdict == "watermarked" else None,
+               options={name: options[name] for name in REQUEST_OPTIONS if name in options},
+               disclosure=disclosed.get("disclosure", WITHHELD) if shown_verdict is not None else WITHHELD)
+    if shown_verdict == "insufficient_text" and not disclosed:
+        out["disclosure"] = "coarse-dithered/v1"  # no score is shown for an insufficient text in any view
+    return out
+
+
+def get_verdict(store, verdict_id: str, exact: bool = True) -> dict | None:
     with store.read() as session:
         row = session.get(VerdictRow, verdict_id)
-        return row.to_dict() if row is not None else None
+        return view(row, exact) if row is not None else None
 
 
 def list_verdicts(
@@ -123,9 +155,11 @@ def list_verdicts(
     text_sha256: str | None = None,
     cursor: str | None = None,
     limit: int = DEFAULT_PAGE_SIZE,
+    exact: bool = True,
 ) -> VerdictPage:
     """Verdicts newest first, filtered (``since`` inclusive, ``until`` exclusive); pass
-    ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive."""
+    ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive. ``exact=False``:
+    the detect-scope view, ``verdict`` and ``min_z`` on it (module docstring)."""
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE_SIZE}]")
     if verdict is not None and verdict not in VERDICTS:
@@ -136,11 +170,11 @@ def list_verdicts(
     if until is not None:
         query = query.where(VerdictRow.created_at < until)
     if verdict is not None:
-        query = query.where(VerdictRow.verdict == verdict)
+        query = query.where((VerdictRow.verdict if exact else VerdictRow.shown_verdict) == verdict)
     if key_id is not None:
         query = query.where(VerdictRow.key_id == key_id)
     if min_z is not None:
-        query = query.where(VerdictRow.z >= float(min_z))
+        query = query.where((VerdictRow.z if exact else VerdictRow.shown_z) >= float(min_z))
     if text_sha256 is not None:
         query = query.where(VerdictRow.text_sha256 == text_sha256)
     if cursor is not None:
@@ -157,7 +191,7 @@ def list_verdicts(
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
-    return VerdictPage([row.to_dict() for row in rows], next_cursor)
+    return VerdictPage([view(row, exact) for row in rows], next_cursor)
 
 
 def verdicts_csv(store, **filters: Any) -> Iterator[str]:
@@ -178,7 +212,7 @@ def verdicts_csv(store, **filters: Any) -> Iterator[str]:
 CSV_COLUMNS = (
     "id", "created_at", "verdict", "z", "p_value", "green_count", "scored_count", "green_fraction",
     "key_id", "spec", "spec_fingerprint", "tokenizer_fingerprint", "text_sha256", "receipt_id",
-    "caller_token_id", "caller_name", "options", "windows",
+    "caller_token_id", "caller_name", "options", "windows", "disclosure",
 )
 
 

@@ -72,7 +72,7 @@ def test_detect_stores_the_verdict_with_its_audit_event(database_url, provmark_h
     app = make_app(provmark_home, database_url=database_url)
     store = services_of(app).store
     token = make_token(store, "detect")
-    auditor = make_token(store, "audit")
+    auditor = make_token(store, "audit", "explain")  # reads rows whole (audit alone: tests/test_audit_disclosure.py)
     watermarked = marked(keyring, texts)
     with serve(app) as base_url:
         status, body, _ = detect(base_url, token, watermarked, windows=True)

@@ -1,12 +1,22 @@
-"""GET /v1/audit (events in chain order, paged) and GET /v1/audit/verify; scope ``audit``."""
+"""GET /v1/audit (events in chain order, paged) and GET /v1/audit/verify; scope ``audit``.
+
+A token without ``explain`` reads ``detection`` events without the verdict, the exact z and the row digest,
+and no event's chain hashes: a caller who chose the text knows every other input of those digests, so each
+would let it test guesses of the exact green count (the next event's ``prev_hash`` is this one's hash). The
+chain is still checked, by the server (``/v1/audit/verify``).
+"""
 
 from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
+from api.detector.routes_verdicts import reads_exact
 from api.detector.schemas import AuditList, AuditQuery, AuditReportBody
 from api.http import parse_query
 from db.audit import list_events, verify
+
+# what a ``detection`` event carries that a reader without ``explain`` does not see (module docstring)
+EXACT_DETAILS = ("verdict", "z", "row_sha256")
 
 
 def blueprint(api, services) -> Blueprint:
@@ -22,7 +32,9 @@ def blueprint(api, services) -> Blueprint:
                              subject_id=query.subject_id)
         # A full page may have more behind it; a short page is the end of the chain (for now).
         next_after = events[-1].seq if len(events) == query.limit else None
-        return jsonify({"items": [e.to_dict() for e in events], "next_after_seq": next_after})
+        exact = reads_exact()
+        return jsonify({"items": [e.to_dict() if exact else _coarse(e.to_dict()) for e in events],
+                        "next_after_seq": next_after})
 
     @api.route(bp, "/v1/audit/verify", methods=["GET"], summary="Check the whole audit hash chain",
                responses={200: AuditReportBody}, scope="audit", tags=["audit"])
@@ -31,3 +43,11 @@ def blueprint(api, services) -> Blueprint:
         return jsonify(verify(store).to_dict())
 
     return bp
+
+
+def _coarse(event: dict) -> dict:
+    """An event as a token without ``explain`` reads it (module docstring)."""
+    details = event["details"]
+    if event["kind"] == "detection" and isinstance(details, dict):
+        details = {name: value for name, value in details.items() if name not in EXACT_DETAILS}
+    return {**event, "details": details, "prev_hash": None, "hash": None}

@@ -11,7 +11,8 @@ per-token explanation (it reveals green lists to anyone with the audit scope).
 
 Scores shown: a token with the ``explain`` scope (or ``admin``) gets the whole verdict; a ``detect``
 token gets the verdict and a coarse, dithered p-value, no counts (``detector.disclosure``), and the
-row records what it was shown (``options.disclosed``).
+row records the detect-scope view for every caller (``options.disclosed``: what a ``detect`` token was shown,
+and what the ``audit`` scope alone reads back, ``db.verdicts``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def blueprint(api, services) -> Blueprint:
         verdict = _run_detection(services, request_body, spec)
         cost = budget.charge_for(verdict.num_tokens)
         provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
-        shown = verdict.disclose(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
-        record = _verdict_record(verdict, request_body, provenance, shown)
+        coarse = verdict.disclose("detect")
+        shown = verdict.disclose(EXPLAIN_SCOPE) if g.token.allows(EXPLAIN_SCOPE) else coarse
+        record = _verdict_record(verdict, request_body, provenance, coarse)
         verdict_id = services.store.record_verdict(record, g.token.caller, text=request_body.text)
         if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)
             services.usage.charge(g.token.caller, cost, daily)
@@ -131,12 +133,15 @@ def _find_provenance(store, text: str, try_normalized: bool) -> dict | None:
     return None
 
 
-def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, shown: dict) -> VerdictRecord:
-    """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction; with what the
-    caller was shown when that was the coarse detect-scope view."""
+DISCLOSED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
+                    "spoof_suspected", "matches_own_output")
+
+
+def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coarse: dict) -> VerdictRecord:
+    """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction; with the detect-scope
+    view (``coarse``: what a ``detect`` caller was shown, and all the ``audit`` scope alone reads back)."""
     options = body.model_dump(exclude={"text"})
-    if "disclosure" in shown:
-        options["disclosed"] = {name: shown[name] for name in ("disclosure", "verdict", "z_score", "p_value")}
+    options["disclosed"] = {name: coarse[name] for name in DISCLOSED_FIELDS}
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
     options["null"] = null_record(verdict.to_dict())
     if verdict.statistic is not None:  # sampling specs: the scheme's own statistic (no green count)

@@ -1,15 +1,25 @@
-"""GET /v1/verdicts (filters, cursor pages, CSV export) and GET /v1/verdicts/<id>; scope ``audit``."""
+"""GET /v1/verdicts (filters, cursor pages, CSV export) and GET /v1/verdicts/<id>; scope ``audit``.
+
+A token that also holds ``explain`` reads rows whole; ``audit`` alone reads the detect-scope view each row
+recorded, and the ``verdict`` and ``min_z`` filters act on that view (``db.verdicts``, #17).
+"""
 
 from __future__ import annotations
 
 import itertools
 
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from api.detector.schemas import VerdictItem, VerdictList, VerdictQuery
 from api.http import ApiError, ErrorResponse, parse_query
 
 CSV_MEDIA_TYPE = "text/csv"
+EXPLAIN_SCOPE = "explain"
+
+
+def reads_exact() -> bool:
+    """Whether this request's token is trusted with exact numbers (``explain``, or ``admin``)."""
+    return g.token.allows(EXPLAIN_SCOPE)
 
 
 def blueprint(api, services) -> Blueprint:
@@ -24,7 +34,7 @@ def blueprint(api, services) -> Blueprint:
         if _wants_csv(query):
             return _csv_response(store, query)
         try:
-            page = store.list_verdicts(**query.filters())
+            page = store.list_verdicts(**query.filters(), exact=reads_exact())
         except ValueError as error:  # only the cursor can still be malformed here
             raise ApiError(422, "invalid_fields", "invalid fields: cursor",
                            details=[{"field": "cursor", "message": str(error)}]) from None
@@ -35,7 +45,7 @@ def blueprint(api, services) -> Blueprint:
                scope="audit", tags=["verdicts"])
     @services.auth.require("audit")
     def get_verdict(verdict_id: str):
-        found = store.get_verdict(verdict_id)
+        found = store.get_verdict(verdict_id, exact=reads_exact())
         if found is None:
             raise ApiError(404, "verdict_not_found", "no verdict with this id")
         return jsonify(found)
@@ -53,7 +63,7 @@ def _wants_csv(query: VerdictQuery) -> bool:
 
 def _csv_response(store, query: VerdictQuery) -> Response:
     """The header and the first page are read before answering, so a database error is a clean 503."""
-    lines = store.verdicts_csv(**query.filters())
+    lines = store.verdicts_csv(**query.filters(), exact=reads_exact())
     first = list(itertools.islice(lines, 2))  # the header, then the first row (runs the first query)
     body = stream_with_context(itertools.chain(first, lines))
     response = Response(body, mimetype=CSV_MEDIA_TYPE)

@@ -154,17 +154,18 @@ class PublicKeyDocument(BaseModel):
 
 
 class VerdictItem(BaseModel):
-    """One stored verdict."""
+    """One stored verdict: whole for a token with ``explain`` (``disclosure`` "exact"); for ``audit`` alone the
+    detect-scope view the row recorded (verdict, coarse z and p; no counts), or "withheld" (nulls) if none."""
 
     id: str
     created_at: str
     text_sha256: str
-    verdict: VerdictName
-    z: float
-    p_value: float
-    green_count: int
-    scored_count: int
-    green_fraction: float
+    verdict: VerdictName | None
+    z: float | None
+    p_value: float | None
+    green_count: int | None
+    scored_count: int | None
+    green_fraction: float | None
     spec: str
     spec_fingerprint: str
     tokenizer_fingerprint: str
@@ -175,6 +176,7 @@ class VerdictItem(BaseModel):
     caller_token_id: str | None
     caller_name: str | None
     text: str | None
+    disclosure: str = Field(description='"exact", "coarse-dithered/v1" (detector.disclosure) or "withheld"')
 
 
 class VerdictList(BaseModel):
@@ -221,8 +223,8 @@ class AuditEventItem(BaseModel):
     subject_id: str | None
     created_at: str
     details: dict[str, Any]
-    prev_hash: str
-    hash: str
+    prev_hash: str | None = Field(description="null for a token without explain (routes_audit)")
+    hash: str | None = Field(description="null for a token without explain (routes_audit)")
 
 
 class AuditList(BaseModel):

@@ -8,8 +8,8 @@ verdicts arrive.
 Two views of a row (#17). ``exact=True`` (a reader trusted with colours: the ``explain`` scope, or the
 operator's CLI) gets the row whole. ``exact=False`` (the ``audit`` scope alone) gets the detect-scope view the
 row recorded (``options["disclosed"]``: verdict, coarse dithered z and p, the key only for a shown
-``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict`` and
-``min_z`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token that may
+``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict``,
+``min_z`` and ``key_id`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token that may
 detect and audit would read back the exact G and T of the texts it chose, or bisect their z with ``min_z``. A
 row whose detect-scope view was never recorded (batch detection, rows from before it) is ``withheld``.
 """
@@ -173,6 +173,8 @@ def list_verdicts(
         query = query.where((VerdictRow.verdict if exact else VerdictRow.shown_verdict) == verdict)
     if key_id is not None:
         query = query.where(VerdictRow.key_id == key_id)
+        if not exact:  # the view names the key of a shown watermarked verdict only (which key scored best is not shown)
+            query = query.where(VerdictRow.shown_verdict == "watermarked")
     if min_z is not None:
         query = query.where((VerdictRow.z if exact else VerdictRow.shown_z) >= float(min_z))
     if text_sha256 is not None:

@@ -84,6 +84,10 @@ def test_the_audit_scope_sees_what_detect_shows_and_filters_on_it(database_url, 
         listed = _get(base_url, "/v1/verdicts?verdict=insufficient_text", prober)["items"]
         assert [item["id"] for item in listed] == [shown["short"]["id"]]
         assert all(item["green_count"] is None for item in _get(base_url, "/v1/verdicts", prober)["items"])
+        # the key filter finds only what the view names a key for (the best key of a negative is not shown)
+        keyed = _get(base_url, f"/v1/verdicts?key_id={KEY}", prober)["items"]
+        assert [item["id"] for item in keyed] == [shown["marked"]["id"]]
+        assert len(_get(base_url, f"/v1/verdicts?key_id={KEY}", trusted)["items"]) >= 2
 
         # CSV: the same view
         status, body, _ = call("GET", base_url + "/v1/verdicts?format=csv", token=prober)

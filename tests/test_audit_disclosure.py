@@ -106,7 +106,9 @@ def test_the_audit_scope_sees_what_detect_shows_and_filters_on_it(database_url, 
         assert all(e["hash"] is None for e in every)  # the next event's prev_hash is this one's hash
         full = _get(base_url, "/v1/audit?kind=detection", trusted)["items"]
         assert all(e["details"]["row_sha256"] and e["hash"] for e in full)
-        assert _get(base_url, "/v1/audit/verify", prober)["ok"] is True  # the server still checks the chain
+        report = _get(base_url, "/v1/audit/verify", prober)
+        assert report["ok"] is True and report["head_hash"] is None  # checked by the server; the head is a hash too
+        assert len(_get(base_url, "/v1/audit/verify", trusted)["head_hash"]) == 64
     # the shown columns are outside the row digest, so verify checks them against the options it covers
     from db.audit import verify
 

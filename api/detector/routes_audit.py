@@ -2,8 +2,9 @@
 
 A token without ``explain`` reads ``detection`` events without the verdict, the exact z and the row digest,
 and no event's chain hashes: a caller who chose the text knows every other input of those digests, so each
-would let it test guesses of the exact green count (the next event's ``prev_hash`` is this one's hash). The
-chain is still checked, by the server (``/v1/audit/verify``).
+would let it test guesses of the exact green count (the next event's ``prev_hash`` is this one's hash, and
+``/v1/audit/verify``'s ``head_hash`` the newest event's). The chain is still checked, by the server
+(``/v1/audit/verify``, without ``head_hash``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def blueprint(api, services) -> Blueprint:
                responses={200: AuditReportBody}, scope="audit", tags=["audit"])
     @services.auth.require("audit")
     def verify_audit_chain():
-        return jsonify(verify(store).to_dict())
+        report = verify(store).to_dict()
+        if not reads_exact():
+            report["head_hash"] = None  # the newest event's hash: a detection's would test guesses of its G
+        return jsonify(report)
 
     return bp
 

@@ -255,7 +255,7 @@ class AuditReportBody(BaseModel):
     ok: bool
     events: int
     head_seq: int
-    head_hash: str
+    head_hash: str | None = Field(description="null for a token without explain (routes_audit)")
     rows_checked: int = Field(description="verdict and receipt rows compared with their audit events")
     rows_partly_covered: int = Field(description="of those, rows whose event predates row digests: "
                                                  "only the fields it carried were compared")

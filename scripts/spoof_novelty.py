@@ -20,6 +20,7 @@ the run is complete) and prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import sys
@@ -32,14 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ALPHA = 1e-3
 
 
-def novelty(f: dict) -> float:
-    return (f["n"] / 2 - f["unseen"]) / math.sqrt(f["n"] / 4)
+def novelty(f: dict, field: str = "unseen") -> float:
+    return (f["n"] / 2 - f[field]) / math.sqrt(f["n"] / 4)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="a complete `provmark eval security` output folder")
     parser.add_argument("--estimator", required=True, choices=("pairs", "learned-anchors", "known-units"))
+    parser.add_argument("--siblings", type=int, default=0,
+                        help="also: novelty with the K outputs that share most units with the text left out")
     args = parser.parse_args(argv)
 
     from scipy.stats import norm
@@ -65,46 +68,64 @@ def main(argv: list[str] | None = None) -> int:
         common = common_units.for_vocabulary(run.vocab)
         outputs = [run.encode(g.text) for g in corpus[label]]
         counts = OutputCounts()
-        for ids in outputs:
-            counts.add(mark.unit_identities(ids))
+        holders: dict[int, list[int]] = {}  # unit -> the outputs that hold it (for --siblings)
+        for row, ids in enumerate(outputs):
+            units = mark.unit_identities(ids)
+            counts.add(units)
+            for unit in np.unique(units).tolist():
+                holders.setdefault(unit, []).append(row)
 
-        def features(ids, leave_out: bool) -> dict | None:
+        def features(ids, row: int | None) -> dict | None:
+            """``row``: the text is that output (scored without itself, as the null is)."""
             scores, counted, identities = counted_units(mark, ids, common)
             if scores.shape[0] < 16:
                 return None
-            seen = (counts.of(identities, identities) if leave_out else counts.of(identities))[counted]
+            seen = (counts.of(identities, identities) if row is not None else counts.of(identities))[counted]
             unseen = seen == 0
-            return {"current": spoof_statistic(scores, np.log(seen + 0.5)).z, "n": int(scores.shape[0]),
-                    "unseen": int(unseen.sum()), "unseen_green": float(scores[unseen].sum())}
+            out = {"current": spoof_statistic(scores, np.log(seen + 0.5)).z, "n": int(scores.shape[0]),
+                   "unseen": int(unseen.sum()), "unseen_green": float(scores[unseen].sum())}
+            if args.siblings:  # unseen once the K outputs sharing most of the text's units are left out too
+                lists = [holders.get(u, ()) for u in identities[counted].tolist()]
+                # a unit held by more than K + 1 outputs stays seen whichever K are left out, and names no sibling
+                rare = [held for held in lists if len(held) <= args.siblings + 1]
+                shared = collections.Counter(r for held in rare for r in held if r != row)
+                siblings = {r for r, _ in shared.most_common(args.siblings)}
+                out["unseen_siblings"] = int(sum(all(r == row or r in siblings for r in held) for held in rare))
+            return out
 
-        null = [f for f in (features(ids, True) for ids in tqdm(outputs, desc="null (own outputs)")) if f]
-        genuine = [f for f in (features(run.encode(g.text), False) for g in held[label]) if f]
-        spoof_rows = [features(run.encode(g.text), False) for g in spoofed]  # None: too few units (never flagged)
+        null = [f for f in (features(ids, row) for row, ids in enumerate(tqdm(outputs, desc="null (own outputs)")))
+                if f]
+        genuine = [f for f in (features(run.encode(g.text), None) for g in held[label]) if f]
+        spoof_rows = [features(run.encode(g.text), None) for g in spoofed]  # None: too few units (never flagged)
         spoofs = [f for f in spoof_rows if f]
         detected = [s["detected"] for s in run.detect(label, [g.text for g in spoofed])]
     finally:
         run.close()
 
+    variants = {"novelty": "unseen"} | ({"novelty_siblings": "unseen_siblings"} if args.siblings else {})
     current = np.array([f["current"] for f in null])
     current = current[np.isfinite(current)]
-    fresh = np.array([novelty(f) for f in null])
     cut = {"current": current.mean() + current.std(ddof=1) * norm.isf(ALPHA),
-           "novelty_normal": fresh.mean() + fresh.std(ddof=1) * norm.isf(ALPHA),
-           "novelty_empirical": float(np.quantile(fresh, 1 - ALPHA)),
-           "or_current": current.mean() + current.std(ddof=1) * norm.isf(ALPHA / 2),
-           "or_novelty": float(np.quantile(fresh, 1 - ALPHA / 2))}
-    rules = {"current": lambda f: f["current"] >= cut["current"],
-             "novelty_normal": lambda f: novelty(f) >= cut["novelty_normal"],
-             "novelty_empirical": lambda f: novelty(f) >= cut["novelty_empirical"],
-             "or_rule": lambda f: f["current"] >= cut["or_current"] or novelty(f) >= cut["or_novelty"]}
+           "or_current": current.mean() + current.std(ddof=1) * norm.isf(ALPHA / 2)}
+    rules = {"current": lambda f: f["current"] >= cut["current"]}
+    for name, field in variants.items():
+        fresh = np.array([novelty(f, field) for f in null])
+        cut[f"{name}_normal"] = fresh.mean() + fresh.std(ddof=1) * norm.isf(ALPHA)
+        cut[f"{name}_empirical"] = float(np.quantile(fresh, 1 - ALPHA))
+        cut[f"or_{name}"] = float(np.quantile(fresh, 1 - ALPHA / 2))
+        rules[f"{name}_normal"] = lambda f, n=name, k=field: novelty(f, k) >= cut[f"{n}_normal"]
+        rules[f"{name}_empirical"] = lambda f, n=name, k=field: novelty(f, k) >= cut[f"{n}_empirical"]
+        rules[f"or_{name}"] = lambda f, n=name, k=field: f["current"] >= cut["or_current"] or novelty(f, k) >= cut[f"or_{n}"]
 
     def share(rows: list[dict], key: str, of: str) -> float:
         return float(sum(f[key] for f in rows) / max(1, sum(f[of] for f in rows)))
 
-    report = {"run": str(run_dir), "estimator": args.estimator, "null_outputs": len(null), "alpha": ALPHA,
+    report = {"run": str(run_dir), "estimator": args.estimator, "siblings": args.siblings,
+              "null_outputs": len(null), "alpha": ALPHA,
               "thresholds": {k: round(float(v), 3) for k, v in cut.items()},
-              "unseen_share_median": {name: float(np.median([f["unseen"] / f["n"] for f in rows]))
-                                      for name, rows in (("null", null), ("genuine", genuine), ("spoofs", spoofs))},
+              "unseen_share_median": {f"{name} ({field})": float(np.median([f[field] / f["n"] for f in rows]))
+                                      for name, rows in (("null", null), ("genuine", genuine), ("spoofs", spoofs))
+                                      for field in variants.values()},
               "unseen_share_null_quantile_0.001": float(np.quantile([f["unseen"] / f["n"] for f in null], 0.001)),
               "green_rate_on_unseen": {name: share(rows, "unseen_green", "unseen")
                                        for name, rows in (("null", null), ("genuine", genuine), ("spoofs", spoofs))},

@@ -8,10 +8,11 @@ verdicts arrive.
 Two views of a row (#17). ``exact=True`` (a reader trusted with colours: the ``explain`` scope, or the
 operator's CLI) gets the row whole. ``exact=False`` (the ``audit`` scope alone) gets the detect-scope view the
 row recorded (``options["disclosed"]``: verdict, coarse dithered z and p, the key only for a shown
-``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict``,
-``min_z`` and ``key_id`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token that may
-detect and audit would read back the exact G and T of the texts it chose, or bisect their z with ``min_z``. A
-row whose detect-scope view was never recorded (batch detection, rows from before it) is ``withheld``.
+``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict``, ``min_z``
+and ``key_id`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token
+that may detect and audit would read back the exact G and T of the texts it chose, or bisect their z with
+``min_z``. A row whose detect-scope view was never recorded (batch detection, rows from before it) is
+``withheld``.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def view(row: VerdictRow, exact: bool) -> dict:
                options={name: options[name] for name in REQUEST_OPTIONS if name in options},
                disclosure=disclosed.get("disclosure", WITHHELD) if shown_verdict is not None else WITHHELD)
     if shown_verdict == "insufficient_text" and not disclosed:
-        out["disclosure"] = "coarse-dithered/v1"  # no score is shown for an insufficient text in any view
+        # no score is shown for an insufficient text in any view (detector.disclosure.DISCLOSURE names the rule)
+        out["disclosure"] = "coarse-dithered/v1"
     return out
 
 
@@ -159,7 +161,7 @@ def list_verdicts(
 ) -> VerdictPage:
     """Verdicts newest first, filtered (``since`` inclusive, ``until`` exclusive); pass
     ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive. ``exact=False``:
-    the detect-scope view, ``verdict`` and ``min_z`` on it (module docstring)."""
+    the detect-scope view, ``verdict``, ``min_z`` and ``key_id`` on it (module docstring)."""
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE_SIZE}]")
     if verdict is not None and verdict not in VERDICTS:

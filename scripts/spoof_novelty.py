@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run)
     saved = json.loads((run_dir / "results.json").read_text())["config"]
-    config = AttackConfig(attacks=("spoofing",), schemes=tuple(saved["schemes"]), steal_tokens=tuple(saved["steal_tokens"]),
-                          tokens=saved["tokens"], eval_texts=saved["eval_texts"], rates=tuple(saved["rates"]),
+    config = AttackConfig(attacks=("spoofing",), schemes=tuple(saved["schemes"]),
+                          steal_tokens=tuple(saved["steal_tokens"]), tokens=saved["tokens"],
+                          eval_texts=saved["eval_texts"], rates=tuple(saved["rates"]),
                           spoof_delta=saved["spoof_delta"], seed=saved["seed"], estimator=args.estimator)
     run = AttackRun(config, run_dir, progress=True)
     try:
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         cut[f"or_{name}"] = float(np.quantile(fresh, 1 - ALPHA / 2))
         rules[f"{name}_normal"] = lambda f, n=name, k=field: novelty(f, k) >= cut[f"{n}_normal"]
         rules[f"{name}_empirical"] = lambda f, n=name, k=field: novelty(f, k) >= cut[f"{n}_empirical"]
-        rules[f"or_{name}"] = lambda f, n=name, k=field: f["current"] >= cut["or_current"] or novelty(f, k) >= cut[f"or_{n}"]
+        rules[f"or_{name}"] = (lambda f, n=name, k=field:
+                               f["current"] >= cut["or_current"] or novelty(f, k) >= cut[f"or_{n}"])
 
     def share(rows: list[dict], key: str, of: str) -> float:
         return float(sum(f[key] for f in rows) / max(1, sum(f[of] for f in rows)))

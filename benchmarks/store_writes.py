@@ -98,6 +98,10 @@ def sample_record(i: int) -> tuple[VerdictRecord, str]:
     spec = WatermarkSpec.default().format()
     options = DetectRequest(text=text).model_dump(exclude={"text"})
     options["keys_tested"] = ["k_bench"]
+    # every row records its detect-scope view (api/detector/routes_detect.py), which revision 0006 indexes
+    options["disclosed"] = {"disclosure": "coarse-dithered/v1", "verdict": "not_watermarked", "z_score": 0.0,
+                            "p_value": 1.0, "key_id": None, "decided_by": None, "windows": None,
+                            "spoof_suspected": None, "matches_own_output": None}
     record = VerdictRecord(
         text_sha256=text_sha256(text), verdict="not_watermarked", z=0.42 + i % 7, p_value=0.3,
         green_count=260, scored_count=1000, green_fraction=0.26, spec=spec,

@@ -81,9 +81,16 @@ class Verdict:
     def disclose(self, scope: str) -> dict:
         """What a caller with ``scope`` may see (``detector.disclosure``): everything for ``explain``
         or ``admin``; for ``detect`` the verdict and a coarse, dithered p-value, no counts."""
+        return self.views(scope)[0]
+
+    def views(self, scope: str) -> tuple[dict, dict]:
+        """(What a caller with ``scope`` may see, the ``detect`` scope's view) from one ``to_dict``: the service
+        shows the first and records the second with every verdict (``db.verdicts``)."""
         if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
             raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
-        return disclose(self.to_dict(), scope != DETECT_SCOPE, self.dither, unit_variance(self.watermark))
+        full = self.to_dict()
+        coarse = disclose(full, False, self.dither, unit_variance(self.watermark))
+        return (coarse if scope == DETECT_SCOPE else full), coarse
 
 
 def spoof_suspected(watermarked: bool, spoof_check: dict | None, public_half: dict | None) -> bool | None:

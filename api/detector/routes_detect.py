@@ -62,8 +62,7 @@ def blueprint(api, services) -> Blueprint:
         verdict = _run_detection(services, request_body, spec)
         cost = budget.charge_for(verdict.num_tokens)
         provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
-        coarse = verdict.disclose("detect")
-        shown = verdict.disclose(EXPLAIN_SCOPE) if g.token.allows(EXPLAIN_SCOPE) else coarse
+        shown, coarse = verdict.views(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
         record = _verdict_record(verdict, request_body, provenance, coarse)
         verdict_id = services.store.record_verdict(record, g.token.caller, text=request_body.text)
         if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)

@@ -11,8 +11,8 @@ row recorded (``options["disclosed"]``: verdict, coarse dithered z and p, the ke
 ``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict``, ``min_z``
 and ``key_id`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token
 that may detect and audit would read back the exact G and T of the texts it chose, or bisect their z with
-``min_z``. A row whose detect-scope view was never recorded (batch detection, rows from before it) is
-``withheld``.
+``min_z``. A row whose detect-scope view was never recorded (rows stored before revision 0006 by an ``explain``
+caller or a batch) is ``withheld``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ runs the same function): the records are cut into chunks of ``CHUNK_ROWS`` and e
 What travels to the workers, and how (key material is never written anywhere in the clear):
   - the master key and the keyring file never leave the driver. The driver opens the keyring and
     takes out only the 32-byte PRF secrets of the keys under test (``KeySecrets``); retired keys and
-    keys nobody asked for stay behind.
+    keys nobody asked for stay behind. The detect-scope dither's key (derived from the master key,
+    ``detector.service.dither_key_of``) travels with them, so a stored row records the same detect-scope
+    view the service would show for that text (``PreparedJobs.disclosed``; the audit scope alone reads it).
   - local workers (``run_local``) are spawned processes; the secrets and the tokenizer reach them
     pickled through the pool's pipe, in memory.
   - Ray workers (``detector.batch_ray.run_ray``, Ray Data ``map_batches`` over an actor pool): Ray Data ``ray.put``s the
@@ -42,9 +44,10 @@ from dataclasses import dataclass, field
 
 from db.caller import Caller
 from db.verdicts import VerdictRecord, record_verdicts
-from detector.batch_secrets import KeySecrets, SecretsKeyring
+from detector.batch_secrets import DITHER_ID, KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
-from detector.service import Detector
+from detector.disclosure import recorded
+from detector.service import Detector, dither_key_of
 from watermark.config import SpecError
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyringError
@@ -112,6 +115,9 @@ class PreparedJobs:
     secrets: KeySecrets = field(repr=False)
     # the tested keys' calibrations (public; detector.calibration), so workers hold verdicts to the same null
     calibrations: dict = field(default_factory=dict, repr=False)
+    # filled by run_local / run_ray, in input order: each verdict's detect-scope view (detector.disclosure.recorded),
+    # which store_verdicts records with it (the audit scope alone reads that view, db.verdicts)
+    disclosed: list = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -157,10 +163,12 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
     needed = sorted({k for job in jobs if job.keys for k in job.keys})
     two_part = {i.key_id for i in keyring.list() if i.public_half} if isinstance(keyring, Keyring) else set()
     try:  # a two-part key's published half travels too: workers report what it says (detector.two_part)
-        secrets = KeySecrets({**{k: keyring.secret(k) for k in needed},
-                              **{public_half_id(k): keyring.public_half(k) for k in needed if k in two_part}})
+        secrets = {**{k: keyring.secret(k) for k in needed},
+                   **{public_half_id(k): keyring.public_half(k) for k in needed if k in two_part}}
+        dither_key = dither_key_of(keyring)  # so a stored row records the view the service would show
     except KeyringError as exc:  # keyring messages name ids, never secrets
         raise BatchError(str(exc)) from None
+    secrets = KeySecrets({**secrets, **({DITHER_ID: dither_key} if dither_key is not None else {})})
     vocab = vocab if vocab is not None else Detector().vocab
     return PreparedJobs(jobs, options, vocab, secrets, shipped_calibrations(keyring, needed))
 
@@ -238,20 +246,23 @@ class ChunkDetector:
 
     def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None) -> None:
         self._detector = Detector(vocab=vocab, keyring=SecretsKeyring(secrets),
-                                  calibrations=ShippedCalibrations(calibrations or {}))
+                                  calibrations=ShippedCalibrations(calibrations or {}),
+                                  dither_key=secrets.get(DITHER_ID))
         self._options = options.as_kwargs()
 
     def __repr__(self) -> str:
         return "ChunkDetector()"
 
     def detect(self, task: str, text: str) -> str:
-        """JSON {"verdict": ...} or {"error": message} (errors are reported, not raised, to name the row)."""
+        """JSON {"verdict": ..., "disclosed": its detect-scope view} or {"error": message} (errors are reported,
+        not raised, to name the row)."""
         spec, keys, forced = json.loads(task)
         try:
             verdict = self._detector.detect(text, keys=keys, spec=spec, forced_positions=forced, **self._options)
         except (KeyringError, SpecError, ValueError, TypeError) as exc:
             return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
-        return json.dumps({"verdict": verdict.to_dict()}, separators=(",", ":"))
+        full, coarse = verdict.views("explain")
+        return json.dumps({"verdict": full, "disclosed": recorded(coarse)}, separators=(",", ":"))
 
     def __call__(self, batch: dict) -> dict:
         """Ray Data batch (numpy format): columns index, task, text -> index, result."""
@@ -286,13 +297,17 @@ def job_rows(prepared: PreparedJobs) -> list[tuple[int, str, str]]:
     return [(i, job.task(), job.text) for i, job in enumerate(prepared.jobs)]
 
 
-def collect_results(results: Iterable[tuple[int, str]], total: int) -> list[dict]:
+def collect_results(results: Iterable[tuple[int, str]], total: int, disclosed: list | None = None) -> list[dict]:
+    """The verdicts in input order; ``disclosed`` (cleared first) gets each one's detect-scope view."""
     out: list[dict | None] = [None] * total
+    views: list[dict | None] = [None] * total
     for index, raw in results:
         answer = json.loads(raw)
         if "error" in answer:
             raise BatchError(f"record {int(index) + 1}: {answer['error']}")
-        out[int(index)] = answer["verdict"]
+        out[int(index)], views[int(index)] = answer["verdict"], answer.get("disclosed")
+    if disclosed is not None:
+        disclosed[:] = views
     missing = [i + 1 for i, v in enumerate(out) if v is None]
     if missing:
         raise BatchError(f"{len(missing)} record(s) got no verdict (first: record {missing[0]})")
@@ -333,7 +348,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
                     progress(len(chunk))
         finally:
             torch.set_num_threads(threads)  # the caller may be a longer-lived process
-        return collect_results(results, len(rows))
+        return collect_results(results, len(rows), prepared.disclosed)
     context = multiprocessing.get_context("spawn")  # no forked torch / tokenizer thread state
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_local_worker,
                                                 initargs=(prepared.vocab, prepared.secrets, prepared.options,
@@ -350,7 +365,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
         finally:
             for future in futures:
                 future.cancel()
-    return collect_results(results, len(rows))
+    return collect_results(results, len(rows), prepared.disclosed)
 
 
 # --------------------------------------------------------------------------------------- store
@@ -362,12 +377,15 @@ def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], call
     only when the store retains text."""
     if len(verdicts) != len(prepared.jobs):
         raise ValueError("verdicts: expected one per job")
-    records = [_verdict_record(job, verdict, prepared.options) for job, verdict in zip(prepared.jobs, verdicts)]
+    views = prepared.disclosed if len(prepared.disclosed) == len(verdicts) else [None] * len(verdicts)
+    records = [_verdict_record(job, verdict, prepared.options, view)
+               for job, verdict, view in zip(prepared.jobs, verdicts, views)]
     return record_verdicts(store, records, caller or Caller(name=STORE_CALLER), [job.text for job in prepared.jobs])
 
 
-def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> VerdictRecord:
-    """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0."""
+def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, disclosed: dict | None) -> VerdictRecord:
+    """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0; with its detect-scope
+    view when the run recorded one."""
     stored_options = {"watermark": job.spec, "keys": list(job.keys) if job.keys else None,
                       "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
                       "z_threshold": options.z_threshold, "fpr": options.fpr,
@@ -378,6 +396,8 @@ def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions) -> Ve
         stored_options["statistic"] = verdict["statistic"]
     if verdict.get("public_half") is not None:  # two-part keys: the published half's verdict and the paired test
         stored_options["public_half"] = verdict["public_half"]
+    if disclosed is not None:
+        stored_options["disclosed"] = disclosed
     p_value = verdict["p_value"]
     return VerdictRecord(
         text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,

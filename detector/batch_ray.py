@@ -54,7 +54,7 @@ def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | N
     finally:
         if started_here:
             ray.shutdown()
-    return collect_results(results, len(rows))
+    return collect_results(results, len(rows), prepared.disclosed)
 
 
 def connect_ray(address: str | None = None) -> bool:

@@ -16,6 +16,8 @@ from watermark.key_info import KeyNotFoundError, KeyringError
 from watermark.public_key import public_half_id
 
 TRANSPORT_KEY_ENV = "PROVMARK_BATCH_TRANSPORT_KEY"
+# the detect-scope dither's key (detector.service.dither_key_of) travels as one more entry; not a valid key id
+DITHER_ID = "provmark/detect-dither"
 SEAL_CONTEXT = b"provmark/batch-secrets/1"  # AES-GCM associated data: a sealed bundle means only this
 NONCE_BYTES = 12  # AES-GCM's 96-bit nonce (NIST SP 800-38D)
 
@@ -44,6 +46,9 @@ class KeySecrets:
             return self._secrets[key_id]
         except KeyError:
             raise KeyNotFoundError(f"key {key_id!r} was not sent to this worker") from None
+
+    def get(self, key_id: str) -> bytes | None:
+        return self._secrets.get(key_id)
 
 
 def seal_secrets(secrets: KeySecrets) -> tuple[bytes, str]:

@@ -61,6 +61,14 @@ DETECT_FIELDS = ("verdict", "watermark", "fingerprint", "num_tokens", "alpha", "
                  "dedup", "correction", "normalizations", "tokenizer_fingerprint", "model_id", "text_sha256",
                  "text_length", "common_units", "matches_own_output")
 _DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
+# what every stored verdict records of its detect-scope view (options["disclosed"]; the audit scope alone reads it)
+RECORDED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
+                   "spoof_suspected", "matches_own_output")
+
+
+def recorded(coarse: dict) -> dict:
+    """The part of a detect-scope view (``disclose``) a stored verdict records (``RECORDED_FIELDS``)."""
+    return {name: coarse[name] for name in RECORDED_FIELDS}
 
 
 def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray) -> float:

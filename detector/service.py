@@ -55,6 +55,13 @@ from watermark.vocab import Vocabulary, load_vocabulary
 
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
 PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
+DITHER_PURPOSE = b"provmark/detect-dither"
+
+
+def dither_key_of(keyring) -> bytes | None:
+    """The detect-scope dither's key, derived from the keyring's master key (every worker of both services, and
+    batch workers shipped it, draw the same u for a text); None for a keyring stand-in without a master key."""
+    return keyring.derive_key(DITHER_PURPOSE) if hasattr(keyring, "derive_key") else None
 
 
 @dataclass(slots=True)
@@ -89,11 +96,13 @@ class Detector:
     ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
-                 bind_keys: bool = True, output_memory=None) -> None:
+                 bind_keys: bool = True, output_memory=None, dither_key: bytes | None = None) -> None:
+        """``dither_key``: the detect-scope dither's key when the keyring cannot derive it (a batch worker is
+        shipped the service's, ``dither_key_of``); by default derived from the keyring's master key."""
         self._vocab = vocab
         self.output_memory = output_memory
         self._bind_keys = bind_keys
-        self._dither_key: bytes | None = None
+        self._dither_key: bytes | None = dither_key
         self._gram_key: int | None = None  # db.output_grams: keys the n-grams of remembered outputs
         self._keyring = keyring
         self._lock = threading.Lock()
@@ -203,10 +212,7 @@ class Detector:
         services draw the same u for the same text (a caller cannot re-draw it by hitting another worker);
         a keyring stand-in without a master key gets a per-process random one."""
         if self._dither_key is None:
-            if hasattr(self.keyring, "derive_key"):
-                self._dither_key = self.keyring.derive_key(b"provmark/detect-dither")
-            else:
-                self._dither_key = secrets.token_bytes(32)
+            self._dither_key = dither_key_of(self.keyring) or secrets.token_bytes(32)
         return self._dither_key
 
     def calibrations_for(self, marks: list[Watermark]) -> list[Calibration | None]:

@@ -116,6 +116,29 @@ def test_store_writes_every_verdict_with_its_audit_event(capsys, tmp_path, recor
     store.close()
 
 
+def test_stored_batch_verdicts_record_the_detect_scope_view_the_service_shows(capsys, tmp_path, records, keyring):
+    """An ``audit`` token alone reads each row's detect-scope view (db.verdicts): a batch row records the same view
+    the detector service would show a ``detect`` caller for that text (its dither key derives from the same
+    master key), so it is not ``withheld``."""
+    source = tmp_path / "in.jsonl"
+    write_jsonl(source, records[:6])
+    code, _, err = cli(capsys, "detect-batch", source, "--out", tmp_path / "out.jsonl", "--store", "--no-progress",
+                       "--windows")
+    assert code == 0, err
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert all("disclosed" not in o for o in out)  # the output file keeps the verdicts as `provmark detect` writes them
+    store, service = Store(), Detector(keyring=keyring)
+    for record, o in zip(records[:6], out):
+        seen = store.get_verdict(o["verdict_id"], exact=False)
+        shown = service.detect(record["text"], windows=True,
+                               forced_positions=record.get("forced_positions")).disclose("detect")
+        assert seen["disclosure"] == "coarse-dithered/v1", seen
+        assert (seen["verdict"], seen["z"], seen["p_value"], seen["key_id"], seen["windows"]) == \
+            (shown["verdict"], shown["z_score"], shown["p_value"], shown["key_id"], shown["windows"])
+    assert any(o["verdict"] == "watermarked" for o in out) and any(o["verdict"] == "not_watermarked" for o in out)
+    store.close()
+
+
 def stored_count() -> int:
     store = Store()
     store.upgrade()

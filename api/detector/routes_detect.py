@@ -25,6 +25,7 @@ from api.detector.schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, parse_body
 from db import budget
 from detector.calibration import null_record
+from detector.disclosure import recorded
 from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
@@ -132,15 +133,11 @@ def _find_provenance(store, text: str, try_normalized: bool) -> dict | None:
     return None
 
 
-DISCLOSED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
-                    "spoof_suspected", "matches_own_output")
-
-
 def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coarse: dict) -> VerdictRecord:
     """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction; with the detect-scope
     view (``coarse``: what a ``detect`` caller was shown, and all the ``audit`` scope alone reads back)."""
     options = body.model_dump(exclude={"text"})
-    options["disclosed"] = {name: coarse[name] for name in DISCLOSED_FIELDS}
+    options["disclosed"] = recorded(coarse)
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
     options["null"] = null_record(verdict.to_dict())
     if verdict.statistic is not None:  # sampling specs: the scheme's own statistic (no green count)

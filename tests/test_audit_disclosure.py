@@ -100,7 +100,7 @@ def test_the_audit_scope_sees_what_detect_shows_and_filters_on_it(database_url, 
         events = _get(base_url, "/v1/audit?kind=detection", prober)["items"]
         assert [e["subject_id"] for e in events] == [body["id"] for body in shown.values()]
         for event in events:
-            assert not {"z", "verdict", "row_sha256"} & event["details"].keys(), event
+            assert not {"z", "verdict", "row_sha256", "key_id"} & event["details"].keys(), event
             assert event["hash"] is None and event["prev_hash"] is None
         every = _get(base_url, "/v1/audit", prober)["items"]
         assert all(e["hash"] is None for e in every)  # the next event's prev_hash is this one's hash

@@ -1,7 +1,7 @@
 """GET /v1/audit (events in chain order, paged) and GET /v1/audit/verify; scope ``audit``.
 
-A token without ``explain`` reads ``detection`` events without the verdict, the exact z and the row digest,
-and no event's chain hashes: a caller who chose the text knows every other input of those digests, so each
+A token without ``explain`` reads ``detection`` events without the verdict, the exact z, the key id and the row
+digest, and no event's chain hashes: a caller who chose the text knows every other input of those digests, so each
 would let it test guesses of the exact green count (the next event's ``prev_hash`` is this one's hash, and
 ``/v1/audit/verify``'s ``head_hash`` the newest event's). The chain is still checked, by the server
 (``/v1/audit/verify``, without ``head_hash``).
@@ -16,8 +16,9 @@ from api.detector.schemas import AuditList, AuditQuery, AuditReportBody
 from api.http import parse_query
 from db.audit import list_events, verify
 
-# what a ``detection`` event carries that a reader without ``explain`` does not see (module docstring)
-EXACT_DETAILS = ("verdict", "z", "row_sha256")
+# what a ``detection`` event carries that a reader without ``explain`` does not see (module docstring; the key id
+# is the best-scoring key's even for a negative verdict, which the detect-scope view does not name)
+EXACT_DETAILS = ("verdict", "z", "row_sha256", "key_id")
 
 
 def blueprint(api, services) -> Blueprint:

@@ -112,7 +112,7 @@ class VerdictRow(Base):
         }
 
 
-SHOWN_VERDICTS = ("watermarked", "not_watermarked", "insufficient_text")
+VERDICTS = ("watermarked", "not_watermarked", "insufficient_text")  # what a stored verdict can say
 
 
 def shown_of(verdict: str, options: dict | None) -> tuple[str | None, float | None]:
@@ -120,7 +120,7 @@ def shown_of(verdict: str, options: dict | None) -> tuple[str | None, float | No
     view (and shows no score); (None, None) when no view was recorded. The ``shown_*`` columns hold exactly
     this, and ``audit verify`` checks that they still do (``db.audit_rows``)."""
     disclosed = (options or {}).get("disclosed")
-    if isinstance(disclosed, dict) and disclosed.get("verdict") in SHOWN_VERDICTS:
+    if isinstance(disclosed, dict) and disclosed.get("verdict") in VERDICTS:
         z = disclosed.get("z_score")
         return disclosed["verdict"], None if z is None else float(z)
     if verdict == "insufficient_text":

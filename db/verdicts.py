@@ -33,11 +33,10 @@ from sqlalchemy import or_, select
 from db import audit
 from db.audit_rows import row_digest
 from db.caller import Caller
-from db.rows import VerdictRow, iso_utc, new_id, shown_of, utc_now
+from db.rows import VERDICTS, VerdictRow, iso_utc, new_id, shown_of, utc_now
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-VERDICTS = ("watermarked", "not_watermarked", "insufficient_text")
 EXACT, WITHHELD = "exact", "withheld"  # the ``disclosure`` of a row read whole, and of one with no recorded view
 # what a coarse (audit-only) reader sees of a row's options: the request and which keys were tested
 REQUEST_OPTIONS = ("watermark", "keys", "all_keys", "windows", "explain", "normalize", "dedup", "z_threshold", "fpr",

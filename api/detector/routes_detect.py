@@ -25,7 +25,7 @@ from api.detector.schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, parse_body
 from db import budget
 from detector.calibration import null_record
-from detector.disclosure import recorded
+from detector.disclosure import EXPLAIN_SCOPE, recorded
 from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
@@ -34,7 +34,6 @@ from watermark.config import SpecError
 from watermark.specs import AnySpec, parse_spec
 from watermark.key_info import KeyNotFoundError, KeySpecError, KeyringError
 
-EXPLAIN_SCOPE = "explain"
 # detect()'s ValueErrors start with the option they blame ("fpr: ...").
 REQUEST_FIELDS = frozenset(DetectRequest.model_fields)
 

@@ -1,7 +1,7 @@
 """GET /v1/verdicts (filters, cursor pages, CSV export) and GET /v1/verdicts/<id>; scope ``audit``.
 
 A token that also holds ``explain`` reads rows whole; ``audit`` alone reads the detect-scope view each row
-recorded, and the ``verdict`` and ``min_z`` filters act on that view (``db.verdicts``, #17).
+recorded, and the ``verdict``, ``min_z`` and ``key_id`` filters act on that view (``db.verdicts``, #17).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from api.detector.schemas import VerdictItem, VerdictList, VerdictQuery
 from api.http import ApiError, ErrorResponse, parse_query
+from detector.disclosure import EXPLAIN_SCOPE
 
 CSV_MEDIA_TYPE = "text/csv"
-EXPLAIN_SCOPE = "explain"
 
 
 def reads_exact() -> bool:

@@ -139,8 +139,10 @@ def test_a_spoof_of_a_two_part_keys_published_half_is_named_on_the_page(browser,
     keyring.create("two-part", public_half=True)
     vocab = shared_vocabulary()
     app = create_app({"home": provmark_home, "vocab": vocab})
-    # text made green under the published half alone: what anyone holding the published half can write
-    spoof = watermarked_text(vocab, keyring.public_half("two-part"), human_text(1500))
+    # text made green under the published half alone: what anyone holding the published half can write. 520
+    # tokens: the detect view dithers the paired test on a grid 8 pairs wide, so a 260-token spoof could hide in
+    # it (1 random key in 40); at 520 tokens its paired z cleared threshold + grid by >= 1.9 for 40 keys of 40
+    spoof = watermarked_text(vocab, keyring.public_half("two-part"), human_text(3000), max_tokens=520)
     with serve(app) as base_url:
         page = browser.new_page()
         page.goto(base_url + "/")

@@ -121,6 +121,18 @@ class CommonUnits:
         threshold = threshold_for_length(threshold, len(token_ids), self.window_tokens)
         return np.flatnonzero(self.frequency_of(identities) >= threshold)
 
+    def lookup_table(self, watermark, num_tokens: int):
+        """What ``excluded`` searches, for a caller that searches it itself (``detector.scoring_kernel``):
+        (packed slots (``_packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text of
+        ``num_tokens`` tokens under ``watermark``'s spec; None where the spec counts every position."""
+        spec = watermark.spec
+        threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
+        if threshold is None:
+            return None
+        slots, probes = _packed_hash_table(self)
+        # excluded compares float32 frequencies with a Python float, which NumPy does in float32
+        return slots, probes, np.float32(threshold_for_length(threshold, num_tokens, self.window_tokens))
+
     # ------------------------------------------------------------------------------ storage
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,15 +158,36 @@ def threshold_for_length(threshold: float, num_tokens: int, window_tokens: int =
 
 
 _hash_tables: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+_packed_tables: dict[str, tuple[np.ndarray, int]] = {}
 
 
 def _hash_table(table: CommonUnits) -> tuple[np.ndarray, np.ndarray, int]:
     """(slots, frequencies, longest probe) of ``table``, built once per table (vectorised inserts)."""
     found = _hash_tables.get(table.digest)
-    if found is not None:
-        return found
-    ids, freq = table.identities, table.frequencies
-    size = 1 << max(4, int(4 * max(1, ids.shape[0]) - 1).bit_length())
+    if found is None:
+        size = 1 << max(4, int(4 * max(1, table.identities.shape[0]) - 1).bit_length())
+        found = _hash_tables[table.digest] = _open_addressing(table.identities, table.frequencies, size)
+    return found
+
+
+def _packed_hash_table(table: CommonUnits) -> tuple[np.ndarray, int]:
+    """(slots [S, 2] uint64: identity, then the frequency's float32 bits; longest probe) of ``table`` at load
+    <= 1/2, built once per table: what the C scoring pass searches (``detector.scoring_kernel``), one cache
+    line per lookup where ``_hash_table``'s two arrays at load 1/4 touch two lines of 48 MB."""
+    found = _packed_tables.get(table.digest)
+    if found is None:
+        size = 1 << max(4, int(2 * max(1, table.identities.shape[0]) - 1).bit_length())
+        slots, freqs, probes = _open_addressing(table.identities, table.frequencies, size)
+        packed = np.empty((size, 2), dtype=np.uint64)
+        packed[:, 0] = slots
+        packed[:, 1] = freqs.view(np.uint32)
+        found = _packed_tables[table.digest] = (packed, probes)
+    return found
+
+
+def _open_addressing(ids: np.ndarray, freq: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Linear probing from an identity's low bits into ``size`` slots (a power of two): (slots, frequencies,
+    longest probe)."""
     slots = np.zeros(size, dtype=np.uint64)
     freqs = np.zeros(size, dtype=np.float32)
     mask = np.uint64(size - 1)
@@ -170,8 +203,7 @@ def _hash_table(table: CommonUnits) -> tuple[np.ndarray, np.ndarray, int]:
         placed[winners] = True
         pending = pending[~placed[pending]]
         probe += 1
-    found = _hash_tables[table.digest] = (slots, freqs, probe)
-    return found
+    return slots, freqs, probe
 
 
 def file_name(tokenizer_fingerprint: str) -> str:

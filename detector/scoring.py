@@ -23,6 +23,7 @@ import torch
 
 from detector.common_units import CommonUnits
 from detector.row_order import previous_and_order
+from detector.scoring_kernel import anchor_scores
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
@@ -87,6 +88,10 @@ def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
     in the text or in a window (``detector.common_units``)."""
+    fast = anchor_scores(wm, token_ids, common, dedup)  # minhash, selfhash: the same arrays from one C loop
+    if fast is not None:
+        flags, prev, units, named = fast
+        return (flags, prev) + ((units,) if with_units else ()) + ((named,) if with_identities else ())
     flags, units, *named = wm.scored_positions(token_ids, with_identities=common is not None or with_identities)
     prev = _previous(units.numpy()) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
     if common is not None:

@@ -58,6 +58,7 @@ class Watermark:
         self._tables: SeedTables | None = None
         self._public_tables: SeedTables | None = None
         self._public: Watermark | None = None  # the public half's own Watermark, built on first use
+        self._public_fingerprint: str | None = None  # its key fingerprint, computed on first use
         self._hf: HFGreenlists | None = None
         # rows whose watermarks share this key are biased in one batched call (see WatermarkProcessor)
         self.batch_key: tuple = (self.spec, vocab_size)
@@ -84,7 +85,9 @@ class Watermark:
         """The published half's key fingerprint (``watermark.key_info.key_fingerprint``)."""
         if self._public_tables is None:
             raise ValueError(f"key {self.key_id} is not a two-part key")
-        return key_fingerprint(self._public_half)
+        if self._public_fingerprint is None:  # an HMAC per verdict otherwise
+            self._public_fingerprint = key_fingerprint(self._public_half)
+        return self._public_fingerprint
 
     def public_mark(self) -> Watermark:
         """The public half's Watermark (what a verifier holding the published half scores with)."""

@@ -1,10 +1,12 @@
-"""The anchored kgw schemes' scoring pass in one C loop (``csrc/anchor_units.c``), through ctypes.
+"""The keyed kgw schemes' scoring pass in one C loop (``csrc/anchor_units.c``), through ctypes.
 
-For minhash and selfhash, ``detector.scoring.score_positions`` computes per position the keyed min over the
-context (the seed and its anchor), the green flag, the unit's key-free identity, its previous occurrence and
-whether the common-unit table leaves it out: about ten numpy and torch passes over the text, 0.7 ms of a
-1,000-token detection (half of it). One loop does the same in about a tenth of that, with the common-unit
-table's cache misses prefetched. A two-part key scores each text twice (once per half), so it gains twice.
+``detector.scoring.score_positions`` computes per position the seed (for minhash and selfhash the keyed min
+over the context, which also names the anchor), the green flag, the unit's key-free identity, its previous
+occurrence and whether the common-unit table leaves it out: about ten numpy and torch passes over the text,
+0.7 ms of a 1,000-token detection (half of it). One loop does the same in about a tenth of that, with the
+common-unit table's cache misses prefetched. A two-part key scores each text twice (once per half), so it
+gains twice. unigram and lefthash take their seeds from ``watermark.seeding.context_seeds`` (lefthash over
+h > 1 tokens: the joint-context PRF) and the rest from the kernel.
 
 The Python path defines every number: ``anchor_scores`` returns None where the kernel does not apply (another
 scheme, an hf spec, tables off the CPU, no compiler, ``PROVMARK_NATIVE=0``, an out-of-range token id) and the
@@ -26,13 +28,15 @@ import torch
 
 from watermark.native_build import build_cached
 from watermark.prf import SEED_MULTIPLIER, green_threshold, vocab_mix_table
+from watermark.seeding import context_seeds
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "anchor_units.c"
 FLAGS = ("-O2", "-shared", "-fPIC")
 DISABLE_ENV = "PROVMARK_NATIVE"  # one setting turns every native kernel off
-SCHEMES = ("minhash", "selfhash")
+ANCHORED = ("minhash", "selfhash")
+SEEDED = ("unigram", "lefthash")
 _MULTIPLIER = SEED_MULTIPLIER & ((1 << 64) - 1)
 
 
@@ -44,15 +48,16 @@ def _library():
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found")
-        function = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "anchor_units"))).anchor_units
+        library = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "anchor_units")))
+        anchored, seeded = library.anchor_units, library.seeded_units
     except (OSError, RuntimeError, AttributeError) as exc:
         log.info("scoring kernel unavailable, using numpy: %s", exc)
         return None
-    p, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
-    function.argtypes = [p, i64, ctypes.c_int, ctypes.c_int, i64, p, p, p, p, u64, i64,
-                         p, u64, ctypes.c_int, ctypes.c_float, ctypes.c_int, p, p, p, p]
-    function.restype = ctypes.c_int
-    return function
+    p, i64, u64, c_int, table = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
+    anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, table, c_int, p, p, p, p]
+    seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, table, c_int, p, p, p]
+    anchored.restype = seeded.restype = ctypes.c_int
+    return anchored, seeded
 
 
 def available() -> bool:
@@ -62,27 +67,44 @@ def available() -> bool:
 
 def _constants(wm, tables) -> tuple:
     """The key's tables as the kernel reads them, their addresses computed once per key's tables (the
-    tensors stay alive with ``tables``, which caches them per device)."""
+    tensors stay alive with ``tables``, which caches them per device): (token values, salt, own, vocab mix,
+    unigram seed, the tensors)."""
     found = getattr(tables, "_anchor_kernel_args", None)
     if found is None:
         t = tables.tensors(torch.device("cpu"))
-        selfhash = wm.spec.scheme == "selfhash"
         mix = vocab_mix_table(wm.vocab_size, "cpu")
-        found = (t["token"].data_ptr(), t["salt"].data_ptr() if selfhash else None,
-                 t["self"].data_ptr() if selfhash else None, mix.data_ptr(), (t, mix))
+
+        def address(name):
+            return t[name].data_ptr() if name in t else None
+
+        found = (address("token"), address("salt"), address("self"), mix.data_ptr(),
+                 int(t["unigram"].reshape(-1)[0]) if "unigram" in t else 0, (t, mix))
         tables._anchor_kernel_args = found
     return found
 
 
+def _lefthash_seeds(tables, ids: torch.Tensor, h: int, count: int) -> torch.Tensor:
+    """Each position's lefthash seed, as ``watermark.seeding.context_seeds`` computes it: h = 1 the key's table
+    entry of the context token; h > 1 the joint-context PRF, every context in one batch call of the C PRF
+    kernel (``KeyedPRF.packed_seed_words``: the same bytes as one ``seed`` call per context), else per context."""
+    contexts = ids.unfold(0, h + 1, 1)[:, :h]
+    if h > 1:
+        words = tables.prf.packed_seed_words(contexts.numpy().astype("<u4").tobytes(), 4 * h)
+        if words is not None:
+            return torch.from_numpy(np.frombuffer(words, dtype="<i8", count=count).astype(np.int64))
+    return context_seeds(tables, contexts, None).reshape(-1).contiguous()
+
+
 def anchor_scores(wm, token_ids, common, dedup: bool):
-    """(flags bool [N], prev int64 [N], units int64 [N, 2], identities uint64 [N]) of ``token_ids`` under ``wm``
+    """(flags bool [N], prev int64 [N], units int64 [N, k], identities uint64 [N]) of ``token_ids`` under ``wm``
     exactly as ``detector.scoring.score_positions`` computes them (N = T - h; a position the common-unit table
-    leaves out points at itself in prev), or None where the kernel does not apply."""
+    leaves out points at itself in prev; units (seed, token) for minhash and selfhash, the (h + 1)-gram for
+    unigram and lefthash), or None where the kernel does not apply."""
     spec = wm.spec
-    function = _library()
+    functions = _library()
     tables = getattr(wm, "_tables", None)
-    if (function is None or spec.kind != "kgw" or spec.scheme not in SCHEMES or getattr(wm, "_hf", None) is not None
-            or tables is None):
+    if (functions is None or spec.kind != "kgw" or spec.scheme not in ANCHORED + SEEDED
+            or getattr(wm, "_hf", None) is not None or tables is None):
         return None
     ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
     if ids.device.type != "cpu":
@@ -93,7 +115,7 @@ def anchor_scores(wm, token_ids, common, dedup: bool):
     count = length - h
     if count <= 0:
         return None
-    token_values, salt, own, vocab_mix, _ = _constants(wm, tables)
+    token_values, salt, own, vocab_mix, unigram_seed, _ = _constants(wm, tables)
     slots = None
     slot_mask, probes, threshold = 0, 0, 0.0
     if common is not None:
@@ -101,16 +123,31 @@ def anchor_scores(wm, token_ids, common, dedup: bool):
         if found is not None:
             table, probes, threshold = found
             slots, slot_mask = table.ctypes.data, table.shape[0] - 1
-    # one buffer: units [N, 2], identities [N], prev [N], then the flags' N bytes
-    out = np.empty(4 * count + (count + 7) // 8, dtype=np.int64)
+    anchored = spec.scheme in ANCHORED
+    width = 2 if anchored else h + 1
+    # one buffer: units [N, width] (anchored only), identities [N], prev [N], then the flags' N bytes
+    out = np.empty((width if anchored else 0) * count + 2 * count + (count + 7) // 8, dtype=np.int64)
     at = out.ctypes.data
-    done = function(ids.data_ptr(), length, h, spec.scheme == "selfhash", wm.vocab_size,
-                    token_values, salt, own, vocab_mix, _MULTIPLIER, green_threshold(spec.gamma),
-                    slots, slot_mask, probes, threshold, dedup,
-                    at + 32 * count, at, at + 16 * count, at + 24 * count)
+    head = (width if anchored else 0) * count
+    identities_at, prev_at, flags_at = at + 8 * head, at + 8 * (head + count), at + 8 * (head + 2 * count)
+    gamma_below = green_threshold(spec.gamma)
+    if anchored:
+        done = functions[0](ids.data_ptr(), length, h, spec.scheme == "selfhash", wm.vocab_size, token_values, salt,
+                            own, vocab_mix, _MULTIPLIER, gamma_below, slots, slot_mask, probes, threshold, dedup,
+                            flags_at, at, identities_at, prev_at)
+    else:
+        seeds = None
+        if spec.scheme == "lefthash":
+            seeds = _lefthash_seeds(tables, ids, h, count)
+        done = functions[1](ids.data_ptr(), length, h, None if seeds is None else seeds.data_ptr(), unigram_seed,
+                            1 if spec.scheme == "unigram" else 2, wm.vocab_size, vocab_mix, _MULTIPLIER, gamma_below,
+                            slots, slot_mask, probes, threshold, dedup, flags_at, identities_at, prev_at)
     if done != 0:
         return None
-    units = out[:2 * count].reshape(count, 2)
-    identities = out[2 * count:3 * count].view(np.uint64)
-    flags = out[4 * count:].view(np.bool_)[:count]
-    return flags, out[3 * count:4 * count], units, identities
+    if anchored:
+        units = out[:head].reshape(count, width)
+    else:
+        units = np.lib.stride_tricks.sliding_window_view(ids.numpy(), h + 1).copy()
+    identities = out[head:head + count].view(np.uint64)
+    flags = out[head + 2 * count:].view(np.bool_)[:count]
+    return flags, out[head + count:head + 2 * count], units, identities

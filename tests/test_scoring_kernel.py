@@ -1,4 +1,4 @@
-"""The C scoring pass of minhash and selfhash (``detector.scoring_kernel``) gives exactly the arrays of the
+"""The C scoring pass of the keyed kgw schemes (``detector.scoring_kernel``) gives exactly the arrays of the
 Python path it replaces: flags, previous occurrences (with the common-unit table's left-out positions), units
 and identities, on human text, on text full of repeated tokens (ties in the keyed min) and on tiny texts."""
 
@@ -24,7 +24,10 @@ pytestmark = pytest.mark.skipif(not scoring_kernel.available() and not os.enviro
 
 SPECS = ("kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0", "kgw:scheme=minhash,h=4,gamma=0.25,delta=2.0",
          "kgw:scheme=selfhash,h=2,gamma=0.5,delta=2.0", "kgw:scheme=minhash,h=1,gamma=0.5,delta=2.0",
-         "kgw:scheme=selfhash,h=1,gamma=0.1,delta=2.0")
+         "kgw:scheme=selfhash,h=1,gamma=0.1,delta=2.0", "kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0",
+         "kgw:scheme=lefthash,h=4,gamma=0.5,delta=2.0", "kgw:scheme=lefthash,h=5,gamma=0.25,delta=2.0",
+         "kgw:scheme=unigram,gamma=0.25,delta=2.0", "kgw:scheme=lefthash,h=2,gamma=0.25,delta=2.0,prf=sha3-256",
+         "kgw:scheme=selfhash,h=3,gamma=0.25,delta=2.0,prf=sha3-256")
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +67,12 @@ def test_the_kernel_gives_the_python_paths_arrays(monkeypatch, vocab, texts, spe
             for a, b in zip(fast, slow):
                 assert a.dtype == b.dtype and a.shape == b.shape
                 np.testing.assert_array_equal(a, b)
-            if common is not None and ids is texts[0]:  # 1,000 tokens of news
+            if common is not None and ids is texts[0] and "h=5" not in spec_text:  # 1,000 tokens of news (h=5: unnamed)
                 assert (fast[1] == np.arange(fast[1].shape[0])).any()  # the table left something out
 
 
-def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, texts):
+@pytest.mark.parametrize("spec_text", [None, SPECS[5], SPECS[8]])
+def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, texts, spec_text):
     """Whole verdicts (one- and two-part keys), every field, as the service returns them."""
 
     class OneKey:
@@ -90,10 +94,10 @@ def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, t
     for two_part in (False, True):
         detector = Detector(vocab=vocab, keyring=OneKey(two_part))
         for text in words:
-            fast = detector.detect(text, explain=True).to_dict()
+            fast = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
             with monkeypatch.context() as m:
                 m.setattr(scoring, "anchor_scores", lambda *a: None)
-                slow = detector.detect(text, explain=True).to_dict()
+                slow = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
             assert fast == slow
 
 

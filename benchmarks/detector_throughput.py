@@ -16,6 +16,8 @@ bursts hit both). gumbel: and synthid: without the C PRF kernel cache each conte
 texts skip their PRF calls: the ``fresh_contexts`` figures clear that cache before every text (what a
 never-seen text costs; with the kernel nothing is cached and both figures measure the same path;
 ``fresh_contexts_relative_to_default_spec`` is their rate over the default spec's in the same rounds).
+``kgw``: the other kgw schemes under the same key, one row each, taking turns with the default spec as the
+sampling rows do.
 ``two_part_key``: the default spec under a two-part key (both halves scored, and the paired test), taking
 turns with the one-part key.
 ``spoof_check``: positive verdicts (1,000-token texts drawn with the default spec's bias from the corpus's
@@ -55,6 +57,8 @@ from watermark.vocab import encode, load_vocabulary  # noqa: E402
 TEXT_TOKENS = 1000
 HF_SYNTHID_KEYS = (654, 400, 836, 123, 340, 443, 597, 160, 57, 29, 590, 639, 13, 715, 468, 990, 966, 226, 324, 585,
                    118, 504, 421, 521, 129, 669, 732, 225, 90, 960)  # 30 layers, as transformers' docs
+KGW_SPECS = ("kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0", "kgw:scheme=unigram,gamma=0.25,delta=2.0",
+             "kgw:scheme=minhash,h=4,gamma=0.25,delta=2.0", "kgw:scheme=lefthash,h=4,gamma=0.25,delta=2.0")
 SAMPLING_SPECS = ("gumbel:h=4", "synthid:h=4", "vllm:gumbel",
                   "hf:synthid,keys=" + ":".join(map(str, HF_SYNTHID_KEYS)) + ",ngram_len=5")
 
@@ -111,6 +115,18 @@ def interleaved(runs: dict, items, repeats: int) -> dict:
                 fn(item)
             best[name] = min(best[name], time.perf_counter() - start)
     return best
+
+
+def kgw_rows(detector, texts: list[str], items, tokens: int, hf_rate: float, repeats: int) -> dict:
+    """Per kgw spec besides the default: end-to-end rate, its speedup over transformers' and its ratio to the
+    default spec's rate in the same interleaved rounds."""
+    runs = {"default": lambda i: detector.detect(texts[i])}
+    for spec_text in KGW_SPECS:
+        runs[spec_text] = lambda i, spec_text=spec_text: detector.detect(texts[i], spec=spec_text)
+    seconds = interleaved(runs, items, repeats)
+    return {spec_text: {"end_to_end_tokens_per_s_on_hf_texts": tokens / seconds[spec_text],
+                        "speedup_end_to_end": tokens / seconds[spec_text] / hf_rate,
+                        "relative_to_default_spec": seconds["default"] / seconds[spec_text]} for spec_text in KGW_SPECS}
 
 
 def sampling_rows(detector, texts: list[str], items, tokens: int, hf_rate: float, repeats: int) -> dict:
@@ -285,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ours_e2e_rate = ours_tokens / end_to_end_s
     hf_rate = hf_tokens / hf_s
+    kgw = kgw_rows(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     sampling = sampling_rows(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     two_part = two_part_row(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     spoof = spoof_check_row(vocab, args.outputs, args.texts, args.repeats)
@@ -308,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             "end_to_end_tokens_per_s": hf_rate,
         },
         "speedup_end_to_end": (hf_tokens / ours_same_s) / hf_rate,
+        "kgw": kgw,
         "sampling": sampling,
         "two_part_key": two_part,
         "spoof_check": spoof,

@@ -122,9 +122,9 @@ class CommonUnits:
         return np.flatnonzero(self.frequency_of(identities) >= threshold)
 
     def lookup_table(self, watermark, num_tokens: int):
-        """What ``excluded`` searches, for a caller that searches it itself (``detector.scoring_kernel``):
-        (packed slots (``_packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text of
-        ``num_tokens`` tokens under ``watermark``'s spec; None where the spec counts every position."""
+        """What ``excluded`` searches, for a caller that searches it itself (``detector.scoring_kernel``): (packed
+        slots (``_packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text
+        of ``num_tokens`` tokens under ``watermark``'s spec; None where the spec counts every position."""
         spec = watermark.spec
         threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
         if threshold is None:

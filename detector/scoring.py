@@ -23,7 +23,7 @@ import torch
 
 from detector.common_units import CommonUnits
 from detector.row_order import previous_and_order
-from detector.scoring_kernel import anchor_scores
+from detector.scoring_kernel import kgw_scores
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
@@ -88,7 +88,7 @@ def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
     in the text or in a window (``detector.common_units``)."""
-    fast = anchor_scores(wm, token_ids, common, dedup)  # minhash, selfhash: the same arrays from one C loop
+    fast = kgw_scores(wm, token_ids, common, dedup)  # minhash, selfhash: the same arrays from one C loop
     if fast is not None:
         flags, prev, units, named = fast
         return (flags, prev) + ((units,) if with_units else ()) + ((named,) if with_identities else ())

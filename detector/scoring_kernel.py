@@ -1,4 +1,4 @@
-"""The keyed kgw schemes' scoring pass in one C loop (``csrc/anchor_units.c``), through ctypes.
+"""The keyed kgw schemes' scoring pass in one C loop (``csrc/kgw_units.c``), through ctypes.
 
 ``detector.scoring.score_positions`` computes per position the seed (for minhash and selfhash the keyed min
 over the context, which also names the anchor), the green flag, the unit's key-free identity, its previous
@@ -8,7 +8,7 @@ common-unit table's cache misses prefetched. A two-part key scores each text twi
 gains twice. unigram and lefthash take their seeds from ``watermark.seeding.context_seeds`` (lefthash over
 h > 1 tokens: the joint-context PRF) and the rest from the kernel.
 
-The Python path defines every number: ``anchor_scores`` returns None where the kernel does not apply (another
+The Python path defines every number: ``kgw_scores`` returns None where the kernel does not apply (another
 scheme, an hf spec, tables off the CPU, no compiler, ``PROVMARK_NATIVE=0``, an out-of-range token id) and the
 caller computes the same arrays as before; ``tests/test_scoring_kernel.py`` compares the two. Built once with
 the system C compiler and cached like the other native kernels (``watermark.native_build``).
@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from watermark.seeding import context_seeds
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "anchor_units.c"
+SOURCE = Path(__file__).with_name("csrc") / "kgw_units.c"
 FLAGS = ("-O2", "-shared", "-fPIC")
 DISABLE_ENV = "PROVMARK_NATIVE"  # one setting turns every native kernel off
 ANCHORED = ("minhash", "selfhash")
@@ -48,7 +49,7 @@ def _library():
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found")
-        library = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "anchor_units")))
+        library = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "kgw_units")))
         anchored, seeded = library.anchor_units, library.seeded_units
     except (OSError, RuntimeError, AttributeError) as exc:
         log.info("scoring kernel unavailable, using numpy: %s", exc)
@@ -65,11 +66,14 @@ def available() -> bool:
     return _library() is not None
 
 
+_constants_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per key's SeedTables, while it lives
+
+
 def _constants(wm, tables) -> tuple:
     """The key's tables as the kernel reads them, their addresses computed once per key's tables (the
     tensors stay alive with ``tables``, which caches them per device): (token values, salt, own, vocab mix,
     unigram seed, the tensors)."""
-    found = getattr(tables, "_anchor_kernel_args", None)
+    found = _constants_of.get(tables)
     if found is None:
         t = tables.tensors(torch.device("cpu"))
         mix = vocab_mix_table(wm.vocab_size, "cpu")
@@ -79,7 +83,7 @@ def _constants(wm, tables) -> tuple:
 
         found = (address("token"), address("salt"), address("self"), mix.data_ptr(),
                  int(t["unigram"].reshape(-1)[0]) if "unigram" in t else 0, (t, mix))
-        tables._anchor_kernel_args = found
+        _constants_of[tables] = found
     return found
 
 
@@ -95,7 +99,7 @@ def _lefthash_seeds(tables, ids: torch.Tensor, h: int, count: int) -> torch.Tens
     return context_seeds(tables, contexts, None).reshape(-1).contiguous()
 
 
-def anchor_scores(wm, token_ids, common, dedup: bool):
+def kgw_scores(wm, token_ids, common, dedup: bool):
     """(flags bool [N], prev int64 [N], units int64 [N, k], identities uint64 [N]) of ``token_ids`` under ``wm``
     exactly as ``detector.scoring.score_positions`` computes them (N = T - h; a position the common-unit table
     leaves out points at itself in prev; units (seed, token) for minhash and selfhash, the (h + 1)-gram for
@@ -130,17 +134,17 @@ def anchor_scores(wm, token_ids, common, dedup: bool):
     at = out.ctypes.data
     head = (width if anchored else 0) * count
     identities_at, prev_at, flags_at = at + 8 * head, at + 8 * (head + count), at + 8 * (head + 2 * count)
-    gamma_below = green_threshold(spec.gamma)
+    green_below = green_threshold(spec.gamma)
     if anchored:
         done = functions[0](ids.data_ptr(), length, h, spec.scheme == "selfhash", wm.vocab_size, token_values, salt,
-                            own, vocab_mix, _MULTIPLIER, gamma_below, slots, slot_mask, probes, threshold, dedup,
+                            own, vocab_mix, _MULTIPLIER, green_below, slots, slot_mask, probes, threshold, dedup,
                             flags_at, at, identities_at, prev_at)
     else:
         seeds = None
         if spec.scheme == "lefthash":
             seeds = _lefthash_seeds(tables, ids, h, count)
         done = functions[1](ids.data_ptr(), length, h, None if seeds is None else seeds.data_ptr(), unigram_seed,
-                            1 if spec.scheme == "unigram" else 2, wm.vocab_size, vocab_mix, _MULTIPLIER, gamma_below,
+                            1 if spec.scheme == "unigram" else 2, wm.vocab_size, vocab_mix, _MULTIPLIER, green_below,
                             slots, slot_mask, probes, threshold, dedup, flags_at, identities_at, prev_at)
     if done != 0:
         return None

@@ -16,33 +16,27 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from watermark.native_build import build_cached
+from watermark.native_build import load_c_library
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "count_table.c"
 FLAGS = ("-O2", "-shared", "-fPIC")
-DISABLE_ENV = "PROVMARK_NATIVE"  # one setting turns every native kernel off
 MIN_BITS = 10
 
 
 @functools.cache
 def _library():
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     try:
-        if compiler is None:
-            raise RuntimeError("no C compiler found")
-        library = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "count_table", libs=("-lm",))))
+        library = load_c_library(SOURCE, FLAGS, "count_table", libs=("-lm",))
     except (OSError, RuntimeError) as exc:
         log.info("count-table kernel unavailable, using numpy: %s", exc)
+        return None
+    if library is None:
         return None
     pointer, size, shift = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     mask = ctypes.c_uint64

@@ -19,15 +19,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import shutil
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from watermark.native_build import build_cached
+from watermark.native_build import load_c_library
 from watermark.prf import SEED_MULTIPLIER, green_threshold, vocab_mix_table
 from watermark.seeding import context_seeds
 
@@ -35,7 +33,6 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "kgw_units.c"
 FLAGS = ("-O2", "-shared", "-fPIC")
-DISABLE_ENV = "PROVMARK_NATIVE"  # one setting turns every native kernel off
 ANCHORED = ("minhash", "selfhash")
 SEEDED = ("unigram", "lefthash")
 _MULTIPLIER = SEED_MULTIPLIER & ((1 << 64) - 1)
@@ -43,20 +40,17 @@ _MULTIPLIER = SEED_MULTIPLIER & ((1 << 64) - 1)
 
 @functools.cache
 def _library():
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     try:
-        if compiler is None:
-            raise RuntimeError("no C compiler found")
-        library = ctypes.CDLL(str(build_cached(compiler, SOURCE, FLAGS, "kgw_units")))
+        library = load_c_library(SOURCE, FLAGS, "kgw_units")
+        if library is None:
+            return None
         anchored, seeded = library.anchor_units, library.seeded_units
     except (OSError, RuntimeError, AttributeError) as exc:
         log.info("scoring kernel unavailable, using numpy: %s", exc)
         return None
-    p, i64, u64, c_int, table = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
-    anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, table, c_int, p, p, p, p]
-    seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, table, c_int, p, p, p]
+    p, i64, u64, c_int, c_float = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
+    anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p, p]
+    seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p]
     anchored.restype = seeded.restype = ctypes.c_int
     return anchored, seeded
 

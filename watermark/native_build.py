@@ -8,8 +8,10 @@ building at once never load half a library.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -51,3 +53,23 @@ def build_cached(compiler: str, source: Path, flags: Sequence[str], stem: str, l
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+DISABLE_ENV = "PROVMARK_NATIVE"  # one setting turns every native kernel off
+
+
+def native_disabled() -> bool:
+    """True when ``PROVMARK_NATIVE`` is 0 / false / no / off: every kernel's caller takes its Python path."""
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def load_c_library(source: Path, flags: Sequence[str], stem: str, libs: Sequence[str] = ()):
+    """The ctypes library of the C ``source``, built with the system C compiler (``$CC``, else cc or gcc) and
+    cached (``build_cached``); None when native kernels are disabled or there is no compiler or the build or
+    the load fails: RuntimeError or OSError, which the caller logs before taking its Python path."""
+    if native_disabled():
+        return None
+    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found")
+    return ctypes.CDLL(str(build_cached(compiler, source, flags, stem, libs=libs)))

@@ -14,35 +14,24 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import shutil
 from pathlib import Path
 
-from watermark.native_build import build_cached
+from watermark.native_build import load_c_library
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "prf_batch.c"
 FLAGS = ("-O2", "-shared", "-fPIC", "-Wno-deprecated-declarations")  # SHA256_* are deprecated, not removed
 LIBS = ("-lcrypto",)
-DISABLE_ENV = "PROVMARK_NATIVE"  # the engine kernels' switch: one setting turns every native kernel off
-
-
-def build() -> Path:
-    """Compile the kernel unless this source/flags/compiler has a cached build; the library's path.
-    Raises RuntimeError (with the compiler's message) when there is no compiler or the build fails."""
-    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found")
-    return build_cached(compiler, SOURCE, FLAGS, "prf_batch", libs=LIBS)
 
 
 @functools.cache
 def _library():
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
     try:
-        function = ctypes.CDLL(str(build())).prf_hmac_sha256_words
+        library = load_c_library(SOURCE, FLAGS, "prf_batch", libs=LIBS)
+        if library is None:
+            return None
+        function = library.prf_hmac_sha256_words
     except (OSError, RuntimeError, AttributeError) as exc:
         log.info("batched PRF kernel unavailable, using hashlib: %s", exc)
         return None

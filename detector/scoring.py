@@ -88,7 +88,7 @@ def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
     in the text or in a window (``detector.common_units``)."""
-    fast = kgw_scores(wm, token_ids, common, dedup)  # minhash, selfhash: the same arrays from one C loop
+    fast = kgw_scores(wm, token_ids, common, dedup)  # keyed kgw specs: the same arrays from one C loop
     if fast is not None:
         flags, prev, units, named = fast
         return (flags, prev) + ((units,) if with_units else ()) + ((named,) if with_identities else ())

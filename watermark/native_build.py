@@ -65,8 +65,8 @@ def native_disabled() -> bool:
 
 def load_c_library(source: Path, flags: Sequence[str], stem: str, libs: Sequence[str] = ()):
     """The ctypes library of the C ``source``, built with the system C compiler (``$CC``, else cc or gcc) and
-    cached (``build_cached``); None when native kernels are disabled or there is no compiler or the build or
-    the load fails: RuntimeError or OSError, which the caller logs before taking its Python path."""
+    cached (``build_cached``); None when native kernels are disabled (``PROVMARK_NATIVE=0``). No compiler, a
+    failed build or a failed load raise RuntimeError or OSError: the caller logs it and takes its Python path."""
     if native_disabled():
         return None
     compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, write_json  # noqa: E402
 from benchmarks.detector_throughput import word_pool  # noqa: E402
-from benchmarks.service_load import free_port, human_texts, load_phase, post, wait_ready  # noqa: E402
+from benchmarks.service_load import free_port, human_texts, load_phase, post, stop, wait_ready  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
 
@@ -158,14 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     rates[name][phase].append(summary["requests_per_s"])
                     latencies[name][phase].append(summary["p50_ms"])
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children.values():
-            try:
-                child.wait(60)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        stop(children.values())
         shutil.rmtree(root, ignore_errors=True)
 
     def shown(name: str, phase: str) -> dict:

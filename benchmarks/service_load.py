@@ -113,6 +113,19 @@ def wait_ready(url: str, process: subprocess.Popen, name: str) -> None:
     raise RuntimeError(f"the {name} service did not answer /healthz within {READY_TIMEOUT_S:.0f} s")
 
 
+def stop(children) -> None:
+    """SIGTERM to every service still running, then wait for each (killed after 60 s)."""
+    children = list(children)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--detect-requests", type=int, default=400)
@@ -163,14 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(urls["generation"] + "/healthz", timeout=10) as response:
             generate["engine"] = json.loads(response.read())["engine"]
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children.values():
-            try:
-                child.wait(60)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        stop(children.values())
 
     payload = {"benchmark": "service_load", "machine": machine(),
                "command": "python benchmarks/service_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -44,7 +44,7 @@ def _library():
         library = load_c_library(SOURCE, FLAGS, "kgw_units")
         if library is None:
             return None
-        anchored, seeded = library.anchor_units, library.seeded_units
+        anchored, seeded, frequencies = library.anchor_units, library.seeded_units, library.common_frequencies
     except (OSError, RuntimeError, AttributeError) as exc:
         log.info("scoring kernel unavailable, using numpy: %s", exc)
         return None
@@ -52,7 +52,9 @@ def _library():
     anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p, p]
     seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p]
     anchored.restype = seeded.restype = ctypes.c_int
-    return anchored, seeded
+    frequencies.argtypes = [p, i64, p, u64, c_int, p]
+    frequencies.restype = None
+    return anchored, seeded, frequencies
 
 
 def available() -> bool:
@@ -79,6 +81,18 @@ def _constants(wm, tables) -> tuple:
                  int(t["unigram"].reshape(-1)[0]) if "unigram" in t else 0, (t, mix))
         _constants_of[tables] = found
     return found
+
+
+def common_frequencies(identities: np.ndarray, slots: np.ndarray, probes: int) -> np.ndarray | None:
+    """float32 [N]: each uint64 identity's frequency in the packed common-unit table ``slots``
+    (``detector.common_units._packed_hash_table``; 0 where absent), or None without the kernel."""
+    functions = _library()
+    if functions is None:
+        return None
+    ids = np.ascontiguousarray(identities, dtype=np.uint64)
+    out = np.empty(ids.shape[0], dtype=np.uint32)
+    functions[2](ids.ctypes.data, ids.shape[0], slots.ctypes.data, slots.shape[0] - 1, probes, out.ctypes.data)
+    return out.view(np.float32)
 
 
 def _lefthash_seeds(tables, ids: torch.Tensor, h: int, count: int) -> torch.Tensor:

@@ -46,9 +46,15 @@ def texts(vocab):
     return [torch.tensor(t, dtype=torch.int64) for t in human + repeats]
 
 
+def without_kernel(m):
+    """The Python path: no scoring pass in C, and the common-unit table searched in numpy."""
+    m.setattr(scoring, "kgw_scores", lambda *a: None)
+    m.setattr(common_units, "common_frequencies", lambda *a: None)
+
+
 def python_path(monkeypatch, *args, **kwargs):
     with monkeypatch.context() as m:
-        m.setattr(scoring, "kgw_scores", lambda *a: None)
+        without_kernel(m)
         return scoring.score_positions(*args, **kwargs)
 
 
@@ -72,7 +78,7 @@ def test_the_kernel_gives_the_python_paths_arrays(monkeypatch, vocab, texts, spe
                 assert (fast[1] == np.arange(fast[1].shape[0])).any()  # the table left something out
 
 
-@pytest.mark.parametrize("spec_text", [None, SPECS[5], SPECS[8]])
+@pytest.mark.parametrize("spec_text", [None, SPECS[5], SPECS[8], "gumbel:h=4", "synthid:h=4"])
 def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, texts, spec_text):
     """Whole verdicts (one- and two-part keys), every field, as the service returns them."""
 
@@ -97,9 +103,43 @@ def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, t
         for text in words:
             fast = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
             with monkeypatch.context() as m:
-                m.setattr(scoring, "kgw_scores", lambda *a: None)
+                without_kernel(m)
                 slow = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
             assert fast == slow
+
+
+def numpy_frequencies(monkeypatch, table, ids):
+    with monkeypatch.context() as m:
+        m.setattr(common_units, "common_frequencies", lambda *a: None)
+        return table.frequency_of(ids)
+
+
+def test_the_kernels_table_lookup_gives_the_numpy_frequencies(monkeypatch, vocab, texts):
+    """``CommonUnits.frequency_of`` (every spec's exclusions outside the kgw pass, the evaluation's prefixes):
+    the packed table searched in C, against numpy's own table at another load, so other probe sequences."""
+    table = common_units.for_spec(WatermarkSpec.default(), vocab)
+    assert scoring_kernel.common_frequencies(table.identities[:3], *common_units._packed_hash_table(table)) is not None
+    rng = np.random.default_rng(3)
+    known = table.identities
+    queries = [known, known + np.uint64(1), rng.integers(0, 2**64, 100_000, dtype=np.uint64),
+               np.zeros(5, dtype=np.uint64), np.zeros(0, dtype=np.uint64)]
+    for spec_text in ("gumbel:h=4", "synthid:h=4", SPECS[0], SPECS[5], SPECS[8]):
+        wm = Watermark(WatermarkSpec.parse(spec_text), b"k" * 32, vocab.vocab_size, "k") \
+            if spec_text.startswith("kgw") else None
+        if wm is not None:
+            queries.append(np.asarray(wm.unit_identities(texts[0]), dtype=np.uint64))
+    for ids in queries:
+        fast = table.frequency_of(ids)
+        slow = numpy_frequencies(monkeypatch, table, ids)
+        assert fast.dtype == slow.dtype == np.float32 and fast.shape == slow.shape
+        np.testing.assert_array_equal(fast, slow)
+    assert (table.frequency_of(known) == table.frequencies).all()  # every entry found, with its own frequency
+    # a table small enough that identities collide on their low bits: long probe sequences, and misses after them
+    crowded = common_units.CommonUnits(np.sort(np.arange(1, 40, dtype=np.uint64) * np.uint64(64)),
+                                       np.linspace(0.001, 0.5, 39, dtype=np.float32), "test", 200)
+    probe = np.concatenate([crowded.identities, crowded.identities + np.uint64(1), np.arange(0, 4096, dtype=np.uint64)])
+    np.testing.assert_array_equal(crowded.frequency_of(probe), numpy_frequencies(monkeypatch, crowded, probe))
+    assert (crowded.frequency_of(crowded.identities) == crowded.frequencies).all()
 
 
 def test_the_kernel_is_built_where_a_compiler_is():

@@ -3,7 +3,8 @@
  * (detector/common_units.py) leaves it out.
  *   anchor_units: minhash and selfhash, the seed the keyed min over the context (and for selfhash the token
  *                 itself), the unit (seed, token);
- *   seeded_units: unigram and lefthash, the seeds given (one per position), the unit the (h + 1)-gram.
+ *   seeded_units: unigram and lefthash, the seeds given (one per position), the unit the (h + 1)-gram;
+ *   common_frequencies: the common-unit table's frequency of each identity given (every spec's lookups).
  * detector/scoring_kernel.py calls them through ctypes; the Python path in watermark/scheme.py and
  * detector/scoring.py defines every number and is what tests/test_scoring_kernel.py compares them with.
  *
@@ -11,7 +12,7 @@
  * slots: the common-unit table's open-addressing slots, slot_mask + 1 of them, each (identity, 0 empty; the
  * frequency's float32 bits), searched for at most `probes` probes; a position whose frequency is >=
  * common_threshold points at itself in prev. slots NULL: no table. dedup 0: prev -1 everywhere but left-out
- * positions. Both return 0; -1 when a token id is outside [0, vocab_size) (the caller falls back to the Python
+ * positions. anchor_units and seeded_units return 0; -1 when a token id is outside [0, vocab_size) (the caller falls back to the Python
  * path, which reports it); -2 when the dedup map cannot be allocated. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,27 +60,40 @@ static uint64_t map_size(int64_t count) {
     return size;
 }
 
+/* The float32 bits of identity's frequency in the common-unit table, 0 (the bits of 0.0) when it is not there. */
+static inline uint32_t frequency_bits(uint64_t id, const uint64_t *slots, uint64_t slot_mask, int probes) {
+    for (int p = 0; p < probes; p++) {
+        uint64_t at = (id + (uint64_t)p) & slot_mask;
+        uint64_t found = slots[2 * at];
+        if (found == id) /* an unnamed unit (0) meets an empty slot, whose frequency is 0 */
+            return (uint32_t)slots[2 * at + 1];
+        if (found == 0)
+            break;
+    }
+    return 0;
+}
+
 /* Positions the common-unit table leaves out point at themselves. */
 static void exclude_common(const uint64_t *identities, int64_t count, const uint64_t *slots, uint64_t slot_mask,
                            int probes, float common_threshold, int64_t *prev) {
     for (int64_t i = 0; i < count; i++) {
         if (i + AHEAD < count)
             __builtin_prefetch(slots + 2 * (identities[i + AHEAD] & slot_mask));
-        uint64_t id = identities[i];
-        for (int p = 0; p < probes; p++) {
-            uint64_t at = (id + (uint64_t)p) & slot_mask;
-            uint64_t found = slots[2 * at];
-            if (found == id) { /* an unnamed unit (0) meets an empty slot, whose frequency is 0 */
-                uint32_t bits = (uint32_t)slots[2 * at + 1];
-                float frequency;
-                memcpy(&frequency, &bits, sizeof frequency);
-                if (frequency >= common_threshold)
-                    prev[i] = i;
-                break;
-            }
-            if (found == 0)
-                break;
-        }
+        uint32_t bits = frequency_bits(identities[i], slots, slot_mask, probes);
+        float frequency;
+        memcpy(&frequency, &bits, sizeof frequency);
+        if (frequency >= common_threshold)
+            prev[i] = i;
+    }
+}
+
+/* frequencies [count]: each identity's frequency in the table as float32 bits (CommonUnits.frequency_of). */
+void common_frequencies(const uint64_t *identities, int64_t count, const uint64_t *slots, uint64_t slot_mask,
+                        int probes, uint32_t *frequencies) {
+    for (int64_t i = 0; i < count; i++) {
+        if (i + AHEAD < count)
+            __builtin_prefetch(slots + 2 * (identities[i + AHEAD] & slot_mask));
+        frequencies[i] = frequency_bits(identities[i], slots, slot_mask, probes);
     }
 }
 

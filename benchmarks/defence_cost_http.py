@@ -5,7 +5,7 @@
 the core: HTTP, the JSON, the token check, the provenance lookup and the stored verdict (a write in the audit
 chain). This benchmark measures the defences against that, the throughput a user of the service gets.
 
-Three detector services run side by side on loopback (``provmark serve detector``, gunicorn, ``--workers``
+Four detector services run side by side on loopback (``provmark serve detector``, gunicorn, ``--workers``
 workers, SQLite in their own ``PROVMARK_HOME``), taking turns round by round so a burst of load on the machine
 hits all of them alike:
 
@@ -14,7 +14,11 @@ hits all of them alike:
 - ``memory``: the same key (the same keyring and master key) with ``--outputs`` remembered outputs in its
   store: every verdict runs the own-output match, every positive the spoof check against the counts;
 - ``two_part``: a two-part key of the default spec: every text is scored under both halves, and the paired
-  test runs (``detector.two_part``).
+  test runs (``detector.two_part``);
+- ``budget``: the ``bare`` service's keyring with the per-token detection budget on (``db.budget``: every
+  verdict charged, the charges batched per worker into the shared table); the others run without one.
+
+Every request carries a ``detect``-scope token (what a user holds; ``explain`` tokens are not budgeted).
 
 Texts of ``--tokens`` tokens: each service's positives written with its key's bias over the Lee corpus's words
 (no model needed; a two-part key's both halves, as generation biases them) and human windows of the same corpus.
@@ -49,7 +53,8 @@ from benchmarks.service_load import free_port, human_texts, load_phase, post, st
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
 
-SERVICES = ("bare", "memory", "two_part")
+SERVICES = ("bare", "memory", "two_part", "budget")
+NO_BUDGET, LARGE_BUDGET = "0", str(10**15)  # PROVMARK_DETECT_BUDGET: 0 is none; the other is never reached
 PHASES = ("positives", "negatives")
 
 
@@ -78,6 +83,19 @@ def remember_outputs(home: Path, vocab, outputs: int) -> None:
             ids = pool[torch.multinomial(weights, 200, replacement=True, generator=gen)]
             z, identities = output_null_z(mark, ids, common, memory)
             memory.record(mark.key_id, identities, z, output_grams(ids.numpy(), None, grams_key))
+    finally:
+        store.close()
+
+
+def detect_token(home: Path) -> str:
+    """A ``detect``-scope API token in ``home``'s store (the store made and migrated here when new)."""
+    from db.api_tokens import create_token
+    from db.store import Store, database_url
+
+    store = Store(url=database_url(home))
+    try:
+        store.upgrade()
+        return create_token(store, ["detect"], "defence-cost-benchmark")[1]
     finally:
         store.close()
 
@@ -120,16 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     env.update(PROVMARK_RATE_LIMIT="0", TOKENIZERS_PARALLELISM="false")
     vocab = load_vocabulary()
     Keyring(homes["bare"]).create("bench", spec=WatermarkSpec.default())
-    shutil.copytree(homes["bare"], homes["memory"])  # the same keyring and master key, before any store
+    for name in ("memory", "budget"):  # the same keyring and master key, before any store
+        shutil.copytree(homes["bare"], homes[name])
     Keyring(homes["two_part"]).create("bench", spec=WatermarkSpec.default(), public_half=True)
     remember_outputs(homes["memory"], vocab, args.outputs)
+    tokens = {name: detect_token(homes[name]) for name in SERVICES}
     negatives = human_texts(args.tokens, args.texts)
     texts = {name: {"positives": positive_texts(homes[name], vocab, args.texts, args.tokens), "negatives": negatives}
              for name in SERVICES}
     bodies = {name: {phase: [{"text": texts[name][phase][i % args.texts]} for i in range(args.requests)]
                      for phase in PHASES} for name in SERVICES}
 
-    children, urls, tokens = {}, {}, {}
+    children, urls = {}, {}
     rates = {name: {phase: [] for phase in PHASES} for name in SERVICES}
     latencies = {name: {phase: [] for phase in PHASES} for name in SERVICES}
     verdicts = {}
@@ -139,16 +159,18 @@ def main(argv: list[str] | None = None) -> int:
             urls[name] = f"http://127.0.0.1:{port}/v1/detect"
             children[name] = subprocess.Popen(
                 [sys.executable, "-m", "api.cli", "serve", "detector", "--port", str(port), "--workers", str(args.workers)],
-                cwd=ROOT, env={**env, "PROVMARK_HOME": str(homes[name])}, stdout=subprocess.DEVNULL)
+                cwd=ROOT, stdout=subprocess.DEVNULL, env={
+                    **env, "PROVMARK_HOME": str(homes[name]),
+                    "PROVMARK_DETECT_BUDGET": LARGE_BUDGET if name == "budget" else NO_BUDGET})
             wait_ready(f"http://127.0.0.1:{port}", children[name], name)
-            tokens[name] = (homes[name] / "admin.token").read_text().strip()
         for name in SERVICES:  # warm-up: every worker loads its tables and (memory) the key's memory
             for phase in PHASES:
                 load_phase(urls[name], bodies[name][phase], tokens[name], args.concurrency * 2)
             verdicts[name] = {phase: [post(urls[name], {"text": t}, tokens[name])[2] for t in texts[name][phase]]
                               for phase in PHASES}
         for round_ in tqdm(range(args.rounds), desc="rounds", unit="round"):
-            for name in SERVICES[round_ % 3:] + SERVICES[:round_ % 3]:  # each service first in turn
+            turn = round_ % len(SERVICES)
+            for name in SERVICES[turn:] + SERVICES[:turn]:  # each service first in turn
                 for phase in PHASES:
                     summary, _ = load_phase(urls[name], bodies[name][phase], tokens[name], args.concurrency)
                     if summary["errors"]:

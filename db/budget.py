@@ -14,11 +14,13 @@ gunicorn workers and both services count against one total.
 * Crossing the budget appends one ``token.budget_exhausted`` audit event per token and day.
 * Tokens with the ``explain`` scope (and ``admin``) are not budgeted: they may read colours directly.
 * Each process batches its charges (``UsageLedger``): far from a token's budget they reach the database
-  when FLUSH_TOKENS have gathered or FLUSH_SECONDS have passed, in a transaction of their own, so the
-  verdict's transaction (the audit chain's lock, the service's ceiling) is not lengthened and a busy
-  token adds at most one write per 20 detections; within FLUSH_TOKENS of the budget every charge is
-  written at once. A token can overshoot by what other workers hold unwritten: at most
-  (workers - 1) * FLUSH_TOKENS.
+  when a batch (``flush_tokens``: FLUSH_TOKENS, or FLUSH_SHARE of a larger budget) has gathered or
+  FLUSH_SECONDS have passed, in a transaction of their own, so the verdict's transaction (the audit chain's
+  lock, the service's ceiling) is not lengthened; within one batch of the budget every charge is written at
+  once. A token can overshoot by what other workers hold unwritten: at most (workers - 1) batches, i.e.
+  (workers - 1) * FLUSH_TOKENS for the default budget and a hundredth of the budget per other worker for a
+  bulk token's, whose writes the batch interval bounds instead (one a second per worker, where a fixed
+  4,000-token batch wrote after every fourth 1,000-token text and cost 6-10 % of the service's rate).
 
 Configuration: ``PROVMARK_DETECT_BUDGET`` tokens per day per API token (default ``DEFAULT_DAILY_TOKENS``;
 0 turns the budget off). docs/security.md says what the default buys.
@@ -44,7 +46,14 @@ DEFAULT_DAILY_TOKENS = 40_000  # 200 texts of 200 tokens a day; the measured ora
 MIN_CHARGE_TOKENS = 200  # a 5-token text is charged as a 200-token one
 EXHAUSTED_EVENT = "token.budget_exhausted"
 FLUSH_TOKENS = 4_000  # a process's unwritten charges per token, at most (and the margin written through)
+FLUSH_SHARE = 0.01  # ... or this share of a budget larger than FLUSH_TOKENS / FLUSH_SHARE
 FLUSH_SECONDS = 1.0  # and at most this old
+
+
+def flush_tokens(daily_tokens: int) -> int:
+    """The batch a process may hold unwritten for one token under ``daily_tokens`` a day, which is also the
+    margin below the budget where every charge is written at once."""
+    return max(FLUSH_TOKENS, int(daily_tokens * FLUSH_SHARE))
 
 
 def charge_for(num_tokens: int) -> int:
@@ -123,7 +132,7 @@ class UsageLedger:
             pending = self._pending.get(token_id, (None, 0))[1]
             stored, read_at = self._stored.get(token_id, (0, None))
         fresh = read_at is not None and time.monotonic() - read_at < FLUSH_SECONDS
-        if not fresh or daily_tokens <= 0 or stored + pending >= daily_tokens - FLUSH_TOKENS:
+        if not fresh or daily_tokens <= 0 or stored + pending >= daily_tokens - flush_tokens(daily_tokens):
             stored = used_today(self.store, token_id, now)
             with self._lock:
                 self._stored[token_id] = (stored, time.monotonic())
@@ -140,12 +149,13 @@ class UsageLedger:
         """Record a charge; written now when near the budget (or the batch is due), else batched."""
         if caller.token_id is None:
             return
+        batch = flush_tokens(daily_tokens)
         with self._lock:
             _, pending = self._pending.get(caller.token_id, (caller, 0))
             self._pending[caller.token_id] = (caller, pending + tokens)
-            due = pending + tokens >= FLUSH_TOKENS or time.monotonic() - self._last_flush >= FLUSH_SECONDS
+            due = pending + tokens >= batch or time.monotonic() - self._last_flush >= FLUSH_SECONDS
             stored = self._stored.get(caller.token_id, (0, None))[0]
-        near = daily_tokens > 0 and stored + pending + tokens >= daily_tokens - FLUSH_TOKENS
+        near = daily_tokens > 0 and stored + pending + tokens >= daily_tokens - batch
         if due or near:
             self.flush(daily_tokens, now)
 

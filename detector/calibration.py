@@ -182,9 +182,13 @@ def verdict_calibration(calibration: Calibration, total: int, guarded: bool) -> 
             "sd_z": round(bucket.sd, 4), "guarded": guarded}
 
 
-def null_record(verdict: dict) -> dict:
+def null_record(verdict) -> dict:
     """The part of a stored verdict that says which null it was held to: the common-unit table and
-    how many positions it left out, and the key's calibration (both stored verdict writers use it)."""
+    how many positions it left out, and the key's calibration (both stored verdict writers use it).
+    ``verdict``: a ``detector.verdict.Verdict``, or its dict (``to_dict``; the batch rows' JSON)."""
+    if not isinstance(verdict, dict):  # read off the verdict: no to_dict (a deep copy) for three fields
+        return {"common_units": verdict.common_units, "num_common_positions": verdict.num_common_positions,
+                "calibration": verdict.calibration}
     return {"common_units": verdict.get("common_units"), "num_common_positions": verdict.get("num_common_positions", 0),
             "calibration": verdict.get("calibration")}
 

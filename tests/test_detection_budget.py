@@ -111,3 +111,37 @@ def test_far_from_the_budget_charges_are_batched_per_process_and_near_it_written
     assert other_worker.retry_after("tok-2", daily) > 0
     assert len(list_events(store, kind=budget.EXHAUSTED_EVENT)) == 1
     store.close()
+
+
+def test_a_large_budget_is_written_rarely_and_still_written_through_near_its_end(database_url, monkeypatch):
+    """A bulk token (a billion tokens a day) scoring 1,000-token texts at full rate: its charges must not reach
+    the database every 4,000 tokens, a write per four texts (6-10 % of the service's rate in
+    benchmarks/defence_cost_http.py), but at most once a batch interval; near the end of its budget every
+    charge is written at once, so another worker's overshoot stays a small share of the budget."""
+    from db.store import Store
+
+    monkeypatch.setattr(budget, "FLUSH_SECONDS", 3600.0)  # only the token rules apply in this test
+    writes = []
+    write = budget.charge
+    monkeypatch.setattr(budget, "charge", lambda store, caller, tokens, *a, **k: (
+        writes.append(tokens), write(store, caller, tokens, *a, **k))[1])
+    store = Store(url=database_url)
+    store.upgrade()
+    ledger, other_worker = budget.UsageLedger(store), budget.UsageLedger(store)
+    caller = Caller(name="bulk", token_id="tok-bulk")
+    daily = 10**9
+    for _ in range(1000):
+        assert ledger.retry_after("tok-bulk", daily) == 0
+        ledger.charge(caller, 1000, daily)
+    assert writes == [] and budget.used_today(store, "tok-bulk") == 0
+    assert ledger.used("tok-bulk", daily) == 10**6  # batched, yet counted by this worker
+    margin = budget.flush_tokens(daily)
+    assert budget.FLUSH_TOKENS <= margin <= daily // 50
+    ledger.charge(caller, daily - margin - 10**6, daily)  # into the margin: written at once
+    assert budget.used_today(store, "tok-bulk") == daily - margin and writes == [daily - margin]
+    ledger.charge(caller, margin, daily)
+    assert other_worker.retry_after("tok-bulk", daily) > 0
+    assert len(list_events(store, kind=budget.EXHAUSTED_EVENT)) == 1
+    # a small budget keeps the fixed batch: its margin is what the existing rules say
+    assert budget.flush_tokens(budget.DEFAULT_DAILY_TOKENS) == budget.FLUSH_TOKENS
+    store.close()

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats as sps
 
@@ -47,3 +48,17 @@ def test_bonferroni_and_holm():
     # Holm: sorted 0.005*4, 0.01*3, 0.03*2, 0.04*1 -> 0.02, 0.03, 0.06, 0.06 (monotone)
     assert stats.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert stats.z_for_p(sps.norm.sf(3.0)) == pytest.approx(3.0)
+
+
+def test_z_for_p_is_scipys_normal_quantile_to_the_bit():
+    """``z_for_p`` (the decision threshold, every detect-scope view's coarse z) takes ndtri directly: the same
+    float as ``scipy.stats.norm.isf`` for every p, the tails, 0.5 (no -0.0) and the edges included."""
+    rng = np.random.default_rng(11)
+    ps = np.concatenate([rng.random(20_000), 10.0 ** -rng.uniform(0, 300, 20_000), 1.0 - 10.0 ** -rng.uniform(1, 16, 2_000),
+                         [0.5, 5e-324, 2.2250738585072014e-308, 1e-300, 3.167124183311986e-05, 1e-3, 0.999999]])
+    for p in ps:
+        expected = float(sps.norm.isf(p))
+        got = stats.z_for_p(float(p))
+        assert got == expected and math.copysign(1.0, got) == math.copysign(1.0, expected), p
+    assert stats.z_for_p(0.0) == math.inf and stats.z_for_p(1.0) == -math.inf
+    assert stats.z_threshold_for_fpr(3.167124183311986e-05) == float(sps.norm.isf(3.167124183311986e-05))

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 Z_THRESHOLD = 4.0  # default verdict threshold: one-sided normal p ~ 3.2e-5 (Kirchenbauer et al.)
 
@@ -49,7 +49,7 @@ def z_threshold_for_fpr(fpr: float) -> float:
     """The z whose one-sided normal tail is ``fpr``."""
     if not 0.0 < fpr < 1.0:
         raise ValueError(f"fpr: expected a probability strictly between 0 and 1, got {fpr!r}")
-    return float(stats.norm.isf(fpr))
+    return z_for_p(fpr)
 
 
 def fpr_for_z_threshold(z: float) -> float:
@@ -90,4 +90,6 @@ def z_for_p(p: float) -> float:
         return float("inf")
     if p >= 1.0:
         return float("-inf")
-    return float(stats.norm.isf(p))
+    # scipy.stats.norm.isf(p) computes -ndtri(p) * scale + loc: the same float (0.0 - x turns -0.0 into 0.0 as
+    # its + loc does) without its ~35 us of argument handling; every detect-scope view calls this three times
+    return 0.0 - float(special.ndtri(p))

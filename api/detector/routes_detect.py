@@ -138,7 +138,7 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coars
     options = body.model_dump(exclude={"text"})
     options["disclosed"] = recorded(coarse)
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
-    options["null"] = null_record(verdict.to_dict())
+    options["null"] = null_record(verdict)
     if verdict.statistic is not None:  # sampling specs: the scheme's own statistic (no green count)
         options["statistic"] = verdict.statistic
     if verdict.spoof_check is not None:

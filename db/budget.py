@@ -20,7 +20,7 @@ gunicorn workers and both services count against one total.
   once. A token can overshoot by what other workers hold unwritten: at most (workers - 1) batches, i.e.
   (workers - 1) * FLUSH_TOKENS for the default budget and a hundredth of the budget per other worker for a
   bulk token's, whose writes the batch interval bounds instead (one a second per worker, where a fixed
-  4,000-token batch wrote after every fourth 1,000-token text and cost 6-10 % of the service's rate).
+  4,000-token batch wrote after every fourth 1,000-token text and cost 3-10 % of the service's rate).
 
 Configuration: ``PROVMARK_DETECT_BUDGET`` tokens per day per API token (default ``DEFAULT_DAILY_TOKENS``;
 0 turns the budget off). docs/security.md says what the default buys.

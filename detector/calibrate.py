@@ -15,7 +15,7 @@ import torch
 from detector import common_units, human_corpora
 from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore, bucket_of
 from detector.common_units import FIT_DOMAINS, CommonUnits
-from detector.sampling_verdict import z_of
+from detector.disclosure import z_of
 from detector.scoring import score_positions
 from detector.scoring_sampling import counted_score, positions
 from watermark.config import WatermarkSpec

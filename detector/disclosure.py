@@ -113,11 +113,17 @@ def step_for(num_scored: int, variance: float) -> float:
     return STEP_UNITS / math.sqrt(max(1, num_scored) * variance)
 
 
+def z_of(p_value: float) -> float:
+    """The normal quantile of an exact p-value, finite: |z| <= MAX_Z (p = 0 from underflow is z = MAX_Z)."""
+    if p_value <= 0.0:
+        return MAX_Z
+    return max(-MAX_Z, min(MAX_Z, z_for_p(min(1.0, p_value))))  # p = 1: z = -inf, shown as -MAX_Z
+
+
 def shown_z(p_value: float, alpha: float, u: float, step: float) -> float:
     """The coarse, dithered z of the module docstring for an exact (corrected) p-value, never above it."""
     z_threshold = z_for_p(alpha)
-    z = MAX_Z if p_value <= 0.0 else max(-MAX_Z, min(MAX_Z, z_for_p(min(1.0, p_value))))  # p = 1: z = -inf
-    return z_threshold + step * math.floor((z - z_threshold) / step - u)
+    return z_threshold + step * math.floor((z_of(p_value) - z_threshold) / step - u)
 
 
 def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: float) -> dict:

@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from detector import batch, batch_ray, common_units, scoring_sampling
+from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
-from detector.sampling_verdict import z_of
 from detector.scoring import Decision
 from detector.service import Detector
 from detector.tokenizing import tokenize

@@ -21,11 +21,12 @@ hits all of them alike:
 Every request carries a ``detect``-scope token (what a user holds; ``explain`` tokens are not budgeted).
 
 Texts of ``--tokens`` tokens: each service's positives written with its key's bias over the Lee corpus's words
-(no model needed; a two-part key's both halves, as generation biases them) and human windows of the same corpus.
-Each round sends every service (each one first in turn) its positives, then the negatives, ``--requests`` of each at ``--concurrency``
-client threads (the clients run on the same machine: their time is part of every request alike). Reported
-per service and phase: the best and the median requests/s over ``--rounds`` rounds, the median latency, and the
-ratio to ``bare`` (the defence's cost is one minus it). Writes benchmarks/results/defence_cost_http.json.
+(``benchmarks.detector_throughput.watermarked_rows``, no model needed; a two-part key's both halves, as
+generation biases them) and human windows of the same corpus. Each round sends every service (each one first
+in turn) its positives, then the negatives, ``--requests`` of each at ``--concurrency`` client threads (the
+clients run on the same machine: their time is part of every request alike). Reported per service and phase:
+the best and the median requests/s over ``--rounds`` rounds, the median latency, and the ratio to ``bare``
+(the defence's cost is one minus it). Writes benchmarks/results/defence_cost_http.json.
 
     python benchmarks/defence_cost_http.py [--rounds 5] [--requests 64] [--concurrency 2] [--outputs 1000]
 """
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, write_json  # noqa: E402
-from benchmarks.detector_throughput import word_pool  # noqa: E402
+from benchmarks.detector_throughput import watermarked_rows, word_pool  # noqa: E402
 from benchmarks.service_load import free_port, human_texts, load_phase, post, stop, wait_ready  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
@@ -100,22 +101,14 @@ def detect_token(home: Path) -> str:
         store.close()
 
 
-def positive_texts(home: Path, vocab, count: int, tokens: int, delta: float = 2.0) -> list[str]:
-    """``count`` texts of ``tokens`` words drawn with the bias of ``home``'s key, as generation adds it: +delta on
-    the green list, and on a two-part key +delta on each half's (all positives)."""
+def positive_texts(home: Path, vocab, count: int, tokens: int) -> list[str]:
+    """``count`` texts of ``tokens`` words drawn with the bias of ``home``'s key (all positives)."""
     from detector.service import Detector
     from watermark.keys import Keyring
 
     mark = Detector(vocab=vocab, keyring=Keyring(home)).watermarks(WatermarkSpec.default())[0]
-    lists = [mark, mark.public_mark()] if mark.has_public_half else [mark]
     pool, weights = word_pool(vocab)
-    gen = torch.Generator().manual_seed(2)
-    h = mark.context_width
-    ids = pool[torch.multinomial(weights, count * h, replacement=True, generator=gen)].reshape(count, h)
-    for _ in range(tokens):
-        greens = sum(half.green_mask(ids[:, ids.shape[1] - h:])[:, pool].double() for half in lists)
-        ids = torch.cat([ids, pool[torch.multinomial(weights * torch.exp(delta * greens), 1, generator=gen)]], dim=1)
-    return [vocab.tokenizer.decode(row) for row in ids[:, h:].tolist()]
+    return [vocab.tokenizer.decode(ids) for ids in watermarked_rows(mark, pool, weights, count, tokens, 2)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}/v1/detect"
             children[name] = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "serve", "detector", "--port", str(port), "--workers", str(args.workers)],
+                [sys.executable, "-m", "api.cli", "serve", "detector", "--port", str(port),
+                 "--workers", str(args.workers)],
                 cwd=ROOT, stdout=subprocess.DEVNULL, env={
                     **env, "PROVMARK_HOME": str(homes[name]),
                     "PROVMARK_DETECT_BUDGET": LARGE_BUDGET if name == "budget" else NO_BUDGET})

@@ -183,13 +183,17 @@ def word_pool(vocab) -> tuple[torch.Tensor, torch.Tensor]:
 def watermarked_rows(mark, pool: torch.Tensor, weights: torch.Tensor, rows: int, length: int, seed: int,
                      delta: float = 2.0) -> list[list[int]]:
     """``rows`` texts of ``length`` pool words drawn by frequency, green ones weighted by e^delta (the key's
-    green lists over its h-token contexts): watermarked text of the default spec without a model."""
+    green lists over its h-token contexts; a two-part key's two lists each, as generation biases both):
+    watermarked text of the default spec without a model."""
     gen = torch.Generator().manual_seed(seed)
     h = mark.context_width
+    lists = [mark, mark.public_mark()] if getattr(mark, "has_public_half", False) else [mark]
     ids = pool[torch.multinomial(weights, rows * h, replacement=True, generator=gen)].reshape(rows, h)
     for _ in range(length):
-        green = mark.green_mask(ids[:, ids.shape[1] - h:])[:, pool]
-        step = weights * (1.0 + (math.exp(delta) - 1.0) * green.double())
+        step = weights
+        for half in lists:
+            green = half.green_mask(ids[:, ids.shape[1] - h:])[:, pool]
+            step = step * (1.0 + (math.exp(delta) - 1.0) * green.double())
         ids = torch.cat([ids, pool[torch.multinomial(step, 1, generator=gen)]], dim=1)
     return ids[:, h:].tolist()
 

@@ -54,7 +54,8 @@ def test_z_for_p_is_scipys_normal_quantile_to_the_bit():
     """``z_for_p`` (the decision threshold, every detect-scope view's coarse z) takes ndtri directly: the same
     float as ``scipy.stats.norm.isf`` for every p, the tails, 0.5 (no -0.0) and the edges included."""
     rng = np.random.default_rng(11)
-    ps = np.concatenate([rng.random(20_000), 10.0 ** -rng.uniform(0, 300, 20_000), 1.0 - 10.0 ** -rng.uniform(1, 16, 2_000),
+    ps = np.concatenate([rng.random(20_000), 10.0 ** -rng.uniform(0, 300, 20_000),
+                         1.0 - 10.0 ** -rng.uniform(1, 16, 2_000),
                          [0.5, 5e-324, 2.2250738585072014e-308, 1e-300, 3.167124183311986e-05, 1e-3, 0.999999]])
     for p in ps:
         expected = float(sps.norm.isf(p))

@@ -29,12 +29,12 @@ def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flag
             continue
         public = mark.public_mark()
         public_flags, prev = score_positions(public, ids, common, dedup)
-        prev[forced] = forced
+        if forced.shape[0]:
+            prev[forced] = forced
         public_counted = counted_positions(prev, True)
-        score = score_counts(mark.key_id, int((public_flags & public_counted).sum()), int(public_counted.sum()),
-                             mark.spec.gamma)
-        both = public_counted & private_counted
-        test = spoof_test(public_flags[both], private_flags[both])
+        score = score_counts(mark.key_id, int(np.count_nonzero(public_flags & public_counted)),
+                             int(np.count_nonzero(public_counted)), mark.spec.gamma)
+        test = spoof_test(public_flags, private_flags, public_counted & private_counted)
         public_verdict = verdict_of(score.p_value, score.num_tokens_scored, alpha, min_tokens)
         # None where there is nothing to have spoofed (the published half does not say watermarked) or nothing
         # to catch (our own verdict says watermarked: the own-output check speaks there)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose, unit_variance
 from detector.scoring import CORRECTION, WATERMARKED
@@ -65,8 +65,10 @@ class Verdict:
     dither: float | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        del out["dither"]
+        """Every field but ``dither`` as a new JSON-like tree: ``dataclasses.asdict``'s result, without its deep copy
+        of every leaf (45-63 us a verdict there, 6-8 us here): the fields hold plain dicts and lists of immutable
+        scalars, and only those containers are copied (``_copied``)."""
+        out = {name: _copied(getattr(self, name)) for name in _FIELDS}
         out["spoof_suspected"] = spoof_suspected(self.watermarked, self.spoof_check, self.public_half)
         out["matches_own_output"] = None if self.own_output is None else self.own_output["matched"]
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
@@ -91,6 +93,30 @@ class Verdict:
         full = self.to_dict()
         coarse = disclose(full, False, self.dither, unit_variance(self.watermark))
         return (coarse if scope == DETECT_SCOPE else full), coarse
+
+
+_FIELDS = tuple(f.name for f in fields(Verdict) if f.name != "dither")
+
+
+def _copied(value):
+    """``value`` as ``dataclasses.asdict`` copies a field: dicts and lists copied all the way down, immutable
+    scalars shared (deepcopy returns them as they are), anything else through ``asdict`` itself."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if kind is list:
+        return [_copied(v) for v in value]
+    return asdict(_Holder(value))["value"]  # tuples, dataclasses, numpy scalars...: exactly asdict's copy
+
+
+@dataclass(slots=True)
+class _Holder:
+    value: object
+
+
+_ATOMS = frozenset((str, int, float, bool, type(None)))
 
 
 def spoof_suspected(watermarked: bool, spoof_check: dict | None, public_half: dict | None) -> bool | None:

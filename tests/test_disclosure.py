@@ -91,3 +91,62 @@ def test_hf_specs_are_dithered_without_a_master_key(provmark_home):
     view = detector.detect(human_text(600), spec="hf:context_width=1").disclose("detect")
     assert view["verdict"] in ("not_watermarked", "insufficient_text") and "num_green_tokens" not in view
     assert not (provmark_home / "master.key").exists()
+
+
+def _asdict_form(verdict) -> dict:
+    """What ``Verdict.to_dict`` returned while it was ``dataclasses.asdict`` (before it copied containers only)."""
+    from dataclasses import asdict
+
+    out = asdict(verdict)
+    del out["dither"]
+    out["spoof_suspected"] = verdict.to_dict()["spoof_suspected"]
+    out["matches_own_output"] = None if verdict.own_output is None else verdict.own_output["matched"]
+    for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
+        value = out[name]
+        out[name] = float(value) if value is not None and math.isfinite(value) else None
+    return out
+
+
+def _shares_a_container(a, b) -> bool:
+    if isinstance(a, (dict, list)) and a is b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return any(_shares_a_container(a[k], b[k]) for k in a if k in b)
+    if isinstance(a, list) and isinstance(b, list):
+        return any(_shares_a_container(x, y) for x, y in zip(a, b))
+    return False
+
+
+def test_to_dict_is_the_asdict_tree_and_shares_no_container_with_the_verdict(provmark_home):
+    """Every kind of verdict field (keys, windows, an explanation, a two-part key's report, a sampling spec's
+    statistic, a calibration, the spoof check): the same JSON-like tree as ``dataclasses.asdict``, types and all,
+    and editing it leaves the verdict as it was."""
+    import json
+
+    ring = Keyring(provmark_home)
+    secret = bytes(range(32))
+    ring.create("k-two", secret=secret, public_half=True)
+    ring.create("k-gumbel", spec="gumbel:h=4")
+    vocab = shared_vocabulary()
+    detector = Detector(vocab=vocab, keyring=ring)
+    marked = watermarked_text(vocab, secret, human_text(1500))
+    verdicts = [detector.detect(marked, keys=["k-two"], windows=True, explain=True),
+                detector.detect(human_text(900, 3000), keys=["k-two"], windows=True),
+                detector.detect("too short", keys=["k-two"]),
+                detector.detect(human_text(900), keys=["k-gumbel"], explain=True),
+                detector.detect(human_text(600), spec="hf:", windows=True)]
+    assert verdicts[0].watermarked and verdicts[0].public_half and verdicts[0].explanation and verdicts[3].statistic
+    for verdict in verdicts:
+        before = json.dumps(_asdict_form(verdict), sort_keys=True)
+        out = verdict.to_dict()
+        assert out == _asdict_form(verdict)
+        assert list(out) == list(_asdict_form(verdict))  # the same field order (the JSON a client reads)
+        assert json.dumps(out, sort_keys=True) == before
+        fields_of = {name: getattr(verdict, name) for name in out if hasattr(verdict, name)}
+        assert not any(_shares_a_container(out[name], value) for name, value in fields_of.items())
+        for value in out.values():  # edit every container of the copy: the verdict does not change
+            if isinstance(value, dict):
+                value.clear()
+            elif isinstance(value, list):
+                value.append("edited")
+        assert json.dumps(_asdict_form(verdict), sort_keys=True) == before

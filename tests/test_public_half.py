@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import pytest
 import torch
 from http_fixtures import shared_vocabulary, single_token_words
@@ -88,6 +89,10 @@ def test_the_paired_test_is_mcnemars_exact_binomial():
     assert (test["public_only"], test["private_only"]) == (3, 1)
     assert test["p_value"] == pytest.approx(stats.binom.sf(2, 4, 0.5))
     assert spoof_test(public[:0], private[:0])["p_value"] == 1.0
+    counted = np.array([True, False, True, True, True, True])  # the whole text's arrays, a mask of counted positions
+    assert spoof_test(public, private, counted) == spoof_test(public[counted], private[counted])
+    masked = spoof_test(public, private, counted)
+    assert (masked["public_only"], masked["private_only"]) == (2, 1)
 
 
 # ------------------------------------------------------------------------------- the toy world

@@ -27,6 +27,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from scipy import special
 
 from watermark.config import SpecError, WatermarkSpec
@@ -62,11 +63,19 @@ def require_two_part_spec(spec: str) -> None:
         raise KeySpecError(f"a two-part key needs a kgw spec (its two green lists add their biases), got {spec}")
 
 
-def spoof_test(public_green, private_green) -> dict:
-    """McNemar's exact test over positions counted under both halves (bool arrays, one entry each):
-    b = public green and private red, c = private green and public red; p = P(Binomial(b + c, 1/2) >= b)."""
-    b = int((public_green & ~private_green).sum())
-    c = int((private_green & ~public_green).sum())
+def spoof_test(public_green, private_green, counted=None) -> dict:
+    """McNemar's exact test over positions counted under both halves (bool arrays, one entry each; with
+    ``counted``, a bool mask of the positions to take, the arrays are the whole text's): b = public green and
+    private red, c = private green and public red; p = P(Binomial(b + c, 1/2) >= b)."""
+    public_only, private_only = public_green & ~private_green, private_green & ~public_green
+    if counted is not None:
+        public_only &= counted
+        private_only &= counted
+    return paired_test(int(np.count_nonzero(public_only)), int(np.count_nonzero(private_only)))
+
+
+def paired_test(b: int, c: int) -> dict:
+    """``spoof_test`` from its two counts."""
     # the binomial's upper tail as scipy.stats.binom.sf computes it, without its ~0.15 ms of argument handling
     p = float(special.bdtrc(b - 1, b + c, 0.5)) if b + c else 1.0
     return {"public_only": b, "private_only": c, "p_value": p}

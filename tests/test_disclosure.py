@@ -97,9 +97,11 @@ def _asdict_form(verdict) -> dict:
     """What ``Verdict.to_dict`` returned while it was ``dataclasses.asdict`` (before it copied containers only)."""
     from dataclasses import asdict
 
+    from detector.verdict import spoof_suspected
+
     out = asdict(verdict)
     del out["dither"]
-    out["spoof_suspected"] = verdict.to_dict()["spoof_suspected"]
+    out["spoof_suspected"] = spoof_suspected(verdict.watermarked, verdict.spoof_check, verdict.public_half)
     out["matches_own_output"] = None if verdict.own_output is None else verdict.own_output["matched"]
     for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
         value = out[name]

@@ -68,7 +68,10 @@ class Verdict:
         """Every field but ``dither`` as a new JSON-like tree: ``dataclasses.asdict``'s result, without its deep copy
         of every leaf (45-63 us a verdict there, 6-8 us here): the fields hold plain dicts and lists of immutable
         scalars, and only those containers are copied (``_copied``)."""
-        out = {name: _copied(getattr(self, name)) for name in _FIELDS}
+        return self.finished({name: _copied(getattr(self, name)) for name in _FIELDS})
+
+    def finished(self, out: dict) -> dict:
+        """``to_dict`` from the copied fields: the derived bits added, non-finite floats as None (in place)."""
         out["spoof_suspected"] = spoof_suspected(self.watermarked, self.spoof_check, self.public_half)
         out["matches_own_output"] = None if self.own_output is None else self.own_output["matched"]
         for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):

@@ -94,19 +94,12 @@ def test_hf_specs_are_dithered_without_a_master_key(provmark_home):
 
 
 def _asdict_form(verdict) -> dict:
-    """What ``Verdict.to_dict`` returned while it was ``dataclasses.asdict`` (before it copied containers only)."""
+    """What ``Verdict.to_dict`` returned while it copied the fields with ``dataclasses.asdict``."""
     from dataclasses import asdict
-
-    from detector.verdict import spoof_suspected
 
     out = asdict(verdict)
     del out["dither"]
-    out["spoof_suspected"] = spoof_suspected(verdict.watermarked, verdict.spoof_check, verdict.public_half)
-    out["matches_own_output"] = None if verdict.own_output is None else verdict.own_output["matched"]
-    for name in ("z_score", "green_fraction", "p_value", "p_value_normal"):
-        value = out[name]
-        out[name] = float(value) if value is not None and math.isfinite(value) else None
-    return out
+    return verdict.finished(out)
 
 
 def _shares_a_container(a, b) -> bool:

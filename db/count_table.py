@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from watermark.native_build import address as _address
 from watermark.native_build import load_c_library
 
 log = logging.getLogger(__name__)
@@ -52,16 +53,15 @@ def _library():
     library.output_grams_hash.restype = size
     library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer]
     library.output_grams_match.restype = ctypes.c_int
+    library.verdict_checks.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer,
+                                       pointer, mask, shift, pointer, pointer, pointer, size, pointer]
+    library.verdict_checks.restype = ctypes.c_int
     return library
 
 
 def native_library():
     """The C kernels of this module's source (None without a compiler, or with ``PROVMARK_NATIVE=0``)."""
     return _library()
-
-
-def _address(array: np.ndarray) -> int:
-    return array.ctypes.data
 
 
 class _Slots:

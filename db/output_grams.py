@@ -26,11 +26,13 @@ substitution at 10 / 20 / 30 / 40 % keep at least 8 in 100 / 99.75 / 91.5 / 42 %
 from __future__ import annotations
 
 import collections
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
-from db.count_table import OwnerTable, native_library
+from db.count_table import CountTable, OwnerTable, native_library
+from watermark.native_build import address
 
 GRAM = 5  # tokens per remembered n-gram
 SAMPLE = 2  # one n-gram in SAMPLE is kept (by hash): half the memory, the same separation (docs/security.md)
@@ -58,8 +60,31 @@ def text_grams(token_ids, key: int) -> np.ndarray:
     if library is None:
         return numpy_grams(ids, key)
     out = np.empty(count, dtype=np.int64)
-    kept = library.output_grams_hash(ids.ctypes.data, ids.shape[0], GRAM, key & MASK64, SAMPLE - 1, out.ctypes.data)
+    kept = library.output_grams_hash(address(ids), ids.shape[0], GRAM, key & MASK64, SAMPLE - 1, address(out))
     return distinct(out[:kept])
+
+
+def verdict_checks(grams: GramIndex, table: CountTable, token_ids, key: int, units: np.ndarray, flags: np.ndarray,
+                   prev: np.ndarray) -> tuple[Match, tuple[int, float, float, float, float, float]] | None:
+    """A positive KGW verdict's two checks in one C call (``verdict_checks``): ``(grams.match_ids(token_ids, key),
+    table.spoof_sums(units, flags, prev))``, the same Match and the same sums. None where that call does not apply
+    (no kernel, nothing remembered, a numpy table, or arrays it cannot take as they are): the caller makes the
+    two calls. ``units`` uint64 or int64, ``flags`` bool, ``prev`` int64, one length."""
+    library, owners = native_library(), grams.table
+    if (library is None or not grams.outputs or not owners.native or not table.native
+            or units.dtype.itemsize != 8 or flags.dtype != np.bool_ or prev.dtype != np.int64
+            or not units.shape[0] == flags.shape[0] == prev.shape[0]
+            or not (units.flags.c_contiguous and flags.flags.c_contiguous and prev.flags.c_contiguous)):
+        return None
+    ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+    owner_slots, count_slots = owners.slots, table.slots  # held for the call (a growing table swaps them)
+    found, sums = (ctypes.c_int64 * 3)(), (ctypes.c_double * 6)()
+    if library.verdict_checks(address(ids), ids.shape[0], GRAM, key & MASK64, SAMPLE - 1, *owner_slots.args, found,
+                              *count_slots.args, address(units), address(flags), address(prev), prev.shape[0],
+                              sums) != 0:
+        return None
+    n, spread_x, spread_y, sum_xy, raw_x, raw_y = sums
+    return Match(found[1], found[2], found[0]), (int(n), spread_x, spread_y, sum_xy, raw_x, raw_y)
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -184,8 +209,8 @@ class GramIndex:
         if library is not None and table.native:
             ids = np.ascontiguousarray(token_ids, dtype=np.int64)
             slots = table.slots  # held for the call (a growing table swaps its allocation)
-            out = np.empty(3, dtype=np.int64)
-            if library.output_grams_match(ids.ctypes.data, ids.shape[0], GRAM, key & MASK64, SAMPLE - 1,
-                                          *slots.args, out.ctypes.data) == 0:
-                return Match(int(out[1]), int(out[2]), int(out[0]))
+            out = (ctypes.c_int64 * 3)()  # Python ints out, no array to build or address
+            if library.output_grams_match(address(ids), ids.shape[0], GRAM, key & MASK64, SAMPLE - 1,
+                                          *slots.args, out) == 0:
+                return Match(out[1], out[2], out[0])
         return self.match(text_grams(token_ids, key))

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from watermark.native_build import load_c_library
+from watermark.native_build import address, load_c_library
 from watermark.prf import SEED_MULTIPLIER, green_threshold, vocab_mix_table
 from watermark.seeding import context_seeds
 
@@ -91,7 +91,7 @@ def common_frequencies(identities: np.ndarray, slots: np.ndarray, probes: int) -
         return None
     ids = np.ascontiguousarray(identities, dtype=np.uint64)
     out = np.empty(ids.shape[0], dtype=np.uint32)
-    functions[2](ids.ctypes.data, ids.shape[0], slots.ctypes.data, slots.shape[0] - 1, probes, out.ctypes.data)
+    functions[2](address(ids), ids.shape[0], address(slots), slots.shape[0] - 1, probes, address(out))
     return out.view(np.float32)
 
 
@@ -134,12 +134,12 @@ def kgw_scores(wm, token_ids, common, dedup: bool):
         found = common.lookup_table(wm, length)
         if found is not None:
             table, probes, threshold = found
-            slots, slot_mask = table.ctypes.data, table.shape[0] - 1
+            slots, slot_mask = address(table), table.shape[0] - 1
     anchored = spec.scheme in ANCHORED
     width = 2 if anchored else h + 1
     # one buffer: units [N, width] (anchored only), identities [N], prev [N], then the flags' N bytes
     out = np.empty((width if anchored else 0) * count + 2 * count + (count + 7) // 8, dtype=np.int64)
-    at = out.ctypes.data
+    at = address(out)
     head = (width if anchored else 0) * count
     identities_at, prev_at, flags_at = at + 8 * head, at + 8 * (head + count), at + 8 * (head + 2 * count)
     green_below = green_threshold(spec.gamma)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from db.output_grams import Match, gram_key
+from db.output_grams import Match, gram_key, verdict_checks
 from detector import common_units
 from detector import windows as winmax
 from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
@@ -176,7 +176,8 @@ class Detector:
         if checked:
             # every verdict: a scrubbed output is a text the z-test let go; the counts, the null and the n-gram
             # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
-            match = self._own_output(ids, marks)
+            both = self._checks_of_positive(ids, marks, spoof_units) if verdict.watermarked else None
+            match = self._own_output(ids, marks) if both is None else (marks[0].key_id, both[0])
             verdict.own_output = None if match is None else match[1].to_dict()
         if checked and verdict.watermarked:
             # only positives: a spoof is a text the detector accepted (human text costs nothing)
@@ -187,21 +188,39 @@ class Detector:
             mine = match is not None and match[0] == mark.key_id and match[1].matches
             verdict.spoof_check = verdict_spoof_check(
                 mark, spoof_units[0], self.output_memory.view(mark.key_id),
-                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None)
+                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None,
+                sums=None if both is None or mine else both[1])
         return verdict
+
+    def _checks_of_positive(self, ids: torch.Tensor, marks: list, spoof_units: list) -> tuple | None:
+        """(Match, spoof sums) of a positive KGW verdict of one key in one C call (``db.output_grams.verdict_checks``:
+        what ``_own_output`` and the spoof check's lookups give, from a single crossing into C where they took two);
+        None where that call does not apply (several keys, a sampling spec, no kernel): the two calls then."""
+        key = self._grams_key()
+        if len(marks) != 1 or not spoof_units or marks[0].spec.kind != "kgw" or key is None:
+            return None
+        values, identities, prev = spoof_units[0]
+        view = self.output_memory.view(marks[0].key_id)
+        return verdict_checks(view.grams, view.table, ids.numpy(), key, identities, values, prev)
+
+    def _grams_key(self) -> int | None:
+        """The key of remembered outputs' n-grams (``db.output_grams.gram_key``), derived once; None when the
+        keyring (a stand-in with secrets only) has no master key to derive it from."""
+        if self._gram_key is None and hasattr(self.keyring, "derive_key"):
+            self._gram_key = gram_key(self.keyring)
+        return self._gram_key
 
     def _own_output(self, ids: torch.Tensor, marks: list) -> tuple[str, Match] | None:
         """The remembered output of a tested key that the text repeats most (``db.output_grams``), with that
         key's id; None when no tested key has remembered outputs (or the keyring, a stand-in with secrets
         only, has no master key to key the n-grams with)."""
-        if self._gram_key is None:
-            if not hasattr(self.keyring, "derive_key"):
-                return None
-            self._gram_key = gram_key(self.keyring)
+        key = self._grams_key()
+        if key is None:
+            return None
         ids = ids.numpy()
         best = None
         for mark in marks:
-            found = self.output_memory.view(mark.key_id).grams.match_ids(ids, self._gram_key)
+            found = self.output_memory.view(mark.key_id).grams.match_ids(ids, key)
             if found is not None and (best is None or found.matched > best[1].matched):
                 best = (mark.key_id, found)
         return best

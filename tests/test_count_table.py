@@ -89,3 +89,26 @@ def test_readers_see_every_count_while_the_table_grows(native):
         for thread in readers:
             thread.join()
     assert table.bits > 12 and not wrong
+
+
+def test_the_kernels_address_of_an_array_is_its_first_element_for_every_layout():
+    """``watermark.native_build.address`` (every kernel call's pointer argument): a ctypes view of the buffer where
+    that exists, ``.ctypes.data`` where it does not; either way the first element, and the array is unchanged."""
+    from watermark.native_build import address
+
+    base = np.arange(60, dtype=np.int64)
+    readonly = base.copy()
+    readonly.flags.writeable = False
+    layouts = {"plain": base, "offset slice": base[7:], "strided": base[::3], "read-only": readonly,
+               "from bytes": np.frombuffer(base.tobytes(), dtype=np.int64), "empty": base[:0],
+               "2-d": base.reshape(6, 10), "fortran": np.asfortranarray(base.reshape(6, 10)), "bool": base > 5,
+               "uint64 view": base.view(np.uint64), "transposed": base.reshape(6, 10).T}
+    for name, array in layouts.items():
+        before = array.copy()
+        assert address(array) == array.ctypes.data, name
+        np.testing.assert_array_equal(array, before)
+    # a view the buffer path accepts: writing through the address lands in the array
+    target = np.zeros(4, dtype=np.int64)[1:]
+    ctypes_view = (np.ctypeslib.as_array((np.ctypeslib.ctypes.c_int64 * 3).from_address(address(target))))
+    ctypes_view[:] = (5, 6, 7)
+    np.testing.assert_array_equal(target, [5, 6, 7])

@@ -341,3 +341,42 @@ def test_a_verdicts_spoof_check_is_its_definition(tmp_path, world, spec):
         checked += 1
         own.remember(info, sample(world, mark, generator), vocab)  # the next verdict sees one more output
     assert checked == 6
+
+
+def test_a_positive_verdicts_checks_in_one_call_give_the_verdict_of_two_calls(tmp_path, world, monkeypatch):
+    """A positive KGW verdict of one key runs its match and spoof sums in one C call
+    (``db.output_grams.verdict_checks``); with that call declined, the two calls give the same verdict, own
+    output and spoof check included, for fresh output, remembered output (checked without itself) and human-like
+    text."""
+    import detector.service as service
+    from db.count_table import native_library
+
+    if native_library() is None:
+        pytest.skip("no C compiler: there is no one-call path")
+    vocab = world[0]
+    keyring, mark, store, own, memory, info = keyed_memory(tmp_path, vocab, SPEC, b"provmark-test/one-call")
+    generator = torch.Generator().manual_seed(5)
+    remembered = []
+    for _ in range(WARMUP + MIN_NULL + 5):
+        remembered.append(sample(world, mark, generator))
+        own.remember(info, remembered[-1], vocab)
+    detector = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory))
+    texts = [as_text(world, ids) for ids in
+             [sample(world, mark, generator) for _ in range(4)] + remembered[-3:] + [sample(world, None, generator)]]
+    taken = []
+    one_call = service.verdict_checks
+
+    def counted(*args):
+        found = one_call(*args)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(service, "verdict_checks", counted)
+    fused = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
+    monkeypatch.setattr(service, "verdict_checks", lambda *args: None)
+    apart = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
+    assert fused == apart
+    positives = [v for v in fused if v["verdict"] == "watermarked"]
+    assert len(positives) >= 6 and all(v["spoof_check"] is not None for v in positives)
+    assert sum(v["own_output"]["matched"] for v in positives) == 3  # the remembered ones, checked without themselves
+    assert taken == [True] * len(positives)

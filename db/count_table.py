@@ -53,9 +53,6 @@ def _library():
     library.output_grams_hash.restype = size
     library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer]
     library.output_grams_match.restype = ctypes.c_int
-    library.verdict_checks.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer,
-                                       pointer, mask, shift, pointer, pointer, pointer, size, pointer]
-    library.verdict_checks.restype = ctypes.c_int
     return library
 
 

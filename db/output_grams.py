@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from db.count_table import CountTable, OwnerTable, native_library
+from db.count_table import OwnerTable, native_library
 from watermark.native_build import address
 
 GRAM = 5  # tokens per remembered n-gram
@@ -62,29 +63,6 @@ def text_grams(token_ids, key: int) -> np.ndarray:
     out = np.empty(count, dtype=np.int64)
     kept = library.output_grams_hash(address(ids), ids.shape[0], GRAM, key & MASK64, SAMPLE - 1, address(out))
     return distinct(out[:kept])
-
-
-def verdict_checks(grams: GramIndex, table: CountTable, token_ids, key: int, units: np.ndarray, flags: np.ndarray,
-                   prev: np.ndarray) -> tuple[Match, tuple[int, float, float, float, float, float]] | None:
-    """A positive KGW verdict's two checks in one C call (``verdict_checks``): ``(grams.match_ids(token_ids, key),
-    table.spoof_sums(units, flags, prev))``, the same Match and the same sums. None where that call does not apply
-    (no kernel, nothing remembered, a numpy table, or arrays it cannot take as they are): the caller makes the
-    two calls. ``units`` uint64 or int64, ``flags`` bool, ``prev`` int64, one length."""
-    library, owners = native_library(), grams.table
-    if (library is None or not grams.outputs or not owners.native or not table.native
-            or units.dtype.itemsize != 8 or flags.dtype != np.bool_ or prev.dtype != np.int64
-            or not units.shape[0] == flags.shape[0] == prev.shape[0]
-            or not (units.flags.c_contiguous and flags.flags.c_contiguous and prev.flags.c_contiguous)):
-        return None
-    ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    owner_slots, count_slots = owners.slots, table.slots  # held for the call (a growing table swaps them)
-    found, sums = (ctypes.c_int64 * 3)(), (ctypes.c_double * 6)()
-    if library.verdict_checks(address(ids), ids.shape[0], GRAM, key & MASK64, SAMPLE - 1, *owner_slots.args, found,
-                              *count_slots.args, address(units), address(flags), address(prev), prev.shape[0],
-                              sums) != 0:
-        return None
-    n, spread_x, spread_y, sum_xy, raw_x, raw_y = sums
-    return Match(found[1], found[2], found[0]), (int(n), spread_x, spread_y, sum_xy, raw_x, raw_y)
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -146,6 +124,43 @@ class Match:
                 "min_matched": MIN_MATCHED}
 
 
+class _MatchArguments(ctypes.Structure):
+    """detector/csrc/kgw_units.c's match_request: output_grams_match's address and arguments, its answer."""
+
+    _fields_ = [("fn", ctypes.c_void_p), ("gram", ctypes.c_int64), ("key", ctypes.c_uint64),
+                ("sample_mask", ctypes.c_uint64), ("table", ctypes.c_void_p), ("table_mask", ctypes.c_uint64),
+                ("table_shift", ctypes.c_int64), ("out", ctypes.c_int64 * 3), ("status", ctypes.c_int64)]
+
+
+@functools.cache
+def _match_function() -> int:
+    return ctypes.cast(native_library().output_grams_match, ctypes.c_void_p).value
+
+
+class MatchRequest:
+    """``GramIndex.match_ids`` of one text, run by the detector's scoring kernel in the call that scores the text
+    (``detector.scoring_kernel.kgw_scores``): a verdict then crosses into C once, where the match alone cost a
+    crossing of its own (most of its time: docs/security.md, "What the defences cost"). ``address`` is what the
+    kernel takes; ``result`` the same Match as ``match_ids``, or None when the kernel did not run it (the caller
+    then calls ``match_ids``). Holds the index's table for as long as it lives (a rebuild swaps in another)."""
+
+    __slots__ = ("_arguments", "_slots", "address")
+
+    def __init__(self, slots, key: int) -> None:
+        table, table_mask, table_shift = slots.args
+        self._arguments = _MatchArguments(_match_function(), GRAM, key & MASK64, SAMPLE - 1, table, table_mask,
+                                          table_shift)
+        self._slots = slots
+        self.address = ctypes.addressof(self._arguments)
+
+    def result(self) -> Match | None:
+        arguments = self._arguments
+        if arguments.status != 1:
+            return None
+        out = arguments.out
+        return Match(out[1], out[2], out[0])
+
+
 class GramIndex:
     """Sampled n-gram -> the one remembered output that holds it (``db.count_table.OwnerTable``: its row, or
     "shared" once a second output holds it too, unless that output mostly copies the first), so an n-gram held
@@ -198,6 +213,14 @@ class GramIndex:
         rows, counts = np.unique(owners[owned].astype(np.int64) - 1, return_counts=True)
         best = int(np.argmax(counts))
         return Match(int(rows[best]), int(counts[best]), int(grams.shape[0]))
+
+    def match_request(self, key: int) -> MatchRequest | None:
+        """A ``MatchRequest`` of this index under ``key`` for the scoring kernel to run; None while nothing is
+        remembered (``match_ids`` answers None then) or without the C kernels."""
+        table = self.table
+        if not self.outputs or native_library() is None or not table.native:
+            return None
+        return MatchRequest(table.slots, key)
 
     def match_ids(self, token_ids, key: int) -> Match | None:
         """``match(text_grams(token_ids, key))`` in one C call where the kernel is built (``output_grams_match``:

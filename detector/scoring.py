@@ -80,15 +80,16 @@ def green_flags(wm: Watermark, token_ids: torch.Tensor) -> np.ndarray:
 
 def score_positions(wm: Watermark, token_ids: torch.Tensor, common: CommonUnits | None = None,
                     dedup: bool = True, with_units: bool = False,
-                    with_identities: bool = False) -> tuple[np.ndarray, ...]:
+                    with_identities: bool = False, match=None) -> tuple[np.ndarray, ...]:
     """Green flags [T - h] and previous occurrences [T - h] (see ``previous_occurrence``), one pass;
     with ``with_units`` also each position's dedup unit [T - h, k] (``Watermark.scored_positions``),
     with ``with_identities`` also each unit's key-free identity [T - h] (``Watermark.unit_identities``).
 
     Without ``dedup`` every position is its own first occurrence (-1). With a ``common`` table
     (kgw specs) a position whose unit is common in human text points at itself: it counts nowhere,
-    in the text or in a window (``detector.common_units``)."""
-    fast = kgw_scores(wm, token_ids, common, dedup)  # keyed kgw specs: the same arrays from one C loop
+    in the text or in a window (``detector.common_units``). ``match``: a ``db.output_grams.MatchRequest`` the
+    C loop also runs (``detector.scoring_kernel.kgw_scores``); untouched on the Python path."""
+    fast = kgw_scores(wm, token_ids, common, dedup, match)  # keyed kgw specs: the same arrays from one C loop
     if fast is not None:
         flags, prev, units, named = fast
         return (flags, prev) + ((units,) if with_units else ()) + ((named,) if with_identities else ())

@@ -49,8 +49,8 @@ def _library():
         log.info("scoring kernel unavailable, using numpy: %s", exc)
         return None
     p, i64, u64, c_int, c_float = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
-    anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p, p]
-    seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p]
+    anchored.argtypes = [p, i64, c_int, c_int, i64, p, p, p, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p, p, p]
+    seeded.argtypes = [p, i64, c_int, p, i64, c_int, i64, p, u64, i64, p, u64, c_int, c_float, c_int, p, p, p, p]
     anchored.restype = seeded.restype = ctypes.c_int
     frequencies.argtypes = [p, i64, p, u64, c_int, p]
     frequencies.restype = None
@@ -107,11 +107,14 @@ def _lefthash_seeds(tables, ids: torch.Tensor, h: int, count: int) -> torch.Tens
     return context_seeds(tables, contexts, None).reshape(-1).contiguous()
 
 
-def kgw_scores(wm, token_ids, common, dedup: bool):
+def kgw_scores(wm, token_ids, common, dedup: bool, match=None):
     """(flags bool [N], prev int64 [N], units int64 [N, k], identities uint64 [N]) of ``token_ids`` under ``wm``
     exactly as ``detector.scoring.score_positions`` computes them (N = T - h; a position the common-unit table
     leaves out points at itself in prev; units (seed, token) for minhash and selfhash, the (h + 1)-gram for
-    unigram and lefthash), or None where the kernel does not apply."""
+    unigram and lefthash), or None where the kernel does not apply.
+
+    ``match``: a ``db.output_grams.MatchRequest`` the same C call runs over the token ids (the own-output match
+    of every verdict, without a crossing of its own); it reads as not run where this returns None before C."""
     spec = wm.spec
     functions = _library()
     tables = getattr(wm, "_tables", None)
@@ -146,14 +149,15 @@ def kgw_scores(wm, token_ids, common, dedup: bool):
     if anchored:
         done = functions[0](ids.data_ptr(), length, h, spec.scheme == "selfhash", wm.vocab_size, token_values, salt,
                             own, vocab_mix, _MULTIPLIER, green_below, slots, slot_mask, probes, threshold, dedup,
-                            flags_at, at, identities_at, prev_at)
+                            flags_at, at, identities_at, prev_at, None if match is None else match.address)
     else:
         seeds = None
         if spec.scheme == "lefthash":
             seeds = _lefthash_seeds(tables, ids, h, count)
         done = functions[1](ids.data_ptr(), length, h, None if seeds is None else seeds.data_ptr(), unigram_seed,
                             1 if spec.scheme == "unigram" else 2, wm.vocab_size, vocab_mix, _MULTIPLIER, green_below,
-                            slots, slot_mask, probes, threshold, dedup, flags_at, identities_at, prev_at)
+                            slots, slot_mask, probes, threshold, dedup, flags_at, identities_at, prev_at,
+                            None if match is None else match.address)
     if done != 0:
         return None
     if anchored:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from db.output_grams import Match, gram_key, verdict_checks
+from db.output_grams import Match, gram_key
 from detector import common_units
 from detector import windows as winmax
 from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
@@ -166,18 +166,20 @@ class Detector:
         common = common_units.for_spec(spec, vocab)
         checked = self.output_memory is not None and spec.needs_key and spec.kind in SPOOF_KINDS
         spoof_units = [] if checked else None  # a positive verdict's counted units, from its own scoring pass
+        requests = None
         if is_sampling(spec):
             calibrations = _current(self.calibrations_for(marks), common)
             verdict = score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
                                      dither_key, common, spoof_units)
         else:
+            # the own-output match runs inside the scoring kernel's call (no crossing into C of its own)
+            requests = self._match_requests(marks) if checked else None
             verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
-                             self.calibrations_for(marks), dither_key, spoof_units)
+                             self.calibrations_for(marks), dither_key, spoof_units, requests)
         if checked:
             # every verdict: a scrubbed output is a text the z-test let go; the counts, the null and the n-gram
             # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
-            both = self._checks_of_positive(ids, marks, spoof_units) if verdict.watermarked else None
-            match = self._own_output(ids, marks) if both is None else (marks[0].key_id, both[0])
+            match = self._own_output(ids, marks, requests)
             verdict.own_output = None if match is None else match[1].to_dict()
         if checked and verdict.watermarked:
             # only positives: a spoof is a text the detector accepted (human text costs nothing)
@@ -188,20 +190,16 @@ class Detector:
             mine = match is not None and match[0] == mark.key_id and match[1].matches
             verdict.spoof_check = verdict_spoof_check(
                 mark, spoof_units[0], self.output_memory.view(mark.key_id),
-                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None,
-                sums=None if both is None or mine else both[1])
+                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None)
         return verdict
 
-    def _checks_of_positive(self, ids: torch.Tensor, marks: list, spoof_units: list) -> tuple | None:
-        """(Match, spoof sums) of a positive KGW verdict of one key in one C call (``db.output_grams.verdict_checks``:
-        what ``_own_output`` and the spoof check's lookups give, from a single crossing into C where they took two);
-        None where that call does not apply (several keys, a sampling spec, no kernel): the two calls then."""
+    def _match_requests(self, marks: list) -> list | None:
+        """Per tested key, its gram index's ``MatchRequest`` for the scoring kernel (None for a key with nothing
+        remembered, or without the C kernels); None without a key to name the n-grams with."""
         key = self._grams_key()
-        if len(marks) != 1 or not spoof_units or marks[0].spec.kind != "kgw" or key is None:
+        if key is None:
             return None
-        values, identities, prev = spoof_units[0]
-        view = self.output_memory.view(marks[0].key_id)
-        return verdict_checks(view.grams, view.table, ids.numpy(), key, identities, values, prev)
+        return [self.output_memory.view(mark.key_id).grams.match_request(key) for mark in marks]
 
     def _grams_key(self) -> int | None:
         """The key of remembered outputs' n-grams (``db.output_grams.gram_key``), derived once; None when the
@@ -210,17 +208,20 @@ class Detector:
             self._gram_key = gram_key(self.keyring)
         return self._gram_key
 
-    def _own_output(self, ids: torch.Tensor, marks: list) -> tuple[str, Match] | None:
+    def _own_output(self, ids: torch.Tensor, marks: list, requests: list | None = None) -> tuple[str, Match] | None:
         """The remembered output of a tested key that the text repeats most (``db.output_grams``), with that
         key's id; None when no tested key has remembered outputs (or the keyring, a stand-in with secrets
-        only, has no master key to key the n-grams with)."""
+        only, has no master key to key the n-grams with). ``requests``: ``_match_requests``' for these marks,
+        each answered by the scoring kernel where it ran (else the key's index is asked here)."""
         key = self._grams_key()
         if key is None:
             return None
-        ids = ids.numpy()
         best = None
-        for mark in marks:
-            found = self.output_memory.view(mark.key_id).grams.match_ids(ids, key)
+        for i, mark in enumerate(marks):
+            request = None if requests is None else requests[i]
+            found = None if request is None else request.result()
+            if found is None:
+                found = self.output_memory.view(mark.key_id).grams.match_ids(ids.numpy(), key)
             if found is not None and (best is None or found.matched > best[1].matched):
                 best = (mark.key_id, found)
         return best
@@ -358,18 +359,20 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
 def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
            spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
            calibrations: list[Calibration | None], dither_key: bytes | None = None,
-           spoof_units: list | None = None) -> Verdict:
+           spoof_units: list | None = None, matches: list | None = None) -> Verdict:
     """``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
     best key's scored positions to, (green flags, key-free identities, previous occurrences): the spoof check's
-    input (``detector.spoof_check.scored_units`` computes the same again)."""
+    input (``detector.spoof_check.scored_units`` computes the same again). ``matches``: per mark, a
+    ``db.output_grams.MatchRequest`` (or None) its scoring pass runs."""
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
     common = common_units.for_spec(spec, vocab)
     calibrations = _current(calibrations, common)
     # with a common-unit table the identities are computed anyway: kept for the spoof check
-    scored = [score_positions(wm, ids, common, options.dedup, with_units=True, with_identities=common is not None)
-              for wm in marks]
+    scored = [score_positions(wm, ids, common, options.dedup, with_units=True, with_identities=common is not None,
+                              match=None if matches is None else matches[i])
+              for i, wm in enumerate(marks)]
     flags, prevs, units = ([s[i] for s in scored] for i in range(3))
     num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
     forced = forced_scored_positions(options.forced_positions, h, flags[0].shape[0])

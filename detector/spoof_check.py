@@ -180,7 +180,7 @@ def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float |
 
 
 def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], memory,
-                        without: np.ndarray | None = None, sums: tuple | None = None) -> dict | None:
+                        without: np.ndarray | None = None) -> dict | None:
     """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
     (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
     is None while the key's null has fewer than MIN_NULL outputs, and for a kind without measured power
@@ -191,14 +191,11 @@ def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], 
     scoring pass found them (``scored_units`` gives the same from the token ids); ``memory``: the key's memory
     as this process holds it (``db.output_memory.MemoryMirror.view``: its count table and null, no query).
     ``without``: the unit identities of one remembered output the text repeats (``db.output_grams``), left
-    out of the counts as each output of the null was scored without itself. ``sums``: ``memory.table.spoof_sums``
-    of ``units`` when the caller has them already (``db.output_grams.verdict_checks``), not with ``without``."""
+    out of the counts as each output of the null was scored without itself."""
     if mark.spec.kind not in SPOOF_KINDS:
         return None
     values, identities, prev = units
-    if sums is not None:
-        check = statistic_of_sums(*sums)
-    elif without is None:
+    if without is None:
         check = statistic_of_sums(*memory.table.spoof_sums(identities, unit_scores(values), prev))
     else:
         counted = identities[prev < 0]

@@ -110,53 +110,46 @@ def test_the_one_call_match_gives_the_numpy_paths_answer():
     assert GramIndex().match_ids(base[0], key) is None
 
 
-def test_a_positives_two_checks_in_one_call_are_the_two_calls():
-    """``verdict_checks`` (a positive KGW verdict's match and spoof sums in one C call) gives exactly what
-    ``GramIndex.match_ids`` and ``CountTable.spoof_sums`` of the green flags as 0/1 scores give: matched and
-    unmatched texts, repeated units (prev >= 0), all-green and all-red flags, texts shorter than an n-gram, no
-    scored position; and declines (None) where it does not apply, so the caller makes the two calls."""
-    from db.count_table import CountTable, native_library
-    from db.output_grams import numpy_grams, verdict_checks
+def test_the_scoring_kernels_match_is_the_indexs_own():
+    """A ``MatchRequest`` run by the scoring kernel's call (``kgw_scores``: one crossing into C for the verdict)
+    answers exactly what ``GramIndex.match_ids`` answers, for every kgw kernel (anchored and seeded schemes):
+    matched and unmatched texts, repeats, texts shorter than an n-gram but scored; a request the kernel never
+    ran (a text too short to score) answers None, and an index with nothing remembered makes no request."""
+    from db.count_table import native_library
+    from db.output_grams import numpy_grams
+    from detector import scoring_kernel
+    from watermark.scheme import make_watermark
 
-    if native_library() is None:
-        pytest.skip("no C compiler: there is no one-call path")
+    if native_library() is None or not scoring_kernel.available():
+        pytest.skip("no C compiler: the index answers on its own")
     rng = np.random.default_rng(17)
     key = (1 << 64) - 777
     outputs = [rng.integers(0, 400, size=int(rng.integers(30, 300))) for _ in range(30)]
     index = GramIndex()
     for row, ids in enumerate(outputs):
         index.add(row, numpy_grams(ids, key))
-    pool = rng.integers(-(2**63), 2**63, size=3000, dtype=np.int64).view(np.uint64)
-    table = CountTable()
-    for _ in range(50):
-        table.add(np.unique(pool[rng.zipf(1.3, size=200) % pool.size]))
-    texts = [*outputs[:10], np.tile(outputs[2][:25], 6), rng.integers(0, 400, size=900), outputs[4][:GRAM - 1]]
-    checked = 0
-    for ids in texts:
-        n = max(ids.size - 4, 0)
-        units = pool[rng.integers(0, pool.size, size=n)]
-        prev = np.full(n, -1, dtype=np.int64)
-        for i in range(1, n):  # some repeats: only first occurrences count
-            if rng.random() < 0.2:
-                units[i] = units[i - 1]
-                prev[i] = i - 1
-        for flags in (rng.random(n) < 0.3, np.ones(n, dtype=bool), np.zeros(n, dtype=bool)):
-            both = verdict_checks(index, table, ids, key, units, flags, prev)
-            assert both is not None
-            match, sums = both
-            assert match == index.match_ids(ids, key)
-            assert sums == table.spoof_sums(units, flags.astype(np.float64), prev)
-            checked += 1
-    assert checked == 3 * len(texts)
-    assert any(verdict_checks(index, table, t, key, pool[:0], np.zeros(0, bool), np.zeros(0, np.int64))[0].matches
-               for t in outputs)
-    units, flags, prev = pool[:50], np.ones(50, dtype=bool), np.full(50, -1, dtype=np.int64)
-    assert verdict_checks(GramIndex(), table, outputs[0], key, units, flags, prev) is None  # nothing remembered
-    assert verdict_checks(index, CountTable(native=False), outputs[0], key, units, flags, prev) is None
-    assert verdict_checks(index, table, outputs[0], key, units, flags.astype(np.float64), prev) is None
-    assert verdict_checks(index, table, outputs[0], key, units[::2], flags[::2], prev[::2]) is None  # strided
-    assert verdict_checks(index, table, outputs[0], key, units, flags[:49], prev) is None
-
+    texts = [*outputs[:10], np.tile(outputs[2][:25], 6), rng.integers(0, 400, size=900), outputs[4][:GRAM - 1],
+             np.concatenate([outputs[3][:80], outputs[8][:80]])]
+    secret = hashlib.sha256(b"provmark-test/kernel-match").digest()
+    answered = 0
+    for spec in ("kgw:scheme=selfhash,h=4", "kgw:scheme=minhash,h=2", "kgw:scheme=lefthash,h=1",
+                 "kgw:scheme=lefthash,h=3", "kgw:scheme=unigram"):
+        mark = make_watermark(spec, secret, 49152, "k")
+        for ids in texts:
+            if ids.size <= mark.context_width:
+                continue  # nothing to score: below
+            request = index.match_request(key)
+            assert request is not None and request.result() is None  # not run yet
+            assert scoring_kernel.kgw_scores(mark, torch.from_numpy(ids), None, True, request) is not None
+            assert request.result() == index.match_ids(ids, key)
+            answered += 1
+        short = index.match_request(key)
+        assert scoring_kernel.kgw_scores(mark, torch.from_numpy(outputs[0][:mark.context_width]), None, True,
+                                         short) is None
+        assert short.result() is None  # the kernel returned before C: the caller asks the index
+    assert answered == 5 * len(texts) - 1  # the 4-token text under h = 4
+    assert sum(index.match_ids(t, key).matches for t in texts) >= 10
+    assert GramIndex().match_request(key) is None  # nothing remembered: match_ids answers None
 
 def edited(ids: list[int], words: torch.Tensor, rng: random.Random) -> list[int]:
     return [int(words[rng.randrange(len(words))]) if rng.random() < EDIT_RATE else i for i in ids]

@@ -343,18 +343,18 @@ def test_a_verdicts_spoof_check_is_its_definition(tmp_path, world, spec):
     assert checked == 6
 
 
-def test_a_positive_verdicts_checks_in_one_call_give_the_verdict_of_two_calls(tmp_path, world, monkeypatch):
-    """A positive KGW verdict of one key runs its match and spoof sums in one C call
-    (``db.output_grams.verdict_checks``); with that call declined, the two calls give the same verdict, own
-    output and spoof check included, for fresh output, remembered output (checked without itself) and human-like
-    text."""
-    import detector.service as service
+def test_the_match_run_by_the_scoring_call_gives_the_verdict_of_its_own_call(tmp_path, world, monkeypatch):
+    """Every verdict of a KGW key with remembered output gets its own-output match from the scoring kernel's call
+    (``db.output_grams.MatchRequest``); with no request made, the index's own call gives the same verdicts, own
+    output and spoof check included: fresh output, remembered output (checked without itself), human-like text."""
     from db.count_table import native_library
+    from db.output_grams import GramIndex, MatchRequest
+    from detector import scoring_kernel
 
-    if native_library() is None:
-        pytest.skip("no C compiler: there is no one-call path")
+    if native_library() is None or not scoring_kernel.available():
+        pytest.skip("no C compiler: the index answers on its own")
     vocab = world[0]
-    keyring, mark, store, own, memory, info = keyed_memory(tmp_path, vocab, SPEC, b"provmark-test/one-call")
+    keyring, mark, store, own, memory, info = keyed_memory(tmp_path, vocab, SPEC, b"provmark-test/kernel-match")
     generator = torch.Generator().manual_seed(5)
     remembered = []
     for _ in range(WARMUP + MIN_NULL + 5):
@@ -363,20 +363,21 @@ def test_a_positive_verdicts_checks_in_one_call_give_the_verdict_of_two_calls(tm
     detector = Detector(vocab=vocab, keyring=keyring, output_memory=MemoryMirror(memory))
     texts = [as_text(world, ids) for ids in
              [sample(world, mark, generator) for _ in range(4)] + remembered[-3:] + [sample(world, None, generator)]]
-    taken = []
-    one_call = service.verdict_checks
+    answers = []
+    result = MatchRequest.result
 
-    def counted(*args):
-        found = one_call(*args)
-        taken.append(found is not None)
+    def counted(self):
+        found = result(self)
+        answers.append(found is not None)
         return found
 
-    monkeypatch.setattr(service, "verdict_checks", counted)
-    fused = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
-    monkeypatch.setattr(service, "verdict_checks", lambda *args: None)
-    apart = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
-    assert fused == apart
-    positives = [v for v in fused if v["verdict"] == "watermarked"]
+    monkeypatch.setattr(MatchRequest, "result", counted)
+    in_kernel = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
+    monkeypatch.setattr(GramIndex, "match_request", lambda self, key: None)
+    on_its_own = [detector.detect(t, keys=[KEY]).to_dict() for t in texts]
+    assert in_kernel == on_its_own
+    assert answers == [True] * len(texts)  # every verdict, positive or not, took the kernel's answer
+    positives = [v for v in in_kernel if v["verdict"] == "watermarked"]
     assert len(positives) >= 6 and all(v["spoof_check"] is not None for v in positives)
     assert sum(v["own_output"]["matched"] for v in positives) == 3  # the remembered ones, checked without themselves
-    assert taken == [True] * len(positives)
+    assert any(v["verdict"] != "watermarked" and v["own_output"] is not None for v in in_kernel)

@@ -121,13 +121,12 @@ void count_table_counts(const int64_t *slots, uint64_t mask, int shift, const in
 }
 
 /* The spoof check's sums over the positions i with prev[i] < 0 (first occurrences): x = log(count + 1/2) of
- * units[i], y = scores[i] (or flags[i], 0/1, where scores is NULL: a KGW verdict's green flags as they are); the
- * moments about the means from sums shifted by the first x and y (one pass, no division per element; the shift
- * keeps the cancellation to the spread of the values).
+ * units[i], y = scores[i]; the moments about the means from sums shifted by the first x and y (one pass, no
+ * division per element; the shift keeps the cancellation to the spread of the values).
  * out: counted positions, Sxx, Syy, sum y (x - mean x), sum x^2, sum y^2 (detector/spoof_check.py turns them
  * into the permutation z). */
-static void spoof_sums(const int64_t *slots, uint64_t mask, int shift, const int64_t *units, const double *scores,
-                       const uint8_t *flags, const int64_t *prev, size_t n, double *out) {
+void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, const int64_t *units,
+                            const double *scores, const int64_t *prev, size_t n, double *out) {
     if (!small_logs_ready) { /* idempotent: two threads racing here write the same values */
         for (int c = 0; c < SMALL; c++)
             small_logs[c] = log((double)c + 0.5);
@@ -141,8 +140,7 @@ static void spoof_sums(const int64_t *slots, uint64_t mask, int shift, const int
         if (prev[i] >= 0)
             continue;
         int64_t count = count_of(slots, mask, shift, units[i]);
-        double x = count < SMALL ? small_logs[count] : log((double)count + 0.5);
-        double y = scores != NULL ? scores[i] : (double)(flags[i] != 0);
+        double x = count < SMALL ? small_logs[count] : log((double)count + 0.5), y = scores[i];
         if (m == 0) {
             kx = x;
             ky = y;
@@ -164,12 +162,6 @@ static void spoof_sums(const int64_t *slots, uint64_t mask, int shift, const int
     out[3] = m ? sxy - sx * sy / count : 0.0;
     out[4] = rx;
     out[5] = ry;
-}
-
-/* spoof_sums of float scores (db/count_table.py CountTable.spoof_sums). */
-void count_table_spoof_sums(const int64_t *slots, uint64_t mask, int shift, const int64_t *units,
-                            const double *scores, const int64_t *prev, size_t n, double *out) {
-    spoof_sums(slots, mask, shift, units, scores, NULL, prev, n, out);
 }
 
 /* One window's keyed n-gram hash: each token absorbed into the key, then splitmix64's finaliser. */
@@ -278,15 +270,4 @@ int output_grams_match(const int64_t *ids, size_t n, int gram, uint64_t key, uin
     out[1] = most > 0 ? best - 1 : -1;
     out[2] = most;
     return 0;
-}
-
-/* A positive KGW verdict's two checks in one call (db/output_grams.py verdict_checks): output_grams_match of the
- * token ids against the owner table into match_out, then spoof_sums of the scored positions' units, 0/1 green
- * flags and previous occurrences against the count table into sums_out. Returns output_grams_match's result. */
-int verdict_checks(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask,
-                   const int64_t *owners_table, uint64_t owners_mask, int owners_shift, int64_t *match_out,
-                   const int64_t *count_slots, uint64_t count_mask, int count_shift, const int64_t *units,
-                   const uint8_t *flags, const int64_t *prev, size_t m, double *sums_out) {
-    spoof_sums(count_slots, count_mask, count_shift, units, NULL, flags, prev, m, sums_out);
-    return output_grams_match(ids, n, gram, key, sample_mask, owners_table, owners_mask, owners_shift, match_out);
 }

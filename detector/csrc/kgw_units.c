@@ -13,7 +13,8 @@
  * frequency's float32 bits), searched for at most `probes` probes; a position whose frequency is >=
  * common_threshold points at itself in prev. slots NULL: no table. dedup 0: prev -1 everywhere but left-out
  * positions. anchor_units and seeded_units return 0; -1 when a token id is outside [0, vocab_size) (the caller falls back to the Python
- * path, which reports it); -2 when the dedup map cannot be allocated. */
+ * path, which reports it); -2 when the dedup map cannot be allocated.
+ * match: NULL, or the own-output match to run over the same ids in this call (match_request below). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,29 @@
 #define GRAM_TAG 3ULL
 #define MAX_GRAM 5 /* watermark/units.py: longer n-grams are not named */
 #define AHEAD 16
+
+/* The detector's own-output match (db/output_grams.py GramIndex.match_ids), run by the scoring call so that a
+ * verdict crosses into C once: fn is db/csrc/count_table.c's output_grams_match, passed by address with its
+ * arguments (db/output_grams.py MatchRequest lays this struct out); status 1 when it ran, -1 when it could not
+ * allocate (the caller then matches on its own), 0 when this call never got to it. */
+typedef int (*match_fn)(const int64_t *ids, size_t n, int gram, uint64_t key, uint64_t sample_mask,
+                        const int64_t *table, uint64_t table_mask, int table_shift, int64_t *out);
+typedef struct {
+    match_fn fn;
+    int64_t gram;
+    uint64_t key, sample_mask;
+    const int64_t *table;
+    uint64_t table_mask;
+    int64_t table_shift;
+    int64_t out[3];
+    int64_t status;
+} match_request;
+
+static void run_match(match_request *match, const int64_t *ids, int64_t n) {
+    if (match != NULL)
+        match->status = match->fn(ids, (size_t)n, (int)match->gram, match->key, match->sample_mask, match->table,
+                                  match->table_mask, (int)match->table_shift, match->out) == 0 ? 1 : -1;
+}
 
 static inline uint64_t splitmix(uint64_t x) {
     uint64_t z = x + GOLDEN;
@@ -102,7 +126,9 @@ int anchor_units(const int64_t *ids, int64_t n, int h, int selfhash, int64_t voc
                  const int64_t *token_values, const int64_t *salt, const int64_t *own,
                  const int64_t *vocab_mix, uint64_t multiplier, int64_t green_below,
                  const uint64_t *slots, uint64_t slot_mask, int probes, float common_threshold,
-                 int dedup, uint8_t *flags, int64_t *units, uint64_t *identities, int64_t *prev) {
+                 int dedup, uint8_t *flags, int64_t *units, uint64_t *identities, int64_t *prev,
+                 match_request *match) {
+    run_match(match, ids, n);
     int64_t count = n - h;
     if (count <= 0)
         return 0;
@@ -184,7 +210,8 @@ int anchor_units(const int64_t *ids, int64_t n, int h, int selfhash, int64_t voc
 int seeded_units(const int64_t *ids, int64_t n, int h, const int64_t *seeds, int64_t seed, int identity,
                  int64_t vocab_size, const int64_t *vocab_mix, uint64_t multiplier, int64_t green_below,
                  const uint64_t *slots, uint64_t slot_mask, int probes, float common_threshold,
-                 int dedup, uint8_t *flags, uint64_t *identities, int64_t *prev) {
+                 int dedup, uint8_t *flags, uint64_t *identities, int64_t *prev, match_request *match) {
+    run_match(match, ids, n);
     int64_t count = n - h;
     if (count <= 0)
         return 0;

@@ -13,17 +13,20 @@ import numpy as np
 import torch
 
 from detector import common_units, human_corpora
-from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore, bucket_of
+from detector.calibration import (BUCKET_EDGES, MIN_BUCKET_TEXTS, YOURS, Bucket, Calibration, CalibrationStore,
+                                  bucket_label, bucket_of)
 from detector.common_units import FIT_DOMAINS, CommonUnits
 from detector.disclosure import z_of
+from detector.normalize import normalize as normalize_text
 from detector.scoring import score_positions
 from detector.scoring_sampling import counted_score, positions
+from detector.tokenizing import tokenize
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
 from watermark.public_key import public_half_secret
 from watermark.scheme import make_watermark
 from watermark.specs import AnySpec, is_sampling
-from watermark.stats import Z_THRESHOLD, z_score
+from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
 
 log = logging.getLogger(__name__)
 
@@ -88,22 +91,9 @@ def calibrate(watermark, key_fingerprint: str, vocab, common: CommonUnits | None
     """Score every human window under ``watermark`` (one key, one spec, kgw or sampling) as the detector would;
     ``common``: the table the detector uses for this spec (None for hf:synthid and vllm:gumbel)."""
     windows = HumanWindows.for_vocabulary(vocab)
-    per_bucket: dict[int, list[float]] = {}
-    per_domain: dict[str, list[float]] = {}
-    items = windows.windows
-    if progress:
-        from tqdm import tqdm
-
-        items = tqdm(items, desc=f"calibrating {watermark.key_id}", unit="text")
-    for domain, ids in items:
-        total, z = window_z(watermark, ids, common)
-        if total == 0:
-            continue
-        per_bucket.setdefault(bucket_of(total), []).append(z)
-        per_domain.setdefault(domain, []).append(z)
+    per_bucket, per_domain = _measure(watermark, windows.windows, common, progress, f"calibrating {watermark.key_id}")
     buckets = tuple(_bucket(i, per_bucket.get(i, [])) for i in range(len(BUCKET_EDGES)))
-    domains = {d: {"n": len(v), "mean_z": round(float(np.mean(v)), 4), "sd_z": round(float(np.std(v, ddof=1)), 4)}
-               for d, v in sorted(per_domain.items()) if len(v) > 1}
+    domains = {d: _domain_stats(v) for d, v in sorted(per_domain.items()) if len(v) > 1}
     spec = watermark.spec
     return Calibration(watermark.key_id or "", key_fingerprint, spec.format(), watermark.fingerprint,
                        common.digest if common is not None else None,
@@ -112,17 +102,84 @@ def calibrate(watermark, key_fingerprint: str, vocab, common: CommonUnits | None
                        tuple(z for values in per_bucket.values() for z in values))
 
 
+def with_your_texts(base: Calibration, watermark, token_ids: list[list[int]], common: CommonUnits | None,
+                    progress: bool = False) -> Calibration:
+    """``base`` (``calibrate``'s, on the shipped corpora) together with the key's null on the human text its user
+    detects (``provmark keys calibrate --corpus``): the shipped corpora cannot know the units one code base or
+    one publication shares (docs/detection.md), the user's own texts do. ``token_ids``: each text normalised
+    and tokenized as the detector does (``token_ids_of``), scored whole as a pasted text is. Per length bucket
+    the calibration keeps the more careful null of the two (``more_careful``), so adding texts never makes a
+    verdict less careful; ``domains["yours"]`` holds the texts' own mean and spread (the key screen reads it
+    too) and the labels of the buckets they decided, ``corpus["yours"]`` how many texts were scored.
+    ValueError when no text has a scored position under this spec."""
+    items = [(YOURS, torch.tensor(ids, dtype=torch.int64)) for ids in token_ids]
+    per_bucket, _ = _measure(watermark, items, common, progress, f"your texts, {watermark.key_id}")
+    values = [z for found in per_bucket.values() for z in found]
+    if not values:
+        raise ValueError("none of the texts has a scored position under this spec (too short, or empty)")
+    yours = tuple(_bucket(i, per_bucket.get(i, [])) for i in range(len(BUCKET_EDGES)))
+    buckets = tuple(more_careful(b, y, base.z_threshold) for b, y in zip(base.buckets, yours))
+    decided = [bucket_label(b.index) for b, y in zip(buckets, yours) if b is y]
+    stats = _domain_stats(values) if len(values) > 1 else {"n": 1, "mean_z": round(values[0], 4), "sd_z": 1.0}
+    return replace(base, buckets=buckets, domains={**base.domains, YOURS: {**stats, "buckets": decided}},
+                   corpus={**base.corpus, YOURS: len(values)}, z_values=base.z_values + tuple(values))
+
+
+def more_careful(shipped: Bucket, yours: Bucket, z_threshold: float) -> Bucket:
+    """The bucket whose guarded null (``Bucket.guard``: what its data show beyond noise) implies the larger
+    false-positive rate at the threshold; the user's where it has enough texts (MIN_BUCKET_TEXTS) and is
+    at least as careful."""
+    def guarded_fpr(bucket: Bucket) -> float:
+        shift, scale = bucket.guard
+        return p_value_normal((z_threshold - shift) / scale)
+
+    if yours.n >= MIN_BUCKET_TEXTS and guarded_fpr(yours) >= guarded_fpr(shipped):
+        return yours
+    return shipped
+
+
+def token_ids_of(vocab, texts: list[str]) -> list[list[int]]:
+    """Each text's token ids as the detector gets them: normalised (the detector's default), tokenized."""
+    return [tokenize(vocab, normalize_text(text, True).text, with_offsets=False)[0] for text in texts]
+
+
+def _measure(watermark, items, common: CommonUnits | None, progress: bool, label: str) -> tuple[dict, dict]:
+    """z of every (domain, token ids) item with a scored position: ({bucket: [z]}, {domain: [z]})."""
+    per_bucket: dict[int, list[float]] = {}
+    per_domain: dict[str, list[float]] = {}
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, desc=label, unit="text")
+    for domain, ids in items:
+        total, z = window_z(watermark, ids, common)
+        if total == 0:
+            continue
+        per_bucket.setdefault(bucket_of(total), []).append(z)
+        per_domain.setdefault(domain, []).append(z)
+    return per_bucket, per_domain
+
+
+def _domain_stats(values: list[float]) -> dict:
+    return {"n": len(values), "mean_z": round(float(np.mean(values)), 4), "sd_z": round(float(np.std(values, ddof=1)), 4)}
+
+
 def screened_secret(spec: AnySpec, vocab, common: CommonUnits | None, tries: int = SCREEN_TRIES,
-                    progress: bool = False, two_part: bool = False) -> tuple[bytes, Calibration, int]:
+                    progress: bool = False, two_part: bool = False,
+                    your_ids: list[list[int]] | None = None) -> tuple[bytes, Calibration, int]:
     """Key screening: draw fresh secrets until one's measured null passes ``passes_screen`` (at most
     ``tries``; else the one whose worst bucket is least bad). Returns (secret, its calibration, draws).
     ``two_part``: the published half (``watermark.public_key``) is a key anyone tests with, so its null
-    must pass too; the worse of the two halves ranks a candidate."""
+    must pass too; the worse of the two halves ranks a candidate. ``your_ids``: the user's own texts
+    (``token_ids_of``; ``keys create --corpus``), which each candidate is measured on as well
+    (``with_your_texts``): a key shifted on the collection it will judge is drawn again."""
     best = None
     for attempt in range(1, tries + 1):
         secret = new_secret()
         mark = make_watermark(spec, secret, vocab.vocab_size, key_id="candidate")
         result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
+        if your_ids is not None:
+            result = with_your_texts(result, mark, your_ids, common, progress=progress)
         halves = [result] + ([public_half_calibration(spec, secret, vocab, common)] if two_part else [])
         if all(half.passes_screen() for half in halves):
             return secret, result, attempt

@@ -45,6 +45,7 @@ BUCKET_EDGES = (1, 25, 50, 100, 200, 400, 800, 1600)  # of scored units T; the l
 MIN_BUCKET_TEXTS = 30  # fewer texts than this in a bucket: no estimate there (the guard stays off)
 GUARD_SIGMAS = 2.0  # the guard acts only on a shift or spread this many standard errors past N(0, 1)
 SCREEN_FACTOR = 2.0  # key screening: a key whose estimated realised FPR exceeds this multiple fails
+YOURS = "yours"  # the domain of the texts a user calibrated a key on (``detector.calibrate.with_your_texts``)
 SCREEN_SHIFT = 0.1  # key screening: a bucket's mean z this far off 0 (beyond noise) fails the key
 
 
@@ -142,7 +143,7 @@ class Calibration:
                 "max_abs_mean_z": round(max(measured), 4) if measured else None,
                 "stated_fpr": self.stated_fpr, "worst_realised_fpr": worst if math.isfinite(worst) else None,
                 "worst_guarded_fpr": self.worst_guarded_fpr(), "passes_screen": self.passes_screen(),
-                "common_units": self.common_units}
+                "common_units": self.common_units} | ({"your_texts": self.corpus[YOURS]} if YOURS in self.corpus else {})
 
     def to_dict(self, with_id: bool = True) -> dict:
         out = {"key_id": self.key_id, "key_fingerprint": self.key_fingerprint, "spec": self.spec,
@@ -175,11 +176,15 @@ def guarded_p_value(p_value: float, z: float, total: int, calibration: Calibrati
 
 
 def verdict_calibration(calibration: Calibration, total: int, guarded: bool) -> dict:
-    """What a verdict reports about the calibration it used."""
+    """What a verdict reports about the calibration it used: its id, the length bucket (measured on the user's
+    own texts, ``keys calibrate --corpus``, or on the shipped corpora), and whether it changed the p-value."""
     bucket = calibration.bucket(total)
+    label = bucket_label(bucket.index)
+    yours = calibration.domains.get(YOURS, {})
     return {"id": calibration.calibration_id, "created_at": calibration.created_at,
-            "bucket": bucket_label(bucket.index), "n": bucket.n, "mean_z": round(bucket.mean, 4),
-            "sd_z": round(bucket.sd, 4), "guarded": guarded}
+            "bucket": label, "n": bucket.n, "mean_z": round(bucket.mean, 4),
+            "sd_z": round(bucket.sd, 4), "measured_on": YOURS if label in yours.get("buckets", ()) else "shipped",
+            "guarded": guarded}
 
 
 def null_record(verdict) -> dict:

@@ -198,3 +198,140 @@ def test_batch_workers_hold_verdicts_to_the_same_calibration(calibrated, vocab):
 
 def test_z_threshold_of_the_stated_rate():
     assert cal.Calibration("k", "f", SPEC.format(), "fp", None, "t", (), {}, {}).stated_fpr == p_value_normal(Z_THRESHOLD)
+
+
+# ------------------------------------------------------------------ calibrating on the user's own texts
+def collection(vocab, mark: Watermark, count: int) -> tuple[list[str], str]:
+    """``count`` human paragraphs (gensim's news) that all end with one shared line, as the files of one code base
+    share its identifiers: the line is the one, among 40 drawn from rare words, whose units are greenest under
+    ``mark``, so this key's null on the collection is shifted up. Returns (texts, one more text of the kind)."""
+    import importlib.metadata
+    import random
+    import re
+
+    path = importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor")
+    paragraphs = [" ".join(line.split()[:60]) for line in open(path, encoding="utf-8") if len(line.split()) >= 60]
+    pieces = vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.vocab_size)))
+    words = sorted({p[1:] for p in pieces if p and re.fullmatch(r"Ġ[a-z]{6,10}", p)})
+    common = common_units.for_vocabulary(vocab)
+    rng = random.Random(7)
+
+    def mean_z(line: str) -> float:
+        zs = []
+        for paragraph in paragraphs[:8]:
+            ids = measuring.token_ids_of(vocab, [f"{paragraph} {line}"])[0]
+            zs.append(measuring.window_z(mark, __import__("torch").tensor(ids), common)[1])
+        return float(np.mean(zs))
+
+    lines = [" ".join(rng.sample(words, 12)) + "." for _ in range(40)]
+    line = max(lines, key=mean_z)
+    return [f"{p} {line}" for p in paragraphs[:count]], f"{paragraphs[count]} {line}"
+
+
+def test_a_key_calibrated_on_your_texts_guards_verdicts_on_them(provmark_home, vocab, tmp_path, capsys):
+    """The shipped corpora cannot know what one collection shares (a code base's identifiers, a publication's
+    boilerplate): a key whose null is shifted up on the user's own texts is guarded only once it is measured on
+    them. ``keys calibrate --corpus`` measures it there; the verdict on one more text of that collection is then
+    held to that null (``measured_on: yours``, guarded, a larger p-value on the same z)."""
+    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
+    keyring = Keyring()
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    texts, probe = collection(vocab, mark, 90)
+    folder = tmp_path / "ours"
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")  # hidden: not a text of the collection
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")  # not text: skipped
+    for i, text in enumerate(texts):
+        (folder / f"{i:03d}.txt").write_text(text, encoding="utf-8")
+
+    assert main(["keys", "calibrate", "k1", "--no-progress"]) == 0  # the shipped corpora only
+    capsys.readouterr()
+    before = Detector(vocab=vocab, keyring=keyring).detect(probe, keys=["k1"])
+    assert before.calibration["measured_on"] == "shipped"
+
+    assert main(["keys", "calibrate", "k1", "--corpus", str(folder), "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    yours = out["domains"]["yours"]
+    assert yours["n"] == len(texts) and yours["mean_z"] > 0.5  # the shared line's greens
+    stored = CalibrationStore(keyring).get("k1", mark.fingerprint)
+    assert stored.corpus["yours"] == len(texts) and stored.domains["yours"]["buckets"]
+    after = Detector(vocab=vocab, keyring=keyring).detect(probe, keys=["k1"])
+    assert after.z_score == before.z_score  # the evidence is the same ...
+    assert after.calibration["measured_on"] == "yours" and after.calibration["guarded"] is True
+    assert after.p_value > before.p_value  # ... its weight is the one this key has on such texts
+
+
+def test_calibrating_on_your_texts_refuses_bad_input_and_keeps_what_is_stored(provmark_home, vocab, tmp_path, capsys):
+    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
+    assert main(["keys", "calibrate", "k1", "--no-progress"]) == 0
+    capsys.readouterr()
+    keyring = Keyring()
+    stored = (provmark_home / cal.FILE_NAME).read_bytes()
+    bad_line = tmp_path / "texts.jsonl"
+    bad_line.write_text('{"text": "a human sentence"}\n["not", "an", "object"]\n', encoding="utf-8")
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(b"\xff\xfe\x00binary")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.txt").write_text("  \n", encoding="utf-8")
+    for args, message in [([str(tmp_path / "missing")], "no such file or directory"),
+                          ([str(bad_line)], "texts.jsonl:2: expected a JSON object"),
+                          ([str(binary)], "not UTF-8 text"),
+                          ([str(empty)], "no text found")]:
+        assert main(["keys", "calibrate", "k1", "--no-progress", "--corpus", *args]) != 0
+        assert message in capsys.readouterr().err
+    assert (provmark_home / cal.FILE_NAME).read_bytes() == stored  # nothing measured, nothing written
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps({"text": f"Report {i}: the council approved the harbour budget."})
+                              for i in range(3)) + "\n", encoding="utf-8")
+    assert main(["keys", "calibrate", "k1", "--no-progress", "--corpus", str(good)]) == 0
+    assert "your texts: 3 scored" in capsys.readouterr().out
+    assert CalibrationStore(keyring).for_key("k1")[0].corpus["yours"] == 3
+
+
+def test_a_key_created_with_your_texts_is_screened_on_them(provmark_home, vocab, tmp_path, monkeypatch, capsys):
+    """``keys create --corpus``: each candidate key is measured on the user's texts too, so a key whose null is
+    shifted on the collection it will judge is drawn again, even when the shipped corpora pass it."""
+    import hashlib
+
+    secrets = [hashlib.sha256(f"screen-on-yours/{i}".encode()).digest() for i in range(measuring.SCREEN_TRIES)]
+    first = Watermark(SPEC, secrets[0], vocab.vocab_size, key_id="candidate")
+    common = common_units.for_vocabulary(vocab)
+    assert measuring.calibrate(first, "f", vocab, common).passes_screen()  # the shipped corpora let it through
+    texts, _ = collection(vocab, first, 90)  # ... but these texts share a line green under it
+    folder = tmp_path / "ours"
+    folder.mkdir()
+    for i, text in enumerate(texts):
+        (folder / f"{i:03d}.txt").write_text(text, encoding="utf-8")
+    drawn = iter(secrets)
+    monkeypatch.setattr(measuring, "new_secret", lambda: next(drawn))
+    assert main(["keys", "create", "k1", "--corpus", str(folder), "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration"]["screening_draws"] >= 2 and out["calibration"]["your_texts"] == len(texts)
+    keyring = Keyring()
+    assert keyring.secret("k1") != secrets[0]
+    stored = CalibrationStore(keyring).for_key("k1")[0]
+    yours = stored.domains["yours"]
+    assert stored.passes_screen()
+    assert abs(yours["mean_z"]) - 2 * yours["sd_z"] / math.sqrt(yours["n"]) <= cal.SCREEN_SHIFT
+    # a corpus needs screening, and an existing standby key is measured with `keys calibrate`
+    assert main(["keys", "create", "k2", "--no-calibrate", "--corpus", str(folder)]) != 0
+    assert "cannot go with --no-calibrate" in capsys.readouterr().err
+    assert main(["keys", "create", "k3", "--no-calibrate"]) == 0
+    assert main(["keys", "rotate", "k3", "--corpus", str(folder)]) != 0
+    assert "keys calibrate k3 --corpus" in capsys.readouterr().err
+    assert keyring.active().key_id == "k1"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3000), st.floats(-2, 2), st.floats(0.5, 2), st.integers(0, 3000), st.floats(-2, 2),
+       st.floats(0.5, 2))
+def test_your_texts_never_make_a_length_bucket_less_careful(n1, mean1, sd1, n2, mean2, sd2):
+    def fpr(bucket: Bucket) -> float:
+        shift, scale = bucket.guard
+        return p_value_normal((Z_THRESHOLD - shift) / scale)
+
+    shipped, yours = Bucket(2, n1, mean1, sd1), Bucket(2, n2, mean2, sd2)
+    kept = measuring.more_careful(shipped, yours, Z_THRESHOLD)
+    assert fpr(kept) >= fpr(shipped)
+    assert kept is shipped or kept.n >= cal.MIN_BUCKET_TEXTS

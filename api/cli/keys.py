@@ -58,6 +58,11 @@ def register(subparsers) -> None:
     calibrate.add_argument("--spec", action="append", metavar="SPEC",
                            help="watermark spec to calibrate under (repeatable; default: each key's own spec)")
     calibrate.add_argument("--plot", metavar="PNG", help="also plot each key's null against N(0, 1) into this file")
+    calibrate.add_argument("--corpus", action="append", metavar="PATH",
+                           help="also measure the key on human text of yours, the kind you detect (repeatable): a "
+                                "directory (each UTF-8 file in it one text), a .jsonl file ({\"text\": ...} per line) "
+                                "or a text file; per length the more careful of its null and the shipped corpora's "
+                                "guards verdicts")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     export_help = "write a two-part key's publishable detection half (anyone verifies text with it)"
@@ -111,6 +116,9 @@ def _calibration_options(parser: argparse.ArgumentParser) -> None:
                              "so anyone verifies text; the private half stays here and catches spoofs made with it")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
+    parser.add_argument("--corpus", action="append", metavar="PATH",
+                        help="also screen and calibrate the new key on human text of yours, the kind it will judge "
+                             "(as `keys calibrate --corpus`): a key shifted on it is drawn again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -118,15 +126,19 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     """``make(secret or None) -> KeyInfo``; unless --no-calibrate, with a screened secret and its
     calibration under the key's spec stored."""
     if args.no_calibrate:
+        if args.corpus:
+            raise CLIError("--corpus screens and calibrates the new key: it cannot go with --no-calibrate")
         return make(None), None
     spec = _spec_to_bind(args)
+    texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before a key is drawn
     vocab, measuring = _material()
     common = measuring.common_units.for_spec(spec, vocab)
     two_part = getattr(args, "public_half", False)
+    your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
     try:
         secret, result, draws = measuring.screened_secret(spec, vocab, common, progress=_progress(args),
-                                                          two_part=two_part)
-    except RuntimeError as exc:
+                                                          two_part=two_part, your_ids=your_ids)
+    except (RuntimeError, ValueError) as exc:
         raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
     info = make(secret)
     result = measuring.for_key(result, info.key_id)
@@ -158,7 +170,8 @@ def _describe_calibration(summary: dict) -> str:
     worst = summary["max_abs_mean_z"]
     worst = "-" if worst is None else f"{worst:.3f}"
     return (f"calibration {summary['id']} ({summary['spec']}): max |mean z| {worst} over length buckets; "
-            f"false-positive rate at most {factor:.2f}x the stated {summary['stated_fpr']:.2g}; {state}")
+            f"false-positive rate at most {factor:.2f}x the stated {summary['stated_fpr']:.2g}; {state}"
+            + (f"; with {summary['your_texts']} texts of yours" if "your_texts" in summary else ""))
 
 
 def _spec_to_bind(args):
@@ -202,6 +215,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     keyless = [spec.format() for spec in specs or () if not spec.needs_key]
     if keyless:
         raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
+    texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before anything is measured
     vocab, measuring = _material()
     from watermark.scheme import make_watermark  # local, as _material
     store = calibration.CalibrationStore(keyring)
@@ -210,6 +224,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         measuring.HumanWindows.for_vocabulary(vocab)
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
+    your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
     for key_id in key_ids:
         info = infos[key_id]
         secret = keyring.secret(key_id)
@@ -217,6 +232,11 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
             mark = make_watermark(spec, secret, vocab.vocab_size, key_id=key_id)
             common = measuring.common_units.for_spec(spec, vocab)
             result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
+            if your_ids is not None:
+                try:
+                    result = measuring.with_your_texts(result, mark, your_ids, common, progress=_progress(args))
+                except ValueError as exc:
+                    raise CLIError(f"--corpus under {spec.format()}: {exc}") from None
             store.put(result)
             results.append(result)
             summary = result.summary()
@@ -234,6 +254,11 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     else:
         for r in results:
             print(f"key {r.key_id}: {_describe_calibration(r.summary())}")
+            yours = r.domains.get(calibration.YOURS)
+            if yours is not None:
+                decided = ", ".join(yours["buckets"]) or "none (the shipped corpora's were as careful, or it had too few)"
+                print(f"  your texts: {yours['n']} scored, mean z {yours['mean_z']:+.3f}, sd {yours['sd_z']:.3f}; "
+                      f"length buckets decided by them: {decided}")
             for b in r.buckets:
                 d = b.to_dict(r.z_threshold)
                 fpr = "-" if d["realised_fpr"] is None else f"{d['realised_fpr']:.2g}"
@@ -242,6 +267,71 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         if args.plot:
             print(f"plot: {args.plot}")
     return changed
+
+
+def read_corpus(paths: list[str]) -> list[str]:
+    """The texts of ``--corpus`` paths: a directory gives each regular file under it that is UTF-8 text (hidden
+    files and folders, and files that are not text, are skipped), a ``.jsonl`` file the ``text`` of each line,
+    any other file its whole text. CLIError for a missing path, a bad JSONL line, a file that is not UTF-8 text,
+    or no text at all."""
+    from pathlib import Path
+
+    texts: list[str] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            for found in sorted(path.rglob("*")):
+                parts = found.relative_to(path).parts
+                if found.is_file() and not any(part.startswith(".") for part in parts):
+                    text = _text_of(found)
+                    if text is not None:
+                        texts.append(text)
+        elif path.is_file():
+            if path.suffix == ".jsonl":
+                texts.extend(_jsonl_texts(path))
+            else:
+                text = _text_of(path)
+                if text is None:
+                    raise CLIError(f"--corpus {given}: not UTF-8 text")
+                texts.append(text)
+        else:
+            raise CLIError(f"--corpus {given}: no such file or directory")
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise CLIError(f"--corpus {' '.join(paths)}: no text found")
+    return texts
+
+
+def _text_of(path) -> str | None:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CLIError(f"--corpus {path}: {exc.strerror or exc}") from None
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _jsonl_texts(path) -> list[str]:
+    texts = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"--corpus {path}: cannot read it as UTF-8 text ({exc.__class__.__name__})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise CLIError(f'--corpus {path}:{number}: expected a JSON object with a "text" string')
+        texts.append(record["text"])
+    return texts
 
 
 def _list(keyring: Keyring, args) -> None:
@@ -275,6 +365,9 @@ def _calibration_column(keyring: Keyring) -> dict[str, list[dict]]:
 def _rotate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     before = {k.key_id: k.status for k in keyring.list()}
     if args.new_id is not None and args.new_id in before:  # an existing standby key: already screened or not
+        if args.corpus:
+            raise CLIError(f"--corpus screens a new key; {args.new_id} exists: measure it on your texts with "
+                           f"`provmark keys calibrate {args.new_id} --corpus PATH`")
         info, summary = keyring.rotate(args.new_id), None
     else:
         spec = _spec_to_bind(args)

@@ -112,8 +112,9 @@ class DetectResponse(BaseModel):
     num_common_positions: int | None = Field(
         None, description="explain scope: scored positions left out: their unit is common in human text")
     calibration: dict[str, Any] | None = Field(
-        None, description="explain scope: the best key's calibration: id, length bucket, its measured null, and "
-                          "whether that null set the p-value (guarded); None when the key has no calibration")
+        None, description="explain scope: the best key's calibration: id, length bucket, its measured null, where it "
+                          "was measured (measured_on: shipped corpora, or yours via `keys calibrate --corpus`), "
+                          "and whether that null set the p-value (guarded); None when the key has no calibration")
     spoof_suspected: bool | None = Field(
         None, description="watermarked kgw: and synthid: verdicts: the text's greens (or high unit scores) sit "
                           "on the units the service's own output made learnable, as a watermark thief's do (p <= "

@@ -144,9 +144,12 @@ def _reviews() -> Iterator[tuple[str, str]]:
     if path is None:
         return
     for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines()):
-        text = " ".join(line.split())
+        text = _FASTTEXT_LABEL.sub("", " ".join(line.split()))  # "__label__neg ...": the file's label, not the review
         if text:
             yield f"gensim:pang_lee_polarity.cor#{i}", text
+
+
+_FASTTEXT_LABEL = re.compile(r"^(?:__label__\S+\s*)+")
 
 
 _WIKI_PAGE = re.compile(r"<page>.*?<title>(.*?)</title>.*?<text[^>]*>(.*?)</text>", re.S)

@@ -26,6 +26,9 @@ remembered 200-token outputs drawn from the same words, read as a detector worke
 the spoof check (``detector.spoof_check``) and the own-output match (``db.output_grams``) cost a stream of
 positives; ``negatives_relative_throughput``: the same for human 1,000-token texts (the match alone).
 Both detectors read a real keyring in a temporary folder (the match's n-gram key comes from its master key).
+``calibrated_key``: the default spec under a real keyring whose key has a stored calibration (what ``keys
+create`` leaves: the detector looks it up, may guard with it and reports it on every verdict) against the same
+key with none, each text both ways back to back as ``spoof_check``; ``relative_throughput`` is the median ratio.
 """
 
 from __future__ import annotations
@@ -254,6 +257,41 @@ def spoof_check_row(vocab, outputs: int, texts: int, rounds: int) -> dict:
             "spoof_check_share_quartiles": np.quantile(spoof_rounds, [0.25, 0.75]).tolist()}
 
 
+def calibrated_key_row(vocab, texts: int, rounds: int) -> dict:
+    """The default spec with the key's calibration stored beside the keyring against the same key without one
+    (``paired``): the calibration's lookup, guard and report on every verdict."""
+    from datetime import datetime, timezone
+
+    from detector import common_units
+    from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore
+    from watermark.keys import Keyring
+
+    secret, master = os.urandom(32), os.urandom(32)
+    spec = WatermarkSpec.default()
+    pieces = corpus_texts(vocab, texts)
+    with tempfile.TemporaryDirectory() as tmp:
+        detectors = []
+        for name in ("plain", "calibrated"):
+            keyring = Keyring(Path(tmp) / name, master_key=master)
+            info = keyring.create("bench", secret=secret, spec=spec)
+            detectors.append(Detector(vocab=vocab, keyring=keyring))
+            if name == "calibrated":  # a null measured at N(0, 1) in every bucket: looked up, never guarding
+                mark = detectors[-1].watermarks(spec)[0]
+                CalibrationStore(keyring).put(Calibration(
+                    "bench", info.fingerprint, spec.format(), mark.fingerprint,
+                    common_units.for_spec(spec, vocab).digest, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    tuple(Bucket(i, 100, 0.0, 1.0) for i in range(len(BUCKET_EDGES))),
+                    {"news": {"n": 800, "mean_z": 0.0, "sd_z": 1.0}}, {"news": 100}))
+        plain, calibrated = detectors
+        assert calibrated.detect(pieces[0]).calibration is not None and plain.detect(pieces[0]).calibration is None
+        timed_pairs = paired(plain.detect, calibrated.detect, pieces, rounds)
+    share = timed_pairs["extra"] / timed_pairs["without"]
+    return {"texts": texts, "rounds": rounds,
+            "relative_throughput": float(np.median(timed_pairs["without"] / (timed_pairs["without"] + timed_pairs["extra"]))),
+            "extra_ms_per_text": float(np.median(timed_pairs["extra"])) * 1e3,
+            "extra_share_quartiles": np.quantile(share, [0.25, 0.75]).tolist()}
+
+
 def paired(without, with_, texts: list[str], rounds: int) -> dict:
     """Seconds per text of ``without`` and the extra of ``with_`` over it, per round (arrays [rounds]): each text
     timed both ways back to back, the order alternating by round, after a warm-up pass. A defence's time is a
@@ -287,18 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-repeats", type=int, default=3, help="best-of passes for transformers' detector")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the detect CLI uses 1)")
     parser.add_argument("--outputs", type=int, default=1000, help="remembered outputs in the spoof_check row")
-    parser.add_argument("--spoof-rounds", type=int, default=200, help="paired rounds of the spoof_check row")
-    parser.add_argument("--only", choices=("spoof_check",), help="run one row alone")
+    parser.add_argument("--spoof-rounds", type=int, default=200,
+                        help="paired rounds of the spoof_check and calibrated_key rows")
+    parser.add_argument("--only", choices=("spoof_check", "calibrated_key"), help="run one row alone")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     vocab = load_vocabulary()
-    if args.only == "spoof_check":
-        row = spoof_check_row(vocab, args.outputs, args.texts, args.spoof_rounds)
+    if args.only is not None:
+        row = (spoof_check_row(vocab, args.outputs, args.texts, args.spoof_rounds) if args.only == "spoof_check"
+               else calibrated_key_row(vocab, args.texts, args.spoof_rounds))
         write_json("detector_throughput", {"benchmark": "detector_throughput", "command": "python benchmarks/"
                    "detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   "machine": machine(), "text_tokens": TEXT_TOKENS, "spoof_check": row}, args.out)
+                   "machine": machine(), "text_tokens": TEXT_TOKENS, args.only: row}, args.out)
         return 0
     texts = corpus_texts(vocab, max(args.texts, args.hf_texts))
     token_counts = [len(encode(vocab, t)) for t in texts]
@@ -338,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = sampling_rows(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     two_part = two_part_row(detector, texts, hf_n, hf_tokens, hf_rate, args.repeats)
     spoof = spoof_check_row(vocab, args.outputs, args.texts, args.spoof_rounds)
+    calibrated = calibrated_key_row(vocab, args.texts, args.spoof_rounds)
     payload = {
         "benchmark": "detector_throughput",
         "command": "python benchmarks/detector_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -362,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": sampling,
         "two_part_key": two_part,
         "spoof_check": spoof,
+        "calibrated_key": calibrated,
         "target_speedup": 100,
     }
     write_json("detector_throughput", payload, args.out)

@@ -18,6 +18,7 @@ wider than N(0, 1) in the verdict's length bucket, the p-value is taken under th
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import json
@@ -27,8 +28,6 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from detector.common_units import TABLE_KINDS
 from watermark.key_info import KeyringIntegrityError
@@ -51,7 +50,7 @@ SCREEN_SHIFT = 0.1  # key screening: a bucket's mean z this far off 0 (beyond no
 
 def bucket_of(total: int) -> int:
     """Index of the scored-length bucket of T (0 for T < 25 ... len(BUCKET_EDGES) - 1 for T >= 1600)."""
-    return max(0, int(np.searchsorted(BUCKET_EDGES, total, side="right")) - 1)
+    return max(0, bisect.bisect_right(BUCKET_EDGES, total) - 1)  # numpy's searchsorted costs 10x on one value
 
 
 def bucket_label(index: int) -> str:
@@ -100,11 +99,17 @@ class Calibration:
     corpus: dict  # domain -> documents used
     z_threshold: float = Z_THRESHOLD
     z_values: tuple = field(default=(), compare=False, repr=False)  # every window's z (for plots; not stored)
+    _id: str = field(init=False, default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # the id hashes the stored form (a JSON dump and SHA-256, ~50 us): once here, not on every verdict
+        # that reports it (``verdict_calibration``); ``dataclasses.replace`` makes a new one and hashes again
+        body = json.dumps(self.to_dict(with_id=False), sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "_id", "cal-" + hashlib.sha256(body.encode()).hexdigest()[:12])
 
     @property
     def calibration_id(self) -> str:
-        body = json.dumps(self.to_dict(with_id=False), sort_keys=True, separators=(",", ":"))
-        return "cal-" + hashlib.sha256(body.encode()).hexdigest()[:12]
+        return self._id
 
     def bucket(self, total: int) -> Bucket:
         return self.buckets[bucket_of(total)]
@@ -211,6 +216,7 @@ class CalibrationStore:
         self.path = Path(keyring.home) / FILE_NAME
         self._stamp = None
         self._data: dict = {}
+        self._parsed: dict = {}  # (key id, spec fingerprint) -> Calibration or None, for the file as read
         self._lock = threading.Lock()
 
     def _mac(self, body: dict) -> str:
@@ -221,7 +227,7 @@ class CalibrationStore:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            self._stamp, self._data = None, {}
+            self._stamp, self._data, self._parsed = None, {}, {}
             return self._data
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
@@ -233,13 +239,19 @@ class CalibrationStore:
             raise CalibrationStoreError(f"{self.path} is not a provmark calibration file") from None
         if body.get("format") != FORMAT or not hmac.compare_digest(str(mac), self._mac(body)):
             raise CalibrationStoreError(f"{self.path} does not verify (edited, or another master key)")
-        self._stamp, self._data = stamp, body["keys"]
+        self._stamp, self._data, self._parsed = stamp, body["keys"], {}
         return self._data
 
     def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
+        """The calibration of ``key_id`` under ``spec_fingerprint``, or None. The detector asks on every
+        verdict: the file is checked for a change (one stat) and each calibration parsed once per version."""
         with self._lock:
-            raw = self._read().get(key_id, {}).get(spec_fingerprint)
-        return Calibration.from_dict(raw) if raw else None
+            data = self._read()
+            found = self._parsed.get((key_id, spec_fingerprint), self)  # self: not parsed yet
+            if found is self:
+                raw = data.get(key_id, {}).get(spec_fingerprint)
+                found = self._parsed[(key_id, spec_fingerprint)] = Calibration.from_dict(raw) if raw else None
+        return found
 
     def for_key(self, key_id: str) -> list[Calibration]:
         with self._lock:
@@ -288,11 +300,10 @@ class ShippedCalibrations:
     """Calibrations carried to batch workers: ``{"key_id|spec fingerprint": calibration dict}``."""
 
     def __init__(self, shipped: dict) -> None:
-        self._shipped = shipped
+        self._parsed = {name: Calibration.from_dict(raw) for name, raw in shipped.items() if raw}
 
     def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
-        raw = self._shipped.get(f"{key_id}|{spec_fingerprint}")
-        return Calibration.from_dict(raw) if raw else None
+        return self._parsed.get(f"{key_id}|{spec_fingerprint}")
 
 
 def shipped_calibrations(keyring, key_ids) -> dict:

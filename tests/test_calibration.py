@@ -335,3 +335,19 @@ def test_your_texts_never_make_a_length_bucket_less_careful(n1, mean1, sd1, n2, 
     kept = measuring.more_careful(shipped, yours, Z_THRESHOLD)
     assert fpr(kept) >= fpr(shipped)
     assert kept is shipped or kept.n >= cal.MIN_BUCKET_TEXTS
+
+
+def test_a_running_detector_sees_a_calibration_written_since(calibrated, vocab):
+    """The detector parses a key's calibration once per version of the file (each verdict used to parse it again
+    and hash it for its id): a `keys calibrate` in another process must still reach the next verdict."""
+    keyring, result = calibrated
+    detector = Detector(vocab=vocab, keyring=keyring)
+    text = "The committee met on Tuesday to review the budget. " * 3
+    first = detector.detect(text, keys=["k1"]).calibration
+    assert first["id"] == result.calibration_id
+    assert detector.detect(text, keys=["k1"]).calibration == first  # parsed once, the same answer
+    newer = shifted(result, mean=1.0)
+    CalibrationStore(keyring).put(newer)  # another writer: a store object of its own
+    seen = detector.detect(text, keys=["k1"]).calibration
+    assert seen["id"] == newer.calibration_id != first["id"] and seen["mean_z"] == pytest.approx(1.0)
+    assert replace(newer, z_threshold=3.0).calibration_id != newer.calibration_id  # a changed field, a new id

@@ -26,7 +26,7 @@ from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
 from watermark.public_key import public_half_secret
 from watermark.scheme import make_watermark
 from watermark.specs import AnySpec, is_sampling
-from watermark.stats import Z_THRESHOLD, p_value_normal, z_score
+from watermark.stats import Z_THRESHOLD, z_score
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,7 @@ def more_careful(shipped: Bucket, yours: Bucket, z_threshold: float) -> Bucket:
     """The bucket whose guarded null (``Bucket.guard``: what its data show beyond noise) implies the larger
     false-positive rate at the threshold; the user's where it has enough texts (MIN_BUCKET_TEXTS) and is
     at least as careful."""
-    def guarded_fpr(bucket: Bucket) -> float:
-        shift, scale = bucket.guard
-        return p_value_normal((z_threshold - shift) / scale)
-
-    if yours.n >= MIN_BUCKET_TEXTS and guarded_fpr(yours) >= guarded_fpr(shipped):
+    if yours.n >= MIN_BUCKET_TEXTS and yours.guarded_fpr(z_threshold) >= shipped.guarded_fpr(z_threshold):
         return yours
     return shipped
 

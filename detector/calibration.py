@@ -75,6 +75,11 @@ class Bucket:
         se_sd = self.sd / math.sqrt(2.0 * (self.n - 1))
         return max(0.0, self.mean - GUARD_SIGMAS * se_mean), max(1.0, self.sd - GUARD_SIGMAS * se_sd)
 
+    def guarded_fpr(self, z_threshold: float) -> float:
+        """P(Z >= threshold) under the null the guard holds verdicts to (``guard``)."""
+        shift, scale = self.guard
+        return p_value_normal((z_threshold - shift) / scale)
+
     def realised_fpr(self, z_threshold: float) -> float:
         """P(z >= threshold) under N(mean, sd): the false-positive rate this key's null implies."""
         return p_value_normal((z_threshold - self.mean) / max(self.sd, 1e-9))
@@ -126,8 +131,7 @@ class Calibration:
     def worst_guarded_fpr(self) -> float:
         """The largest false-positive rate at the threshold under the null the guard holds verdicts to
         (what the data show beyond noise): the stated rate unless a bucket is measurably off."""
-        return max(p_value_normal((self.z_threshold - shift) / scale)
-                   for shift, scale in (b.guard for b in self.buckets))
+        return max(b.guarded_fpr(self.z_threshold) for b in self.buckets)
 
     def passes_screen(self) -> bool:
         """No bucket's GUARDED null (what the data shows beyond noise) implies more than SCREEN_FACTOR

@@ -327,7 +327,7 @@ def test_a_key_created_with_your_texts_is_screened_on_them(provmark_home, vocab,
 @given(st.integers(0, 3000), st.floats(-2, 2), st.floats(0.5, 2), st.integers(0, 3000), st.floats(-2, 2),
        st.floats(0.5, 2))
 def test_your_texts_never_make_a_length_bucket_less_careful(n1, mean1, sd1, n2, mean2, sd2):
-    def fpr(bucket: Bucket) -> float:
+    def fpr(bucket: Bucket) -> float:  # written out: the property checks Bucket.guarded_fpr too
         shift, scale = bucket.guard
         return p_value_normal((Z_THRESHOLD - shift) / scale)
 

@@ -9,6 +9,7 @@ Loads a tokenizer, never model weights (this package does not import ``generatio
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Iterable
@@ -110,6 +111,8 @@ class Detector:
         self._watermarks: dict[tuple[str, str | None], Watermark] = {}
         self._detection_infos: list | None = None  # KeyInfo (or a stand-in's) of the detection keys
         self._all_infos: dict | None = None  # key id -> KeyInfo, for keys named by the caller
+        self._bound_infos: dict[str, list] = {}  # spec text -> the detection keys bound to it (keys_bound_to)
+        self._keyring_file: str | None = None  # the keyring's path, stat-ed on every detection
         # key_id, spec fingerprint -> Calibration | None (default: the keyring home's CalibrationStore)
         self._calibrations = calibrations
 
@@ -260,8 +263,11 @@ class Detector:
                 infos = list(self._detection_infos)
                 if not infos:
                     raise KeyNotFoundError("no watermark key to detect with: create one with `provmark keys create`")
-                if self._keys_are_bound():
-                    infos = keys_bound_to(infos, spec)
+                if self._keys_are_bound():  # each key's spec parsed once per keyring version, not per verdict
+                    bound = self._bound_infos.get(spec.format())
+                    if bound is None:
+                        bound = self._bound_infos[spec.format()] = keys_bound_to(infos, spec)
+                    infos = bound
                 key_ids = [info.key_id for info in infos]
             else:
                 if isinstance(keys, str):
@@ -323,8 +329,10 @@ class Detector:
         return found
 
     def _refresh_if_keyring_changed(self) -> None:
+        if self._keyring_file is None:
+            self._keyring_file = os.fspath(self.keyring.path)  # a plain string: pathlib costs more than the stat
         try:
-            st = self.keyring.path.stat()
+            st = os.stat(self._keyring_file)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         except FileNotFoundError:
             stamp = None
@@ -332,6 +340,7 @@ class Detector:
             self._stamp = stamp
             self._detection_infos = None
             self._all_infos = None
+            self._bound_infos = {}
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
 
 

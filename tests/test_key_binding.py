@@ -147,3 +147,22 @@ def test_sampling_specs_parse_and_bind_by_their_random_values():
     with pytest.raises(ValueError, match="public key"):
         spec_to_bind("hf:synthid,keys=1:2")
     assert type(make_watermark("synthid:h=2", b"k" * 32, 100)).__name__ == "SynthIDWatermark"
+
+
+def test_a_running_detector_tests_the_keys_bound_since_its_last_verdict(home):
+    """The detector keeps the keys bound to each spec between verdicts (parsing every key's spec on every verdict
+    cost ~20 us); a key created, or bound elsewhere, since must still change the next verdict's keys."""
+    from detector.service import Detector
+    from watermark.vocab import load_vocabulary
+
+    ring = Keyring()
+    ring.create("a1")
+    detector = Detector(vocab=load_vocabulary(), keyring=ring)
+    text = "The harbour board met on Monday and approved the new ferry timetable for the winter months."
+    assert [k["key_id"] for k in detector.detect(text).keys] == ["a1"]
+    ring.create("b2", spec="kgw:scheme=minhash,h=2")  # bound to another spec: not tested under the default
+    ring.create("c3")
+    assert sorted(k["key_id"] for k in detector.detect(text).keys) == ["a1", "c3"]
+    assert [k["key_id"] for k in detector.detect(text, spec="kgw:scheme=minhash,h=2").keys] == ["b2"]
+    ring.retire("c3")
+    assert [k["key_id"] for k in detector.detect(text).keys] == ["a1"]

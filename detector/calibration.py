@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import math
+import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,8 +45,8 @@ BUCKET_EDGES = (1, 25, 50, 100, 200, 400, 800, 1600)  # of scored units T; the l
 MIN_BUCKET_TEXTS = 30  # fewer texts than this in a bucket: no estimate there (the guard stays off)
 GUARD_SIGMAS = 2.0  # the guard acts only on a shift or spread this many standard errors past N(0, 1)
 SCREEN_FACTOR = 2.0  # key screening: a key whose estimated realised FPR exceeds this multiple fails
-YOURS = "yours"  # the domain of the texts a user calibrated a key on (``detector.calibrate.with_your_texts``)
 SCREEN_SHIFT = 0.1  # key screening: a bucket's mean z this far off 0 (beyond noise) fails the key
+YOURS = "yours"  # the domain of the texts a user calibrated a key on (``detector.calibrate.with_your_texts``)
 
 
 def bucket_of(total: int) -> int:
@@ -218,6 +219,7 @@ class CalibrationStore:
     def __init__(self, keyring) -> None:
         self.keyring = keyring
         self.path = Path(keyring.home) / FILE_NAME
+        self._file = os.fspath(self.path)
         self._stamp = None
         self._data: dict = {}
         self._parsed: dict = {}  # (key id, spec fingerprint) -> Calibration or None, for the file as read
@@ -229,7 +231,7 @@ class CalibrationStore:
 
     def _read(self) -> dict:
         try:
-            st = self.path.stat()
+            st = os.stat(self._file)  # on every verdict: a plain path, pathlib costs more than the stat
         except FileNotFoundError:
             self._stamp, self._data, self._parsed = None, {}, {}
             return self._data
@@ -276,7 +278,6 @@ class CalibrationStore:
 @contextmanager
 def _exclusive(path: Path):
     import fcntl
-    import os
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

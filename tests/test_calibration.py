@@ -275,7 +275,7 @@ def test_calibrating_on_your_texts_refuses_bad_input_and_keeps_what_is_stored(pr
     empty.mkdir()
     (empty / "blank.txt").write_text("  \n", encoding="utf-8")
     for args, message in [([str(tmp_path / "missing")], "no such file or directory"),
-                          ([str(bad_line)], "texts.jsonl:2: expected a JSON object"),
+                          ([str(bad_line)], 'texts.jsonl:2: expected an object with a string "text" field'),
                           ([str(binary)], "not UTF-8 text"),
                           ([str(empty)], "no text found")]:
         assert main(["keys", "calibrate", "k1", "--no-progress", "--corpus", *args]) != 0

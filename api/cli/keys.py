@@ -316,22 +316,15 @@ def _text_of(path) -> str | None:
 
 
 def _jsonl_texts(path) -> list[str]:
-    texts = []
+    # the same record rule as `provmark detect --jsonl`
+    from api.cli.detect import parse_record
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise CLIError(f"--corpus {path}: cannot read it as UTF-8 text ({exc.__class__.__name__})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise CLIError(f'--corpus {path}:{number}: expected a JSON object with a "text" string')
-        texts.append(record["text"])
-    return texts
+    return [parse_record(line, f"--corpus {path}", number)["text"]
+            for number, line in enumerate(lines, 1) if line.strip()]
 
 
 def _list(keyring: Keyring, args) -> None:

@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def score_only(i: int):
         return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options,
-                      detector.calibrations_for(marks), detector.dither_key)
+                      detector.calibrations_for(marks), detector.common_units_for(spec), detector.dither_key)
 
     ours_n = range(args.texts)
     ours_tokens = sum(token_counts[i] for i in ours_n)

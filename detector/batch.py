@@ -48,6 +48,7 @@ from detector.batch_secrets import DITHER_ID, KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
 from detector.disclosure import recorded
 from detector.service import Detector, dither_key_of
+from detector.your_units import YourUnits
 from watermark.config import SpecError
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyringError
@@ -115,6 +116,8 @@ class PreparedJobs:
     secrets: KeySecrets = field(repr=False)
     # the tested keys' calibrations (public; detector.calibration), so workers hold verdicts to the same null
     calibrations: dict = field(default_factory=dict, repr=False)
+    # the table of the deployment's own texts' common units (detector.your_units), verified here, or None
+    your_units: object = field(default=None, repr=False)
     # filled by run_local / run_ray, in input order: each verdict's detect-scope view (detector.disclosure.recorded),
     # which store_verdicts records with it (the audit scope alone reads that view, db.verdicts)
     disclosed: list = field(default_factory=list, repr=False)
@@ -170,7 +173,19 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
         raise BatchError(str(exc)) from None
     secrets = KeySecrets({**secrets, **({DITHER_ID: dither_key} if dither_key is not None else {})})
     vocab = vocab if vocab is not None else Detector().vocab
-    return PreparedJobs(jobs, options, vocab, secrets, shipped_calibrations(keyring, needed))
+    return PreparedJobs(jobs, options, vocab, secrets, shipped_calibrations(keyring, needed),
+                        your_units=_your_units(keyring, vocab))
+
+
+def _your_units(keyring, vocab):
+    """The deployment's own common-unit table for ``vocab`` (verified with the master key), for the workers."""
+    if not hasattr(keyring, "derive_key"):
+        return None
+    try:
+        store = YourUnits(keyring)
+        return store.table(vocab.fingerprint) if store.records() else None
+    except KeyringError as exc:
+        raise BatchError(str(exc)) from None
 
 
 def _record_fields(record, number: int):
@@ -244,10 +259,11 @@ def _detection_ids(keyring) -> tuple[str, ...]:
 class ChunkDetector:
     """The worker: a Detector over shipped material; ``__call__`` scores rows (index, task json, text)."""
 
-    def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None) -> None:
+    def __init__(self, vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict | None = None,
+                 your_units=None) -> None:
         self._detector = Detector(vocab=vocab, keyring=SecretsKeyring(secrets),
                                   calibrations=ShippedCalibrations(calibrations or {}),
-                                  dither_key=secrets.get(DITHER_ID))
+                                  dither_key=secrets.get(DITHER_ID), your_units=your_units)
         self._options = options.as_kwargs()
 
     def __repr__(self) -> str:
@@ -275,10 +291,10 @@ class ChunkDetector:
 _worker: ChunkDetector | None = None  # the local pool worker's detector, set by its initializer
 
 
-def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict) -> None:
+def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions, calibrations: dict, your_units) -> None:
     global _worker
     one_thread_per_process()
-    _worker = ChunkDetector(vocab, secrets, options, calibrations)
+    _worker = ChunkDetector(vocab, secrets, options, calibrations, your_units)
 
 
 def one_thread_per_process() -> None:
@@ -341,7 +357,8 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            worker = ChunkDetector(prepared.vocab, prepared.secrets, prepared.options, prepared.calibrations)
+            worker = ChunkDetector(prepared.vocab, prepared.secrets, prepared.options, prepared.calibrations,
+                                   prepared.your_units)
             for chunk in chunks:
                 results += [(index, worker.detect(task, text)) for index, task, text in chunk]
                 if progress:
@@ -352,7 +369,7 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
     context = multiprocessing.get_context("spawn")  # no forked torch / tokenizer thread state
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_local_worker,
                                                 initargs=(prepared.vocab, prepared.secrets, prepared.options,
-                                                          prepared.calibrations)) as pool:
+                                                          prepared.calibrations, prepared.your_units)) as pool:
         futures = [pool.submit(_detect_chunk, chunk) for chunk in chunks]
         try:
             for future in concurrent.futures.as_completed(futures):

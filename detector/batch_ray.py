@@ -39,7 +39,7 @@ def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | N
         items = [{"index": index, "task": task, "text": text} for index, task, text in rows]
         dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(rows) // CHUNK_ROWS)))
         sealed, transport_key = seal_secrets(prepared.secrets)
-        material = [ray.put(prepared.vocab), sealed, prepared.options, prepared.calibrations]
+        material = [ray.put(prepared.vocab), sealed, prepared.options, prepared.calibrations, prepared.your_units]
         scored = dataset.map_batches(_RayChunkDetector, fn_constructor_kwargs={"material": material},
                                      batch_size=CHUNK_ROWS, batch_format="numpy", num_cpus=1,
                                      compute=ray.data.ActorPoolStrategy(size=actors),
@@ -74,7 +74,7 @@ class _RayChunkDetector(ChunkDetector):
     def __init__(self, material) -> None:
         import ray
 
-        vocab_ref, sealed, options, calibrations = material
+        vocab_ref, sealed, options, calibrations, your_units = material
         one_thread_per_process()
         transport_key = os.environ.pop(TRANSPORT_KEY_ENV, "")  # gone from the env once read
-        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options, calibrations)
+        super().__init__(ray.get(vocab_ref), open_secrets(sealed, transport_key), options, calibrations, your_units)

@@ -21,6 +21,7 @@ from detector.normalize import normalize as normalize_text
 from detector.scoring import score_positions
 from detector.scoring_sampling import counted_score, positions
 from detector.tokenizing import tokenize
+from detector.your_units import YourUnits, scoring_table
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyNotFoundError, key_fingerprint, new_secret
 from watermark.public_key import public_half_secret
@@ -200,8 +201,9 @@ def ensure_screened_active_key(keyring, vocab, progress: bool = False):
     except KeyNotFoundError:
         pass
     try:
-        secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common_units.for_vocabulary(vocab),
-                                                progress=progress)
+        # the table the detector will score with: the deployment's own texts' units too, where it has them
+        common = scoring_table(common_units.for_vocabulary(vocab), YourUnits(keyring).table(vocab.fingerprint))
+        secret, result, draws = screened_secret(WatermarkSpec.default(), vocab, common, progress=progress)
     except RuntimeError as exc:  # no human corpus installed: a key all the same, said loudly
         log.warning("watermark key created without screening or calibration (%s)", exc)
         return keyring.ensure_active(), None

@@ -214,7 +214,8 @@ class CalibrationStoreError(KeyringIntegrityError):
 
 
 class CalibrationStore:
-    """``home/calibrations.json``: {key_id: {spec_fingerprint: calibration}}, MACed as a whole."""
+    """``home/calibrations.json``: {key_id: {spec_fingerprint: calibration}}, and the records of the deployment's
+    own common-unit tables (``detector.your_units``: {tokenizer fingerprint: record}), MACed as a whole."""
 
     def __init__(self, keyring) -> None:
         self.keyring = keyring
@@ -222,6 +223,7 @@ class CalibrationStore:
         self._file = os.fspath(self.path)
         self._stamp = None
         self._data: dict = {}
+        self._your_units: dict = {}  # tokenizer fingerprint -> record of the deployment's own table
         self._parsed: dict = {}  # (key id, spec fingerprint) -> Calibration or None, for the file as read
         self._lock = threading.Lock()
 
@@ -233,7 +235,7 @@ class CalibrationStore:
         try:
             st = os.stat(self._file)  # on every verdict: a plain path, pathlib costs more than the stat
         except FileNotFoundError:
-            self._stamp, self._data, self._parsed = None, {}, {}
+            self._stamp, self._data, self._your_units, self._parsed = None, {}, {}, {}
             return self._data
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
@@ -245,19 +247,50 @@ class CalibrationStore:
             raise CalibrationStoreError(f"{self.path} is not a provmark calibration file") from None
         if body.get("format") != FORMAT or not hmac.compare_digest(str(mac), self._mac(body)):
             raise CalibrationStoreError(f"{self.path} does not verify (edited, or another master key)")
-        self._stamp, self._data, self._parsed = stamp, body["keys"], {}
+        self._stamp, self._data, self._your_units, self._parsed = stamp, body["keys"], body.get("your_units", {}), {}
         return self._data
 
-    def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
-        """The calibration of ``key_id`` under ``spec_fingerprint``, or None. The detector asks on every
-        verdict: the file is checked for a change (one stat) and each calibration parsed once per version."""
+    def refresh(self) -> None:
+        """Check the file for a change (one stat): what ``get(..., fresh=False)`` and ``your_units(...,
+        fresh=False)`` answer from until the next check. The detector checks once per verdict."""
         with self._lock:
-            data = self._read()
+            self._read()
+
+    def get(self, key_id: str, spec_fingerprint: str, fresh: bool = True) -> Calibration | None:
+        """The calibration of ``key_id`` under ``spec_fingerprint``, or None: the file is checked for a change
+        (one stat; ``fresh=False``: as of the last ``refresh``) and each calibration parsed once per version."""
+        with self._lock:
+            data = self._read() if fresh else self._data
             found = self._parsed.get((key_id, spec_fingerprint), self)  # self: not parsed yet
             if found is self:
                 raw = data.get(key_id, {}).get(spec_fingerprint)
                 found = self._parsed[(key_id, spec_fingerprint)] = Calibration.from_dict(raw) if raw else None
         return found
+
+    def your_units(self, tokenizer_fingerprint: str, fresh: bool = True) -> dict | None:
+        """The record of the deployment's own common-unit table for this tokenizer (``detector.your_units``), or
+        None; ``fresh=False``: as of the last ``refresh``."""
+        with self._lock:
+            if fresh:
+                self._read()
+            return self._your_units.get(tokenizer_fingerprint)
+
+    def all_your_units(self) -> dict:
+        with self._lock:
+            self._read()
+            return dict(self._your_units)
+
+    def put_your_units(self, tokenizer_fingerprint: str, record: dict | None) -> dict | None:
+        """Set (``record``) or remove (None) the record of this tokenizer's own table; the previous record."""
+        with self._lock, _exclusive(self.path.with_suffix(".lock")):
+            self._stamp = None
+            keys = self._read()
+            tables = dict(self._your_units)
+            previous = tables.pop(tokenizer_fingerprint, None)
+            if record is not None:
+                tables[tokenizer_fingerprint] = record
+            self._write(keys, tables)
+            return previous
 
     def for_key(self, key_id: str) -> list[Calibration]:
         with self._lock:
@@ -270,9 +303,12 @@ class CalibrationStore:
             self._stamp = None  # re-read under the lock: another process may have written since
             keys = {k: dict(v) for k, v in self._read().items()}
             keys.setdefault(calibration.key_id, {})[calibration.spec_fingerprint] = calibration.to_dict()
-            body = {"format": FORMAT, "keys": keys}
-            write_private_atomic(self.path, json.dumps({"body": body, "mac": self._mac(body)}, indent=1).encode())
-            self._stamp = None
+            self._write(keys, self._your_units)
+
+    def _write(self, keys: dict, your_units: dict) -> None:
+        body = {"format": FORMAT, "keys": keys} | ({"your_units": your_units} if your_units else {})
+        write_private_atomic(self.path, json.dumps({"body": body, "mac": self._mac(body)}, indent=1).encode())
+        self._stamp = None
 
 
 @contextmanager
@@ -307,7 +343,7 @@ class ShippedCalibrations:
     def __init__(self, shipped: dict) -> None:
         self._parsed = {name: Calibration.from_dict(raw) for name, raw in shipped.items() if raw}
 
-    def get(self, key_id: str, spec_fingerprint: str) -> Calibration | None:
+    def get(self, key_id: str, spec_fingerprint: str, fresh: bool = True) -> Calibration | None:
         return self._parsed.get(f"{key_id}|{spec_fingerprint}")
 
 

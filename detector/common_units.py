@@ -226,48 +226,102 @@ def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> 
     if not docs:
         raise RuntimeError("no human corpus is installed to build a common-unit table from (pip install gensim)")
     encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast([d.text for d in docs], add_special_tokens=False)
-    per_group: dict[str, dict[int, list[np.ndarray]]] = {}  # domains and collections
-    windows: dict[str, int] = {}
-    domain_of: dict[str, str] = {}  # each domain and collection -> its domain
     items = zip(docs, encoded)
     if progress:
         from tqdm import tqdm
 
         items = tqdm(items, total=len(docs), desc="common units", unit="doc")
+    domain_of: dict[str, str] = {}  # each domain and collection -> its domain
+    grouped = []
     for doc, enc in items:
-        ids = np.asarray(enc.ids, dtype=np.int64)
+        groups = (doc.domain,) if doc.collection == doc.domain else (doc.domain, doc.collection)
+        for group in groups + (doc.domain + OPENINGS,):
+            domain_of[group] = doc.domain
+        grouped.append((enc.ids, groups, doc.domain + OPENINGS))
+    per_group, windows = _window_counts(grouped, window_tokens)
+    weights = {group: CODE_FACTOR if domain_of[group] in CODE_DOMAINS else 1.0 for group in per_group
+               if group in FIT_DOMAINS or windows[group] >= MIN_COLLECTION_WINDOWS}
+    return _table(per_group, windows, weights, vocab.fingerprint, window_tokens)
+
+
+def from_texts(vocab, texts: list[str], window_tokens: int = WINDOW_TOKENS) -> CommonUnits:
+    """The table of ONE collection of texts (a deployment's own, ``detector.your_units``): the share of its
+    ``window_tokens``-token windows, and of its texts' openings, that contain each identity, counted as
+    ``build`` counts a collection of the shipped corpora (at FLOOR or more, in at least MIN_WINDOWS windows)."""
+    encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+    per_group, windows = _window_counts([(enc.ids, ("texts",), "texts" + OPENINGS) for enc in encoded],
+                                        window_tokens, least=1)  # a short text is a text of the collection
+    return _table(per_group, windows, dict.fromkeys(per_group, 1.0), vocab.fingerprint, window_tokens)
+
+
+def _window_counts(items, window_tokens: int, least: int = 20) -> tuple[dict[str, dict[int, list[np.ndarray]]],
+                                                                      dict[str, int]]:
+    """``items``: (token ids, groups, openings group) per document. Each document is cut into windows of
+    ``window_tokens`` (the last one takes the tail, up to 1.5 windows long; windows under ``least`` tokens are
+    skipped); every window counts in each of its groups, the first also in the openings group. Returns
+    ({group: {tag: [identities of each window]}}, {group: windows})."""
+    per_group: dict[str, dict[int, list[np.ndarray]]] = {}
+    windows: dict[str, int] = {}
+    for token_ids, groups, openings in items:
+        ids = np.asarray(token_ids, dtype=np.int64)
         starts = range(0, max(1, ids.shape[0] - window_tokens // 2), window_tokens)
-        for start in starts:  # the last window takes the document's tail (up to 1.5 windows long)
+        for start in starts:
             window = ids[start:start + window_tokens] if start != starts[-1] else ids[start:]
-            if window.shape[0] < 20:
+            if window.shape[0] < least:
                 continue
-            groups = (doc.domain,) if doc.collection == doc.domain else (doc.domain, doc.collection)
-            if start == 0:  # every document's opening, once: the share of documents, not of windows
-                groups += (doc.domain + OPENINGS,)
             found_here = window_identities(window)
-            for group in groups:
-                domain_of[group] = doc.domain
+            for group in groups + ((openings,) if start == 0 else ()):  # the share of documents, not of windows
                 windows[group] = windows.get(group, 0) + 1
                 for tag, found in found_here.items():
                     per_group.setdefault(group, {}).setdefault(tag, []).append(found)
-    kept_ids, kept_freq = [], []
-    for group, by_tag in per_group.items():
-        if group not in FIT_DOMAINS and windows[group] < MIN_COLLECTION_WINDOWS:
-            continue
-        weight = CODE_FACTOR if domain_of[group] in CODE_DOMAINS else 1.0
-        for tag, parts in by_tag.items():
+    return per_group, windows
+
+
+def _table(per_group: dict, windows: dict[str, int], weights: dict[str, float], tokenizer_fingerprint: str,
+           window_tokens: int) -> CommonUnits:
+    """The identities at FLOOR or more (times the group's weight) in some group of ``weights``, seen in at least
+    MIN_WINDOWS of its windows, each with its largest frequency."""
+    kept_ids, kept_freq = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.float32)]
+    for group, weight in weights.items():
+        for tag, parts in per_group[group].items():
             found, counts = np.unique(np.concatenate(parts), return_counts=True)
             freq = np.minimum(1.0, counts / windows[group] * weight)
             keep = (counts >= MIN_WINDOWS) & (freq >= FLOOR[tag])
-            kept_ids.append(found[keep])
-            kept_freq.append(freq[keep])
-    ids = np.concatenate(kept_ids)
-    freq = np.concatenate(kept_freq).astype(np.float32)
+            kept_ids.append(found[keep].astype(np.uint64))
+            kept_freq.append(freq[keep].astype(np.float32))
+    return _largest(np.concatenate(kept_ids), np.concatenate(kept_freq), tokenizer_fingerprint, window_tokens)
+
+
+def _largest(ids: np.ndarray, freq: np.ndarray, tokenizer_fingerprint: str, window_tokens: int) -> CommonUnits:
+    """One entry per identity, with its largest frequency, sorted by identity."""
     order = np.lexsort((-freq, ids))  # by identity, the largest frequency first
     ids, freq = ids[order], freq[order]
     first = np.ones(ids.shape[0], dtype=bool)
     first[1:] = ids[1:] != ids[:-1]
-    return CommonUnits(ids[first].astype(np.uint64), freq[first], vocab.fingerprint, int(window_tokens))
+    return CommonUnits(ids[first].astype(np.uint64), freq[first].astype(np.float32), tokenizer_fingerprint,
+                       int(window_tokens))
+
+
+_merged: dict[tuple[str, str], CommonUnits] = {}
+
+
+def merged(base: CommonUnits, extra: CommonUnits) -> CommonUnits:
+    """``base`` and ``extra`` (same tokenizer and windows) as one table, each identity at its larger frequency:
+    a unit common in either is left out. Built once per pair."""
+    if (base.tokenizer_fingerprint, base.window_tokens) != (extra.tokenizer_fingerprint, extra.window_tokens):
+        raise ValueError("common-unit tables of different tokenizers or windows cannot be merged")
+    found = _merged.get((base.digest, extra.digest))
+    if found is None:
+        found = _largest(np.concatenate([base.identities, extra.identities]),
+                         np.concatenate([base.frequencies, extra.frequencies]),
+                         base.tokenizer_fingerprint, base.window_tokens)
+        if len(_merged) >= 4:  # a deployment has one table of its own per tokenizer; replaced ones go, with
+            for table in _merged.values():  # their hash tables (tens of MB each)
+                _packed_tables.pop(table.digest, None)
+                _hash_tables.pop(table.digest, None)
+            _merged.clear()
+        _merged[(base.digest, extra.digest)] = found
+    return found
 
 
 _loaded: dict[str, CommonUnits] = {}
@@ -296,18 +350,22 @@ def for_spec(spec, vocab) -> CommonUnits | None:
     return for_vocabulary(vocab) if spec.kind in TABLE_KINDS else None
 
 
-def current_digests() -> set[str]:
+def current_digests(yours=None) -> set[str]:
     """The digest of the table each tokenizer that has one here is scored with (looked up in
-    ``for_vocabulary``'s order: shipped, then built), read without loading a tokenizer."""
-    found: dict[str, str] = {}
+    ``for_vocabulary``'s order: shipped, then built), read without loading a tokenizer. ``yours``: a
+    ``detector.your_units.YourUnits`` store; a tokenizer with a table of the deployment's own texts is scored
+    with the two merged (``merged``), whose digest is the current one."""
+    found: dict[str, CommonUnits] = {}
     for folder in (SHIPPED, models_dir() / "common-units"):
         for path in sorted(folder.glob("common-units-*.npz")) if folder.is_dir() else ():
             if path.name not in found:
                 try:
-                    found[path.name] = CommonUnits.load(path).digest
+                    found[path.name] = CommonUnits.load(path)
                 except (OSError, ValueError, KeyError):
                     continue
-    return set(found.values())
+    records = yours.records() if yours is not None else {}
+    return {(merged(table, yours.table(table.tokenizer_fingerprint)) if table.tokenizer_fingerprint in records
+             else table).digest for table in found.values()}
 
 
 def _load_or_build(vocab) -> CommonUnits:

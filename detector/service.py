@@ -21,10 +21,16 @@ import torch
 from db.output_grams import Match, gram_key
 from detector import common_units
 from detector import windows as winmax
-from detector.calibration import Calibration, CalibrationStore, guarded_p_value, verdict_calibration
+from detector.calibration import (
+    Calibration,
+    CalibrationStore,
+    guarded_p_value,
+    verdict_calibration,
+)
 from detector.disclosure import dither
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
+from detector.sampling_verdict import score_sampling
 from detector.scoring import (
     INSUFFICIENT_TEXT,
     NOT_WATERMARKED,
@@ -40,11 +46,11 @@ from detector.scoring import (
     score_positions,
     verdict_of,
 )
-from detector.sampling_verdict import score_sampling
 from detector.spoof_check import SPOOF_KINDS, scored_units, verdict_spoof_check
 from detector.tokenizing import tokenize
 from detector.two_part import public_half_report
 from detector.verdict import Verdict, text_fields
+from detector.your_units import YourUnits, scoring_table
 from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyNotFoundError
@@ -97,9 +103,13 @@ class Detector:
     ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
-                 bind_keys: bool = True, output_memory=None, dither_key: bytes | None = None) -> None:
+                 bind_keys: bool = True, output_memory=None, dither_key: bytes | None = None,
+                 your_units=None) -> None:
         """``dither_key``: the detect-scope dither's key when the keyring cannot derive it (a batch worker is
-        shipped the service's, ``dither_key_of``); by default derived from the keyring's master key."""
+        shipped the service's, ``dither_key_of``); by default derived from the keyring's master key.
+        ``your_units``: the table of the deployment's own texts' common units when the keyring cannot verify it
+        (a batch worker is shipped the service's, ``detector.your_units``); by default read from the keyring's
+        home, and none for a keyring stand-in without a master key."""
         self._vocab = vocab
         self.output_memory = output_memory
         self._bind_keys = bind_keys
@@ -115,6 +125,7 @@ class Detector:
         self._keyring_file: str | None = None  # the keyring's path, stat-ed on every detection
         # key_id, spec fingerprint -> Calibration | None (default: the keyring home's CalibrationStore)
         self._calibrations = calibrations
+        self._your_units = your_units  # CommonUnits (shipped to a worker), a YourUnits store, or None: not yet
 
     def __repr__(self) -> str:
         model = self._vocab.model_id if self._vocab is not None else "default (not loaded)"
@@ -164,21 +175,25 @@ class Detector:
         ids = torch.tensor(ids_list, dtype=torch.int64)
         # hf colours are public (no secret): their dither needs no secret either, nor a master key to exist
         dither_key = self.dither_key if spec.needs_key else PUBLIC_DITHER_KEY
-        # our keyed specs leave out units common in human text; hf:, hf:synthid and vllm:gumbel count every
-        # position (the table says so per kind), as their reference detectors do
-        common = common_units.for_spec(spec, vocab)
+        store = self._calibration_store() if spec.needs_key else None  # hf specs: no keyring, no master key
+        if isinstance(store, CalibrationStore):
+            store.refresh()  # the verdict's one look at the calibration file (its tables' records too)
+        # our keyed specs leave out units common in human text (and in the deployment's own texts); hf:,
+        # hf:synthid and vllm:gumbel count every position (the table says so per kind), as their reference
+        # detectors do
+        common = self.common_units_for(spec, fresh=False)
         checked = self.output_memory is not None and spec.needs_key and spec.kind in SPOOF_KINDS
         spoof_units = [] if checked else None  # a positive verdict's counted units, from its own scoring pass
         requests = None
         if is_sampling(spec):
-            calibrations = _current(self.calibrations_for(marks), common)
+            calibrations = _current(self.calibrations_for(marks, fresh=False), common)
             verdict = score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
                                      dither_key, common, spoof_units)
         else:
             # the own-output match runs inside the scoring kernel's call (no crossing into C of its own)
             requests = self._match_requests(marks) if checked else None
             verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
-                             self.calibrations_for(marks), dither_key, spoof_units, requests)
+                             self.calibrations_for(marks, fresh=False), common, dither_key, spoof_units, requests)
         if checked:
             # every verdict: a scrubbed output is a text the z-test let go; the counts, the null and the n-gram
             # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
@@ -238,15 +253,38 @@ class Detector:
             self._dither_key = dither_key_of(self.keyring) or secrets.token_bytes(32)
         return self._dither_key
 
-    def calibrations_for(self, marks: list[Watermark]) -> list[Calibration | None]:
+    def common_units_for(self, spec: AnySpec, fresh: bool = True):
+        """The common-unit table ``spec`` is scored with: None for a kind that counts every position, else the
+        shipped table, merged with the deployment's own (``detector.your_units``) where it has one. ``fresh=False``:
+        its record as of the calibration store's last check (``detect`` checks once per verdict)."""
+        shipped = common_units.for_spec(spec, self.vocab)
+        if shipped is None:
+            return None
+        yours = self._your_units
+        if yours is None:
+            store = self._calibration_store()
+            if not isinstance(store, CalibrationStore):  # a keyring stand-in, or a worker shipped no table
+                return shipped
+            yours = self._your_units = YourUnits(self.keyring, store)
+        if isinstance(yours, YourUnits):
+            yours = yours.table(shipped.tokenizer_fingerprint, fresh)
+        return scoring_table(shipped, yours)
+
+    def calibrations_for(self, marks: list[Watermark], fresh: bool = True) -> list[Calibration | None]:
         """Each key's calibration under the spec being tested (``detector.calibration``), or None."""
         if not marks or marks[0].key_id is None:
             return [None] * len(marks)
-        if self._calibrations is None:
-            if not hasattr(self.keyring, "derive_key"):  # a keyring stand-in with secrets only
-                return [None] * len(marks)
+        store = self._calibration_store()
+        if store is None:
+            return [None] * len(marks)
+        return [store.get(wm.key_id, wm.fingerprint, fresh) for wm in marks]
+
+    def _calibration_store(self):
+        """The calibrations this detector reads (the keyring home's ``CalibrationStore``, or those shipped to a
+        batch worker); None for a keyring stand-in with secrets only."""
+        if self._calibrations is None and hasattr(self.keyring, "derive_key"):
             self._calibrations = CalibrationStore(self.keyring)
-        return [self._calibrations.get(wm.key_id, wm.fingerprint) for wm in marks]
+        return self._calibrations
 
     def watermarks(self, spec: AnySpec, keys: Iterable[str] | None = None) -> list:
         """The watermarks a detection tests (``make_watermark``): one per key, or one public one (hf)."""
@@ -367,16 +405,16 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
 
 def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
            spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
-           calibrations: list[Calibration | None], dither_key: bytes | None = None,
+           calibrations: list[Calibration | None], common, dither_key: bytes | None = None,
            spoof_units: list | None = None, matches: list | None = None) -> Verdict:
     """``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
     best key's scored positions to, (green flags, key-free identities, previous occurrences): the spoof check's
     input (``detector.spoof_check.scored_units`` computes the same again). ``matches``: per mark, a
-    ``db.output_grams.MatchRequest`` (or None) its scoring pass runs."""
+    ``db.output_grams.MatchRequest`` (or None) its scoring pass runs. ``common``: the common-unit table
+    (``Detector.common_units_for``)."""
     first = marks[0]
     h = first.context_width
     # dedup units depend on the key for minhash/selfhash (they hold the context seed)
-    common = common_units.for_spec(spec, vocab)
     calibrations = _current(calibrations, common)
     # with a common-unit table the identities are computed anyway: kept for the spoof check
     scored = [score_positions(wm, ids, common, options.dedup, with_units=True, with_identities=common is not None,
@@ -419,8 +457,10 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
-    public_half = public_half_report(marks, ids, common, options.dedup, forced, flags, counted, text_alpha, min_tokens,
-                                     verdict)
+    # the published half is scored as a public verifier scores it: with the shipped table (the deployment's own
+    # texts' units are not published)
+    public_half = public_half_report(marks, ids, common_units.for_spec(spec, vocab), options.dedup, forced, flags,
+                                     counted, text_alpha, min_tokens, verdict)
     if spoof_units is not None and verdict == WATERMARKED and options.dedup and common is not None:
         spoof_units.append((flags[best_index], scored[best_index][3], unforced[best_index]))
     normal_corrected = min(1.0, best.p_value_normal * len(marks))

@@ -16,7 +16,12 @@ from api.cli import main
 from detector import calibrate as measuring
 from detector import calibration as cal
 from detector import common_units
-from detector.calibration import Bucket, Calibration, CalibrationStore, CalibrationStoreError
+from detector.calibration import (
+    Bucket,
+    Calibration,
+    CalibrationStore,
+    CalibrationStoreError,
+)
 from detector.service import Detector
 from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
@@ -201,10 +206,11 @@ def test_z_threshold_of_the_stated_rate():
 
 
 # ------------------------------------------------------------------ calibrating on the user's own texts
-def collection(vocab, mark: Watermark, count: int) -> tuple[list[str], str]:
+def collection(vocab, mark: Watermark, count: int, probes: int = 1) -> tuple[list[str], list[str]]:
     """``count`` human paragraphs (gensim's news) that all end with one shared line, as the files of one code base
     share its identifiers: the line is the one, among 40 drawn from rare words, whose units are greenest under
-    ``mark``, so this key's null on the collection is shifted up. Returns (texts, one more text of the kind)."""
+    ``mark``, so this key's null on the collection is shifted up. Returns (texts, ``probes`` more texts of the
+    kind, never among the texts)."""
     import importlib.metadata
     import random
     import re
@@ -225,18 +231,19 @@ def collection(vocab, mark: Watermark, count: int) -> tuple[list[str], str]:
 
     lines = [" ".join(rng.sample(words, 12)) + "." for _ in range(40)]
     line = max(lines, key=mean_z)
-    return [f"{p} {line}" for p in paragraphs[:count]], f"{paragraphs[count]} {line}"
+    return [f"{p} {line}" for p in paragraphs[:count]], [f"{p} {line}" for p in paragraphs[count:count + probes]]
 
 
-def test_a_key_calibrated_on_your_texts_guards_verdicts_on_them(provmark_home, vocab, tmp_path, capsys):
+def test_your_texts_common_units_are_left_out_of_every_later_verdict(provmark_home, vocab, tmp_path, capsys):
     """The shipped corpora cannot know what one collection shares (a code base's identifiers, a publication's
-    boilerplate): a key whose null is shifted up on the user's own texts is guarded only once it is measured on
-    them. ``keys calibrate --corpus`` measures it there; the verdict on one more text of that collection is then
-    held to that null (``measured_on: yours``, guarded, a larger p-value on the same z)."""
+    boilerplate): under a fixed key those units are coins every text of the collection tosses the same way, so
+    the key's null there is shifted. ``keys calibrate --corpus`` counts the units the user's texts share and
+    the detector leaves them out of every later verdict, as it does the shipped table's: on OTHER texts of the
+    collection (never in the corpus) the key's mean z is back to the noise of a sample mean, 1/sqrt(n)."""
     assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
     keyring = Keyring()
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
-    texts, probe = collection(vocab, mark, 90)
+    texts, probes = collection(vocab, mark, 90, probes=100)
     folder = tmp_path / "ours"
     (folder / ".git").mkdir(parents=True)
     (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")  # hidden: not a text of the collection
@@ -246,19 +253,76 @@ def test_a_key_calibrated_on_your_texts_guards_verdicts_on_them(provmark_home, v
 
     assert main(["keys", "calibrate", "k1", "--no-progress"]) == 0  # the shipped corpora only
     capsys.readouterr()
-    before = Detector(vocab=vocab, keyring=keyring).detect(probe, keys=["k1"])
-    assert before.calibration["measured_on"] == "shipped"
+    def four_standard_errors(verdicts) -> float:
+        return 4 * np.std([v.z_score for v in verdicts]) / np.sqrt(len(verdicts))
 
-    assert main(["keys", "calibrate", "k1", "--corpus", str(folder), "--json", "--no-progress"]) == 0
-    out = json.loads(capsys.readouterr().out)[0]
-    yours = out["domains"]["yours"]
-    assert yours["n"] == len(texts) and yours["mean_z"] > 0.5  # the shared line's greens
+    before = [Detector(vocab=vocab, keyring=keyring).detect(p, keys=["k1"]) for p in probes]
+    # the shared line's greens: the key's null on the collection is up, far beyond a sample mean's noise
+    assert np.mean([v.z_score for v in before]) > four_standard_errors(before)
+
+    assert main(["keys", "calibrate", "k1", "--corpus", str(folder), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "your texts' common units:" in out and "from 90 texts" in out and "your texts: 90 scored" in out
+    detector = Detector(vocab=vocab, keyring=keyring)
+    after = [detector.detect(p, keys=["k1"]) for p in probes]
+    assert abs(np.mean([v.z_score for v in after])) <= four_standard_errors(after)
+    assert all(a.num_common_positions > b.num_common_positions for a, b in zip(after, before))
+    assert after[0].common_units != before[0].common_units  # the verdict names the table it was scored with
     stored = CalibrationStore(keyring).get("k1", mark.fingerprint)
-    assert stored.corpus["yours"] == len(texts) and stored.domains["yours"]["buckets"]
-    after = Detector(vocab=vocab, keyring=keyring).detect(probe, keys=["k1"])
-    assert after.z_score == before.z_score  # the evidence is the same ...
-    assert after.calibration["measured_on"] == "yours" and after.calibration["guarded"] is True
-    assert after.p_value > before.p_value  # ... its weight is the one this key has on such texts
+    assert stored.common_units == after[0].common_units  # measured under that table: the detector uses it
+    assert after[0].calibration is not None and after[0].calibration["id"] == stored.calibration_id
+    assert main(["keys", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)[0]["calibrations"]
+    assert [c["stale"] for c in listed] == [False]
+    assert main(["keys", "list"]) == 0
+    assert "your texts' common units:" in capsys.readouterr().out
+
+    # a batch of the same texts (workers shipped the table) gives the same verdicts
+    from detector.batch import DetectOptions, prepare_jobs, run_local
+    batch = run_local(prepare_jobs([{"text": p} for p in probes[:5]], DetectOptions(), keys=["k1"],
+                                   vocab=vocab, keyring=keyring), workers=1)
+    assert [b["z_score"] for b in batch] == [a.z_score for a in after[:5]]
+
+    assert main(["keys", "calibrate", "k1", "--forget-corpus", "--no-progress"]) == 0
+    assert "removed" in capsys.readouterr().out
+    again = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
+    assert (again.z_score, again.common_units) == (before[0].z_score, before[0].common_units)
+
+
+def test_an_edited_table_of_your_texts_units_is_refused(provmark_home, vocab, tmp_path, capsys):
+    """A forged table could leave out the red units of one text and raise its z: the table and its record are
+    verified (the record, with the table's SHA-256 digest, is in the MACed calibration file), and an edited one
+    is refused like a tampered keyring, never used."""
+    from detector.your_units import FOLDER, YourUnitsError
+
+    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
+    corpus = tmp_path / "ours.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": f"Report {i}: the harbour council approved the budget."})
+                                for i in range(40)) + "\n", encoding="utf-8")
+    assert main(["keys", "calibrate", "k1", "--corpus", str(corpus), "--no-progress"]) == 0
+    keyring = Keyring()
+    Detector(vocab=vocab, keyring=keyring).detect("The harbour council met on Monday.", keys=["k1"])
+    [table] = (provmark_home / FOLDER).iterdir()
+    good = table.read_bytes()
+    record = json.loads((provmark_home / cal.FILE_NAME).read_text())
+    record["body"]["your_units"][vocab.fingerprint]["texts"] = 41
+    (provmark_home / cal.FILE_NAME).write_text(json.dumps(record))
+    with pytest.raises(CalibrationStoreError, match="does not verify"):
+        Detector(vocab=vocab, keyring=keyring).detect("The harbour council met on Monday.", keys=["k1"])
+    assert main(["keys", "calibrate", "k1", "--no-progress"]) != 0
+    assert "does not verify" in capsys.readouterr().err
+
+    assert main(["keys", "calibrate", "k1", "--corpus", str(corpus), "--no-progress"]) != 0  # not overwritten
+    (provmark_home / cal.FILE_NAME).unlink()
+    assert main(["keys", "calibrate", "k1", "--corpus", str(corpus), "--no-progress"]) == 0
+    [table] = (provmark_home / FOLDER).iterdir()
+    assert table.read_bytes() == good  # the same texts, the same table
+    from detector.common_units import CommonUnits
+    forged = CommonUnits.load(table)
+    CommonUnits(forged.identities[1:], forged.frequencies[1:], forged.tokenizer_fingerprint,
+                forged.window_tokens).save(table)
+    with pytest.raises(YourUnitsError, match="does not match its record"):
+        Detector(vocab=vocab, keyring=keyring).detect("The harbour council met on Monday.", keys=["k1"])
 
 
 def test_calibrating_on_your_texts_refuses_bad_input_and_keeps_what_is_stored(provmark_home, vocab, tmp_path, capsys):
@@ -282,38 +346,49 @@ def test_calibrating_on_your_texts_refuses_bad_input_and_keeps_what_is_stored(pr
         assert message in capsys.readouterr().err
     assert (provmark_home / cal.FILE_NAME).read_bytes() == stored  # nothing measured, nothing written
     good = tmp_path / "good.jsonl"
-    good.write_text("\n".join(json.dumps({"text": f"Report {i}: the council approved the harbour budget."})
-                              for i in range(3)) + "\n", encoding="utf-8")
+    good.write_text("\n".join(json.dumps({"text": text}) for text in (
+        "The council approved the harbour budget after a long night of debate.",
+        "Rain is expected across the south coast, with flooding likely near rivers.",
+        "A new library opened downtown; its reading rooms stay open until midnight.")) + "\n", encoding="utf-8")
     assert main(["keys", "calibrate", "k1", "--no-progress", "--corpus", str(good)]) == 0
     assert "your texts: 3 scored" in capsys.readouterr().out
     assert CalibrationStore(keyring).for_key("k1")[0].corpus["yours"] == 3
 
 
 def test_a_key_created_with_your_texts_is_screened_on_them(provmark_home, vocab, tmp_path, monkeypatch, capsys):
-    """``keys create --corpus``: each candidate key is measured on the user's texts too, so a key whose null is
-    shifted on the collection it will judge is drawn again, even when the shipped corpora pass it."""
+    """Each candidate key is measured on the user's texts too, so a key whose null is shifted on the collection it
+    will judge is drawn again, even when the shipped corpora pass it (``screened_secret(..., your_ids=)``). ``keys
+    create --corpus`` first stores the texts' common units (as ``keys calibrate --corpus``) and screens under the
+    table the detector will score with: what the collection shares no longer moves the key's null there."""
     import hashlib
 
     secrets = [hashlib.sha256(f"screen-on-yours/{i}".encode()).digest() for i in range(measuring.SCREEN_TRIES)]
     first = Watermark(SPEC, secrets[0], vocab.vocab_size, key_id="candidate")
     common = common_units.for_vocabulary(vocab)
     assert measuring.calibrate(first, "f", vocab, common).passes_screen()  # the shipped corpora let it through
-    texts, _ = collection(vocab, first, 90)  # ... but these texts share a line green under it
+    texts, probes = collection(vocab, first, 90)  # ... but these texts share a line green under it
+    drawn = iter(secrets)
+    monkeypatch.setattr(measuring, "new_secret", lambda: next(drawn))
+    _, shipped_only, draws = measuring.screened_secret(WatermarkSpec.default(), vocab, common,
+                                                       your_ids=measuring.token_ids_of(vocab, texts))
+    assert draws >= 2 and shipped_only.domains["yours"]["mean_z"] < 0.3  # under the shipped table: redrawn
     folder = tmp_path / "ours"
     folder.mkdir()
     for i, text in enumerate(texts):
         (folder / f"{i:03d}.txt").write_text(text, encoding="utf-8")
     drawn = iter(secrets)
-    monkeypatch.setattr(measuring, "new_secret", lambda: next(drawn))
     assert main(["keys", "create", "k1", "--corpus", str(folder), "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["calibration"]["screening_draws"] >= 2 and out["calibration"]["your_texts"] == len(texts)
+    # with the collection's common units left out, the first candidate is not shifted there any more
+    assert out["calibration"]["screening_draws"] == 1 and out["calibration"]["your_texts"] == len(texts)
     keyring = Keyring()
-    assert keyring.secret("k1") != secrets[0]
+    assert keyring.secret("k1") == secrets[0]
     stored = CalibrationStore(keyring).for_key("k1")[0]
     yours = stored.domains["yours"]
     assert stored.passes_screen()
     assert abs(yours["mean_z"]) - 2 * yours["sd_z"] / math.sqrt(yours["n"]) <= cal.SCREEN_SHIFT
+    verdict = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
+    assert verdict.common_units == stored.common_units != common.digest and verdict.calibration["id"] == stored.calibration_id
     # a corpus needs screening, and an existing standby key is measured with `keys calibrate`
     assert main(["keys", "create", "k2", "--no-calibrate", "--corpus", str(folder)]) != 0
     assert "cannot go with --no-calibrate" in capsys.readouterr().err

@@ -127,3 +127,42 @@ def test_hf_specs_count_every_position(vocab):
     wm = Watermark("hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,context_width=1", None, vocab.vocab_size)
     ids = torch.tensor([260, 1345, 28, 260, 1345, 28, 260, 30] * 5)
     assert np.array_equal(score(wm, ids, common_units.for_vocabulary(vocab))[1], score(wm, ids, None)[1])
+
+
+@pytest.fixture(scope="module")
+def one_code_base(vocab) -> tuple[list[str], list[np.ndarray]]:
+    """One code base (SQLAlchemy's source, a required package that the shipped table's fit half holds out):
+    alternate files to a user's corpus (A) and to the texts judged later (B, first 1,500 tokens)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("sqlalchemy").origin).parent
+    files = sorted(p for p in root.rglob("*.py") if p.stat().st_size > 3000 and "testing" not in p.parts)
+    assert human_corpora.HumanDoc("packages", "", "", "pkg:sqlalchemy", True).split == human_corpora.HELD_OUT
+    texts = [p.read_text(encoding="utf-8")[:20000] for p in files]
+    assert len(texts) >= 150
+    return texts[0::2], human_corpora._encoded(vocab, texts[1::2], 1500, 300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS[:3])
+def test_your_texts_common_units_take_one_code_bases_shift_away(vocab, one_code_base, spec):
+    """What is left after the shipped table is what ONE collection shares: a code base's identifiers and
+    layout. On the files of one code base a fixed key's null is shifted by sqrt(S_shared) ~ 0.2, twice the
+    promise; the shipped corpora cannot know these units. ``keys calibrate --corpus`` with half of the code
+    base (``common_units.from_texts``, merged into the table every verdict uses) brings the shift on the
+    OTHER half back within MAX_SHIFT, and every key's mean z within SIGMAS sqrt(S) of 0."""
+    from detector.your_units import scoring_table
+
+    corpus, judged = one_code_base
+    shipped = common_units.for_vocabulary(vocab)
+    yours = scoring_table(shipped, common_units.from_texts(vocab, corpus))
+    shared_before, shared_after = [], []
+    for key in range(len(KEYS)):
+        wm = Watermark(spec, KEYS[key], vocab.vocab_size, key_id=f"fixed-{key}")
+        shared_before.append(null_of_one_key(wm, judged, shipped)[2])
+        m, s_all, s_shared, _, _ = null_of_one_key(wm, judged, yours)
+        shared_after.append(s_shared)
+        assert abs(m) <= SIGMAS * np.sqrt(s_all), f"key {key}: mean z {m:+.3f} on the judged half"
+    assert np.sqrt(np.mean(shared_before)) > MAX_SHIFT  # the problem is there with the shipped table alone
+    assert np.sqrt(np.mean(shared_after)) <= MAX_SHIFT

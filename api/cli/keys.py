@@ -61,8 +61,11 @@ def register(subparsers) -> None:
     calibrate.add_argument("--corpus", action="append", metavar="PATH",
                            help="also measure the key on human text of yours, the kind you detect (repeatable): a "
                                 "directory (each UTF-8 file in it one text), a .jsonl file ({\"text\": ...} per line) "
-                                "or a text file; per length the more careful of its null and the shipped corpora's "
-                                "guards verdicts")
+                                "or a text file. Units common in these texts are left out of every later verdict "
+                                "(the deployment's own common-unit table, replacing any earlier one), and per length "
+                                "the more careful of their null and the shipped corpora's guards verdicts")
+    calibrate.add_argument("--forget-corpus", action="store_true",
+                           help="remove the deployment's own common-unit table (verdicts go back to the shipped one)")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     export_help = "write a two-part key's publishable detection half (anyone verifies text with it)"
@@ -118,7 +121,8 @@ def _calibration_options(parser: argparse.ArgumentParser) -> None:
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
     parser.add_argument("--corpus", action="append", metavar="PATH",
                         help="also screen and calibrate the new key on human text of yours, the kind it will judge "
-                             "(as `keys calibrate --corpus`): a key shifted on it is drawn again")
+                             "(as `keys calibrate --corpus`, whose common-unit table it stores too): a key shifted on "
+                             "it is drawn again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -132,7 +136,8 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     spec = _spec_to_bind(args)
     texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before a key is drawn
     vocab, measuring = _material()
-    common = measuring.common_units.for_spec(spec, vocab)
+    yours, keep_yours = _your_units(keyring, vocab, texts, args)
+    common = _scoring_table(spec, vocab, yours)
     two_part = getattr(args, "public_half", False)
     your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
     try:
@@ -141,15 +146,64 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     except (RuntimeError, ValueError) as exc:
         raise CLIError(f"cannot screen the new key: {exc}; or pass --no-calibrate") from None
     info = make(secret)
+    keep_yours()  # the deployment's table goes with the key that was screened under it
+    _stale_note(keyring, {info.key_id}, args)
     result = measuring.for_key(result, info.key_id)
     store = calibration.CalibrationStore(keyring)
     store.put(result)
     summary = {**result.summary(), "screening_draws": draws}
-    if two_part:  # the published half's null is public metadata too (`keys export-public` carries it)
-        public = measuring.public_half_calibration(spec, secret, vocab, common)
+    if two_part:  # the published half's null is public metadata too (`keys export-public` carries it), measured
+        # under the shipped table alone, as a public verifier scores it
+        public = measuring.public_half_calibration(spec, secret, vocab, _scoring_table(spec, vocab, None))
         store.put(measuring.for_key(public, public_half_id(info.key_id)))
         summary["public_half"] = public.summary()
     return info, summary
+
+
+def _your_units(keyring: Keyring, vocab, texts: list[str] | None, args):
+    """(the deployment's own common-unit table (``detector.your_units``) that keys are measured under, as the
+    detector will score with it; ``keep()``, which stores the change once the measuring is done): built from
+    ``texts`` (``--corpus``), replacing the stored one; none with ``--forget-corpus``; else the stored one."""
+    from detector.common_units import from_texts
+    from detector.your_units import YourUnits
+
+    store = YourUnits(keyring)
+    if getattr(args, "forget_corpus", False):
+        def forget() -> None:
+            removed = store.forget(vocab.fingerprint)
+            if not args.json:
+                print("your texts' common units: " + ("removed; verdicts use the shipped table alone" if removed
+                                                       else "there were none"))
+        return None, forget
+    if texts is None:
+        return store.table(vocab.fingerprint), lambda: None
+    table = from_texts(vocab, texts)
+
+    def keep() -> None:
+        record = store.put(table, len(texts))
+        if not args.json:
+            print(f"your texts' common units: {record['entries']} units from {record['texts']} texts (table "
+                  f"{record['digest']}); every later verdict leaves them out, as it does the shipped table's")
+    return table, keep
+
+
+def _scoring_table(spec, vocab, yours):
+    from detector.common_units import for_spec
+    from detector.your_units import scoring_table
+
+    return scoring_table(for_spec(spec, vocab), yours)
+
+
+def _stale_note(keyring: Keyring, measured: set[str], args) -> None:
+    """After the deployment's own table changed: the keys whose stored calibrations were measured under the
+    previous one (the detector now ignores those) and were not measured again here."""
+    if args.json or not (args.corpus or getattr(args, "forget_corpus", False)):
+        return
+    others = [info.key_id for info in keyring.detection_keys()
+              if info.key_id not in measured and CalibrationStore(keyring).for_key(info.key_id)]
+    if others:
+        print(f"note: {', '.join(others)} were calibrated under the previous common-unit table; calibrate "
+              f"them again (`provmark keys calibrate {' '.join(others)}`) or the detector holds them uncalibrated")
 
 
 def _material():
@@ -215,6 +269,8 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     keyless = [spec.format() for spec in specs or () if not spec.needs_key]
     if keyless:
         raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
+    if args.corpus and args.forget_corpus:
+        raise CLIError("--forget-corpus removes your texts' common units; --corpus replaces them: choose one")
     texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before anything is measured
     vocab, measuring = _material()
     from watermark.scheme import make_watermark  # local, as _material
@@ -225,26 +281,33 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
     your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
+    yours, keep_yours = _your_units(keyring, vocab, texts, args)
+    measured = []  # stored once every key is measured: a failure leaves the table and calibrations as they were
     for key_id in key_ids:
         info = infos[key_id]
         secret = keyring.secret(key_id)
         for spec in specs or [bound_spec(info)]:
             mark = make_watermark(spec, secret, vocab.vocab_size, key_id=key_id)
-            common = measuring.common_units.for_spec(spec, vocab)
+            common = _scoring_table(spec, vocab, yours)
             result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
             if your_ids is not None:
                 try:
                     result = measuring.with_your_texts(result, mark, your_ids, common, progress=_progress(args))
                 except ValueError as exc:
                     raise CLIError(f"--corpus under {spec.format()}: {exc}") from None
-            store.put(result)
+            measured.append(result)
             results.append(result)
             summary = result.summary()
-            if info.public_half and spec.format() == bound_spec(info).format():  # the published half's null too
-                public = measuring.public_half_calibration(spec, secret, vocab, common)
-                store.put(measuring.for_key(public, public_half_id(key_id)))
+            # the published half's null too, under the shipped table alone (as a public verifier scores it)
+            if info.public_half and spec.format() == bound_spec(info).format():
+                public = measuring.public_half_calibration(spec, secret, vocab, _scoring_table(spec, vocab, None))
+                measured.append(measuring.for_key(public, public_half_id(key_id)))
                 summary["public_half"] = public.summary()
             changed.append(("calibrate", info, summary))
+    keep_yours()
+    for result in measured:
+        store.put(result)
+    _stale_note(keyring, set(key_ids), args)
     if args.plot:
         plot_calibrations(results, args.plot)
     if args.json:
@@ -336,21 +399,31 @@ def _list(keyring: Keyring, args) -> None:
         print("no keys yet: create one with `provmark keys create`")
         return
     print(format_table(infos, column))
+    from detector.your_units import YourUnits  # local: numpy only, no tokenizer
+
+    try:
+        records = YourUnits(keyring).records()
+    except KeyringError:  # said by the calibration column already
+        records = {}
+    for record in records.values():
+        print(f"your texts' common units: {record['entries']} units from {record['texts']} texts (table "
+              f"{record['digest']}), left out of every keyed verdict; `keys calibrate --forget-corpus` removes them")
 
 
 def _calibration_column(keyring: Keyring) -> dict[str, list[dict]]:
     """key id -> summaries of its calibrations, each marked ``stale`` when the detector would not use it (an
     unreadable calibration file is said, not fatal)."""
     from detector.common_units import current_digests  # local: numpy only, no tokenizer
+    from detector.your_units import YourUnits
 
     store = CalibrationStore(keyring)
-    current = current_digests()
     out = {}
     try:
+        current = current_digests(YourUnits(keyring))
         for info in keyring.list():
             out[info.key_id] = [{**c.summary(), "stale": calibration.is_stale(c, current)}
                                 for c in store.for_key(info.key_id)]
-    except CalibrationStoreError as exc:
+    except KeyringError as exc:  # an unreadable calibration file or table of your texts' units
         print(f"warning: {exc}", file=sys.stderr)
     return out
 

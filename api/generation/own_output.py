@@ -21,6 +21,7 @@ from db.store import Store, StoreError
 from detector import common_units
 from detector.normalize import normalize
 from detector.spoof_check import SPOOF_KINDS, output_null_z
+from detector.your_units import YourUnits, scoring_table
 from watermark.scheme import make_watermark
 from watermark.specs import parse_spec
 from watermark.vocab import encode
@@ -39,6 +40,7 @@ class OwnOutput:
         self.keyring = keyring
         self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
         self._gram_key: int | None = None
+        self._your_units: YourUnits | None = None  # detector.your_units, made on first use
 
     def remember(self, info, token_ids: list[int], vocab, text: str | None = None,
                  prompt_ids: list[int] | None = None) -> None:
@@ -54,7 +56,7 @@ class OwnOutput:
             if mark is None:
                 return
             ids = torch.as_tensor(token_ids, dtype=torch.int64)
-            z, identities = output_null_z(mark, ids, common_units.for_spec(mark.spec, vocab), self.memory)
+            z, identities = output_null_z(mark, ids, self._common(mark.spec, vocab), self.memory)
             if self._gram_key is None:
                 self._gram_key = gram_key(self.keyring)
             seen = token_ids if text is None else encode(vocab, normalize(text).text)
@@ -63,6 +65,12 @@ class OwnOutput:
             log.warning("output not remembered for the spoof check: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
             log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
+
+    def _common(self, spec, vocab):
+        """The table the detector scores ``spec`` with: the shipped one, and the deployment's own texts' units."""
+        if self._your_units is None:
+            self._your_units = YourUnits(self.keyring)
+        return scoring_table(common_units.for_spec(spec, vocab), self._your_units.table(vocab.fingerprint))
 
     def _mark(self, spec_text: str, key_id: str, vocab):
         """The output's watermark (None for specs without the check), cached like the generation watermarks."""

@@ -289,6 +289,29 @@ def test_your_texts_common_units_are_left_out_of_every_later_verdict(provmark_ho
     assert (again.z_score, again.common_units) == (before[0].z_score, before[0].common_units)
 
 
+def test_the_guard_holds_a_verdict_to_the_null_of_your_texts(provmark_home, vocab):
+    """Where the user's texts still show a key's null shifted up (what the table of their units did not take
+    away), the guard holds a verdict on such a text to that null: ``measured_on: yours``, guarded, a larger
+    p-value on the same z. Here the calibration is measured on the collection under the shipped table alone, so
+    the shared line's shift is left for the guard to see."""
+    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
+    keyring = Keyring()
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    texts, probes = collection(vocab, mark, 90)
+    shipped = common_units.for_vocabulary(vocab)
+    base = measuring.for_key(measuring.calibrate(mark, keyring.list()[0].fingerprint, vocab, shipped), "k1")
+    CalibrationStore(keyring).put(base)
+    before = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
+    assert before.calibration["measured_on"] == "shipped" and before.calibration["guarded"] is False
+    yours = measuring.with_your_texts(base, mark, measuring.token_ids_of(vocab, texts), shipped)
+    assert yours.domains["yours"]["mean_z"] > 0.5 and yours.domains["yours"]["buckets"]  # the shared line's greens
+    CalibrationStore(keyring).put(yours)
+    after = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
+    assert after.z_score == before.z_score  # the evidence is the same ...
+    assert after.calibration["measured_on"] == "yours" and after.calibration["guarded"] is True
+    assert after.p_value > before.p_value  # ... its weight is the one this key has on such texts
+
+
 def test_an_edited_table_of_your_texts_units_is_refused(provmark_home, vocab, tmp_path, capsys):
     """A forged table could leave out the red units of one text and raise its z: the table and its record are
     verified (the record, with the table's SHA-256 digest, is in the MACed calibration file), and an edited one

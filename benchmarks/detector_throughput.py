@@ -30,7 +30,9 @@ Both detectors read a real keyring in a temporary folder (the match's n-gram key
 create`` leaves: the detector looks it up, may guard with it and reports it on every verdict) against the same
 key with none, each text both ways back to back as ``spoof_check``; ``relative_throughput`` is the median ratio;
 ``relative_to_stand_in``: the same calibrated key against the keyring stand-in every other row uses (secrets
-only: no key binding, no calibration, no keyring file to watch), what the service's keyring costs in all.
+only: no key binding, no calibration, no keyring file to watch), what the service's keyring costs in all;
+``your_units_relative``: the calibrated key once the deployment has a table of its own texts' common units
+(``keys calibrate --corpus``, ``detector.your_units``) against the same key without one.
 """
 
 from __future__ import annotations
@@ -261,36 +263,48 @@ def spoof_check_row(vocab, outputs: int, texts: int, rounds: int) -> dict:
 
 def calibrated_key_row(vocab, texts: int, rounds: int) -> dict:
     """The default spec with the key's calibration stored beside the keyring against the same key without one
-    (``paired``): the calibration's lookup, guard and report on every verdict."""
+    (``paired``): the calibration's lookup, guard and report on every verdict. ``your_units_relative``: the same
+    calibrated key once the deployment also has a table of its own texts' common units (``keys calibrate
+    --corpus``; here the held-out news and encyclopedia documents, first 400): lookups in the merged table."""
     from datetime import datetime, timezone
 
-    from detector import common_units
+    from detector import common_units, human_corpora
     from detector.calibration import BUCKET_EDGES, Bucket, Calibration, CalibrationStore
+    from detector.your_units import YourUnits, scoring_table
     from watermark.keys import Keyring
 
     secret, master = os.urandom(32), os.urandom(32)
     spec = WatermarkSpec.default()
     pieces = corpus_texts(vocab, texts)
+    held = human_corpora.documents(("news", "encyclopedia"), human_corpora.HELD_OUT)[:400]
+    yours = common_units.from_texts(vocab, [d.text for d in held])
     with tempfile.TemporaryDirectory() as tmp:
         detectors = []
-        for name in ("plain", "calibrated"):
+        for name in ("plain", "calibrated", "yours"):
             keyring = Keyring(Path(tmp) / name, master_key=master)
             info = keyring.create("bench", secret=secret, spec=spec)
             detectors.append(Detector(vocab=vocab, keyring=keyring))
-            if name == "calibrated":  # a null measured at N(0, 1) in every bucket: looked up, never guarding
+            table = common_units.for_spec(spec, vocab)
+            if name == "yours":
+                YourUnits(keyring).put(yours, len(held))
+                table = scoring_table(table, yours)
+            if name != "plain":  # a null measured at N(0, 1) in every bucket: looked up, never guarding
                 mark = detectors[-1].watermarks(spec)[0]
                 CalibrationStore(keyring).put(Calibration(
                     "bench", info.fingerprint, spec.format(), mark.fingerprint,
-                    common_units.for_spec(spec, vocab).digest, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    table.digest, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                     tuple(Bucket(i, 100, 0.0, 1.0) for i in range(len(BUCKET_EDGES))),
                     {"news": {"n": 800, "mean_z": 0.0, "sd_z": 1.0}}, {"news": 100}))
-        plain, calibrated = detectors
+        plain, calibrated, with_yours = detectors
         assert calibrated.detect(pieces[0]).calibration is not None and plain.detect(pieces[0]).calibration is None
+        assert with_yours.detect(pieces[0]).calibration is not None
         timed_pairs = paired(plain.detect, calibrated.detect, pieces, rounds)
         stand_in = Detector(vocab=vocab, keyring=OneKey())
         against_stand_in = paired(stand_in.detect, calibrated.detect, pieces, rounds)
+        your_pairs = paired(calibrated.detect, with_yours.detect, pieces, rounds)
     share = timed_pairs["extra"] / timed_pairs["without"]
-    return {"texts": texts, "rounds": rounds,
+    return {"texts": texts, "rounds": rounds, "your_units_entries": len(yours),
+            "your_units_relative": float(np.median(your_pairs["without"] / (your_pairs["without"] + your_pairs["extra"]))),
             "relative_throughput": float(np.median(timed_pairs["without"] / (timed_pairs["without"] + timed_pairs["extra"]))),
             "extra_ms_per_text": float(np.median(timed_pairs["extra"])) * 1e3,
             "extra_share_quartiles": np.quantile(share, [0.25, 0.75]).tolist(),

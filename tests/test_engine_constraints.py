@@ -5,6 +5,7 @@ preemption keeps constraint state, and a watermarked JSON document is still dete
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -147,7 +148,12 @@ def test_watermarked_json_document_is_detected(loaded):
         "required": ["title", "story"],
         "additionalProperties": False,
     }
-    wm = generation_watermark(None, engine.vocab_size, create_if_missing=True)
+    # a fixed key: with a fresh random key per run the trajectory (and the story's length) changed from run to run
+    # (one clean-clone run wrote a 142-token document); now only the machine's float rounding moves it
+    from watermark.keys import Keyring
+
+    Keyring().create("json-doc", secret=hashlib.sha256(b"provmark-test/json-document").digest())
+    wm = generation_watermark(None, engine.vocab_size, key_id="json-doc")
     # room for the longest document the schema allows (~900 characters, at worst a token each), so the
     # sampled trajectory, which moves with the machine's float rounding, always completes. T 0.8, top-p 0.95
     # and a repetition penalty: at T 1.0 the 135M model's story can fall into a digit or bracket loop that

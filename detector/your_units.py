@@ -88,13 +88,16 @@ class YourUnits:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         table.save(self.folder / record["file"])  # written before the record that names it
         previous = self.store.put_your_units(table.tokenizer_fingerprint, record)
-        if previous is not None and previous["file"] != record["file"]:
-            (self.folder / previous["file"]).unlink(missing_ok=True)
+        # the previous table stays one generation (a verdict that read its record just before may still load it);
+        # older ones, and tables of this tokenizer that were forgotten, go
+        keep = {record["file"]} | ({previous["file"]} if previous is not None else set())
+        current = {r["file"] for r in self.store.all_your_units().values()}
+        for path in self.folder.glob(f"{table.tokenizer_fingerprint[:16]}-*.npz"):
+            if path.name not in keep | current:
+                path.unlink(missing_ok=True)
         return record
 
     def forget(self, tokenizer_fingerprint: str) -> dict | None:
-        """Remove this tokenizer's table (verdicts go back to the shipped table); the removed record or None."""
-        previous = self.store.put_your_units(tokenizer_fingerprint, None)
-        if previous is not None:
-            (self.folder / previous["file"]).unlink(missing_ok=True)
-        return previous
+        """Remove this tokenizer's table (verdicts go back to the shipped table); the removed record or None. Its
+        file goes at the next ``put`` (a verdict that read the record just before may still load it)."""
+        return self.store.put_your_units(tokenizer_fingerprint, None)

@@ -312,6 +312,24 @@ def test_the_guard_holds_a_verdict_to_the_null_of_your_texts(provmark_home, voca
     assert after.p_value > before.p_value  # ... its weight is the one this key has on such texts
 
 
+def test_a_replaced_table_of_your_texts_units_stays_one_generation(provmark_home, vocab):
+    """A running detector that read the record just before another process replaced the table must still find the
+    file it names: the previous table stays until the next replacement, and older ones go."""
+    from detector.your_units import YourUnits
+
+    Keyring().ensure_active()
+    store = YourUnits(Keyring())
+    names = []
+    for topic in ("harbour", "railway", "library"):
+        table = common_units.from_texts(vocab, [f"Report {i}: the {topic} council approved the {topic} budget."
+                                                for i in range(10)])
+        names.append(store.put(table, 10)["file"])
+        assert store.table(vocab.fingerprint).digest == table.digest
+    assert sorted(p.name for p in store.folder.iterdir()) == sorted(names[1:])  # the first is gone
+    assert store.forget(vocab.fingerprint)["file"] == names[2]
+    assert store.table(vocab.fingerprint) is None and (store.folder / names[2]).is_file()
+
+
 def test_an_edited_table_of_your_texts_units_is_refused(provmark_home, vocab, tmp_path, capsys):
     """A forged table could leave out the red units of one text and raise its z: the table and its record are
     verified (the record, with the table's SHA-256 digest, is in the MACed calibration file), and an edited one

@@ -3,6 +3,7 @@ guard that can only make a verdict more careful, and reported on every verdict."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import replace
@@ -240,8 +241,8 @@ def test_your_texts_common_units_are_left_out_of_every_later_verdict(provmark_ho
     the key's null there is shifted. ``keys calibrate --corpus`` counts the units the user's texts share and
     the detector leaves them out of every later verdict, as it does the shipped table's: on OTHER texts of the
     collection (never in the corpus) the key's mean z is back to the noise of a sample mean, 1/sqrt(n)."""
-    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
-    keyring = Keyring()
+    keyring = Keyring()  # a fixed key: the collection's shared line is drawn for it
+    keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
     texts, probes = collection(vocab, mark, 90, probes=100)
     folder = tmp_path / "ours"
@@ -294,8 +295,8 @@ def test_the_guard_holds_a_verdict_to_the_null_of_your_texts(provmark_home, voca
     away), the guard holds a verdict on such a text to that null: ``measured_on: yours``, guarded, a larger
     p-value on the same z. Here the calibration is measured on the collection under the shipped table alone, so
     the shared line's shift is left for the guard to see."""
-    assert main(["keys", "create", "k1", "--no-calibrate"]) == 0
-    keyring = Keyring()
+    keyring = Keyring()  # a fixed key: the collection's shared line is drawn for it
+    keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())
     mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
     texts, probes = collection(vocab, mark, 90)
     shipped = common_units.for_vocabulary(vocab)
@@ -304,7 +305,8 @@ def test_the_guard_holds_a_verdict_to_the_null_of_your_texts(provmark_home, voca
     before = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
     assert before.calibration["measured_on"] == "shipped" and before.calibration["guarded"] is False
     yours = measuring.with_your_texts(base, mark, measuring.token_ids_of(vocab, texts), shipped)
-    assert yours.domains["yours"]["mean_z"] > 0.5 and yours.domains["yours"]["buckets"]  # the shared line's greens
+    measured = yours.domains["yours"]  # the shared line's greens: the key's null on the collection, measurably up
+    assert measured["mean_z"] - 2 * measured["sd_z"] / math.sqrt(measured["n"]) > 0 and measured["buckets"]
     CalibrationStore(keyring).put(yours)
     after = Detector(vocab=vocab, keyring=keyring).detect(probes[0], keys=["k1"])
     assert after.z_score == before.z_score  # the evidence is the same ...
@@ -401,7 +403,6 @@ def test_a_key_created_with_your_texts_is_screened_on_them(provmark_home, vocab,
     will judge is drawn again, even when the shipped corpora pass it (``screened_secret(..., your_ids=)``). ``keys
     create --corpus`` first stores the texts' common units (as ``keys calibrate --corpus``) and screens under the
     table the detector will score with: what the collection shares no longer moves the key's null there."""
-    import hashlib
 
     secrets = [hashlib.sha256(f"screen-on-yours/{i}".encode()).digest() for i in range(measuring.SCREEN_TRIES)]
     first = Watermark(SPEC, secrets[0], vocab.vocab_size, key_id="candidate")

@@ -315,10 +315,13 @@ def merged(base: CommonUnits, extra: CommonUnits) -> CommonUnits:
         found = _largest(np.concatenate([base.identities, extra.identities]),
                          np.concatenate([base.frequencies, extra.frequencies]),
                          base.tokenizer_fingerprint, base.window_tokens)
+        if found.digest == base.digest:  # the extra table adds nothing: the base itself (and its hash tables)
+            found = base
         if len(_merged) >= 4:  # a deployment has one table of its own per tokenizer; replaced ones go, with
-            for table in _merged.values():  # their hash tables (tens of MB each)
-                _packed_tables.pop(table.digest, None)
-                _hash_tables.pop(table.digest, None)
+            for (base_digest, _), table in _merged.items():  # their hash tables (tens of MB each)
+                if table.digest != base_digest:
+                    _packed_tables.pop(table.digest, None)
+                    _hash_tables.pop(table.digest, None)
             _merged.clear()
         _merged[(base.digest, extra.digest)] = found
     return found

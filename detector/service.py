@@ -260,15 +260,20 @@ class Detector:
         shipped = common_units.for_spec(spec, self.vocab)
         if shipped is None:
             return None
+        return scoring_table(shipped, self.your_units(fresh))
+
+    def your_units(self, fresh: bool = True):
+        """The deployment's own texts' common-unit table for this detector's tokenizer (``detector.your_units``,
+        verified), or None: what ``common_units_for`` merges into the shipped table."""
         yours = self._your_units
         if yours is None:
             store = self._calibration_store()
             if not isinstance(store, CalibrationStore):  # a keyring stand-in, or a worker shipped no table
-                return shipped
+                return None
             yours = self._your_units = YourUnits(self.keyring, store)
         if isinstance(yours, YourUnits):
-            yours = yours.table(shipped.tokenizer_fingerprint, fresh)
-        return scoring_table(shipped, yours)
+            return yours.table(self.vocab.fingerprint, fresh)
+        return yours
 
     def calibrations_for(self, marks: list[Watermark], fresh: bool = True) -> list[Calibration | None]:
         """Each key's calibration under the spec being tested (``detector.calibration``), or None."""

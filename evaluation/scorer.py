@@ -11,6 +11,10 @@ send each list of texts through ``detector.batch`` (every local core, or Ray Dat
 Sampling specs (gumbel:, synthid:, ...) go through the same detector (their z is the normal quantile
 of the exact p-value); their null keys are fresh random secrets scored with ``detector.scoring_sampling``
 directly (the same tests, normalisation, tokenization and common-unit table).
+
+Every score here (verdicts, prefix curves, null keys) leaves out the units the deployment's detector leaves out:
+the shipped table merged with the table of the deployment's own texts where it has one (``detector.your_units``),
+so tokens to detect and the null are those of the verdicts the deployment gives.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from detector import batch, batch_ray, common_units, scoring_sampling
+from detector import batch, batch_ray, scoring_sampling
 from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
 from detector.scoring import Decision
@@ -72,7 +76,7 @@ class Scorer:
             row = {"z": verdict["z"], "detected": verdict["watermarked"], "p_value": verdict["p_value"]}
             if prefixes:
                 ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-                row["prefix_p"] = prefix_p_values(mark, ids, common=common_units.for_vocabulary(self.vocab))
+                row["prefix_p"] = prefix_p_values(mark, ids, common=self.detector.common_units_for(spec))
                 row["prefix"] = row["prefix_p"] <= verdict["alpha"]
             out.append(row)
         self.last_detected = [r["detected"] for r in out]
@@ -113,7 +117,7 @@ class Scorer:
     def _sampling_verdict(self, mark, text: str, normalize: bool) -> dict:
         """The detector's whole-text test for a sampling watermark: exact p <= alpha = P(Z >= 4)."""
         ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-        score = scoring_sampling.score_text(mark, ids, common=common_units.for_vocabulary(self.vocab))
+        score = scoring_sampling.score_text(mark, ids, common=self.detector.common_units_for(mark.spec))
         alpha = Decision.make().alpha
         return {"z": z_of(score.p_value), "watermarked": score.p_value <= alpha, "p_value": score.p_value,
                 "alpha": alpha}
@@ -127,6 +131,8 @@ class Scorer:
         prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),
                                       keys=keys, spec=spec, vocab=self.vocab, keyring=detector.keyring,
                                       bind_keys=False)
+        if detector is not self.detector:  # a null key's throw-away keyring has no table of the deployment's texts
+            prepared.your_units = self.detector.your_units()
         if self.detect_backend == "ray":
             self._ray_started = batch_ray.connect_ray(self.ray_address) or self._ray_started
             found = batch_ray.run_ray(prepared, workers=self.workers)
@@ -141,7 +147,9 @@ class Scorer:
             self._null_home = Path(tempfile.mkdtemp(prefix="provmark-null-keys-"))
             ring = Keyring(home=self._null_home, master_key=os.urandom(32))
             self._null_ids = [ring.create().key_id for _ in range(self.num_null_keys)]
-            self._null_detector = Detector(vocab=self.vocab, keyring=ring, bind_keys=False)  # one null key, every scheme
+            # one null key, every scheme, scored with the deployment's table (its own texts' units too)
+            self._null_detector = Detector(vocab=self.vocab, keyring=ring, bind_keys=False,
+                                           your_units=self.detector.your_units())
         return self._null_detector
 
     def close(self) -> None:

@@ -290,6 +290,38 @@ def test_your_texts_common_units_are_left_out_of_every_later_verdict(provmark_ho
     assert (again.z_score, again.common_units) == (before[0].z_score, before[0].common_units)
 
 
+def test_the_evaluation_scores_with_the_deployments_table_of_your_texts_units(provmark_home, vocab):
+    """``provmark eval`` measures the deployment's detector. Once the deployment has a table of its own texts' units,
+    the evaluation's prefix curves (tokens to detect) and its null keys' verdicts must leave out the same units its
+    verdicts do: the full-length prefix's p-value is the verdict's, and a null key's verdict names the same table."""
+    from detector.your_units import YourUnits
+    from evaluation.scorer import Scorer
+
+    keyring = Keyring()  # a fixed key: the collection's shared line is drawn for it
+    keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    texts, probes = collection(vocab, mark, 90, probes=4)
+    shipped_only = [Detector(vocab=vocab, keyring=keyring).detect(p, keys=["k1"]) for p in probes]
+    YourUnits(keyring).put(common_units.from_texts(vocab, texts), len(texts))
+    verdicts = [Detector(vocab=vocab, keyring=keyring).detect(p, keys=["k1"]) for p in probes]
+    assert all(v.num_common_positions > s.num_common_positions for v, s in zip(verdicts, shipped_only))
+
+    inline = Scorer(vocab, keyring, null_keys=2, seed=0)
+    local = Scorer(vocab, keyring, null_keys=2, seed=0, detect_backend="local", workers=1)
+    try:
+        rows = inline.score(probes, SPEC, "k1", prefixes=True)
+        assert [r["p_value"] for r in rows] == [v.p_value for v in verdicts]
+        assert [r["prefix_p"][-1] for r in rows] == pytest.approx([v.p_value for v in verdicts], rel=1e-9)
+        for scorer in (inline, local):  # the batch back end ships the null keys' workers the same table
+            nulls = scorer.null_z_scores(probes, SPEC)
+            null_verdicts = [scorer._nulls().detect(p, keys=[key], spec=SPEC) for key in scorer._null_ids for p in probes]
+            assert {v.common_units for v in null_verdicts} == {verdicts[0].common_units}
+            assert [v.z_score for v in null_verdicts] == nulls
+    finally:
+        inline.close()
+        local.close()
+
+
 def test_the_guard_holds_a_verdict_to_the_null_of_your_texts(provmark_home, vocab):
     """Where the user's texts still show a key's null shifted up (what the table of their units did not take
     away), the guard holds a verdict on such a text to that null: ``measured_on: yours``, guarded, a larger

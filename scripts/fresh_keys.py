@@ -1,0 +1,125 @@
+"""Fresh keys judged as issue #15 judges them: through the CLI, on human texts of your choosing.
+
+Per spec, a fresh keyring (a temporary ``PROVMARK_HOME``) gets ``--keys`` keys from ``provmark keys create`` (screened,
+as a user's are), and ``provmark detect --jsonl CORPUS --key ID`` scores every corpus under each key. Reported per
+key and corpus: the mean and sd of z, its standard error, the human texts flagged and the 99 % binomial bound on
+that count at the stated rate; per spec and corpus, the keys whose |mean z| is beyond 0.15.
+
+With ``--your-texts`` each corpus is split by alternating lines: the keys are created with ``--corpus`` on the first
+halves of all corpora together (the deployment's own texts: screened on them, and their common units stored), and
+only the second halves are judged.
+
+    python scripts/fresh_keys.py --corpus paragraphs=P.jsonl --corpus code=C.jsonl [--keys 6] [--your-texts]
+        [--specs "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"] [--out benchmarks/results/fresh_keys.json]
+
+Each corpus is a JSONL file of {"text": ...} lines (other fields are ignored), as ``provmark detect --jsonl`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import binom
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from watermark.stats import Z_THRESHOLD, p_value_normal  # noqa: E402
+
+SPECS = "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
+BAR = 0.15  # |mean z| of one key on one corpus (issue #15)
+CLI = [sys.executable, "-m", "api.cli"]
+
+
+def run(args: list[str], home: Path) -> str:
+    found = subprocess.run(CLI + args, env=dict(os.environ, PROVMARK_HOME=str(home)), capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent.parent)
+    if found.returncode != 0:
+        raise SystemExit(f"provmark {' '.join(args)}: exit {found.returncode}\n{found.stderr[-2000:]}")
+    return found.stdout
+
+
+def read_lines(path: Path) -> list[str]:
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for number, line in enumerate(lines, start=1):
+        if not isinstance(json.loads(line).get("text"), str):
+            raise SystemExit(f"{path}:{number}: no \"text\" string")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", action="append", default=[], metavar="NAME=PATH.jsonl", required=True)
+    parser.add_argument("--keys", type=int, default=6)
+    parser.add_argument("--specs", default=SPECS, help="spec strings separated by semicolons (default: the default spec)")
+    parser.add_argument("--your-texts", action="store_true", help="create the keys with --corpus on half of each corpus")
+    parser.add_argument("--out", default="benchmarks/results/fresh_keys.json")
+    args = parser.parse_args(argv)
+    alpha = p_value_normal(Z_THRESHOLD)
+    with tempfile.TemporaryDirectory(prefix="provmark-fresh-keys-") as scratch:
+        scratch = Path(scratch)
+        corpora, yours = {}, []
+        for item in args.corpus:
+            name, _, path = item.partition("=")
+            if not path or not Path(path).is_file():
+                parser.error(f"--corpus {item}: expected NAME=PATH to a JSONL file")
+            lines = read_lines(Path(path))
+            if args.your_texts:
+                yours += lines[0::2]
+                lines = lines[1::2]
+            corpora[name] = scratch / f"{name}.jsonl"
+            corpora[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+        if args.your_texts:
+            (scratch / "yours.jsonl").write_text("\n".join(yours) + "\n", encoding="utf-8")
+        specs = args.specs.split(";")
+        rows = []
+        progress = tqdm(total=len(specs) * args.keys * (1 + len(corpora)), desc="keys create / detect", unit="run")
+        for spec in specs:
+            home = scratch / f"home-{len(rows)}"
+            keys = []
+            for i in range(args.keys):
+                extra = ([] if spec == "default" else ["--spec", spec]) + (
+                    ["--corpus", str(scratch / "yours.jsonl")] if args.your_texts else [])
+                run(["keys", "create", f"fresh{i}", "--no-progress", "--json", *extra], home)
+                keys.append(f"fresh{i}")
+                progress.update()
+            for name, path in corpora.items():
+                for key in keys:
+                    verdicts = [json.loads(line) for line in run(["detect", "--jsonl", str(path), "--key", key], home)
+                                .splitlines() if line.strip()]
+                    z = np.array([v["z_score"] for v in verdicts if v.get("z_score") is not None], dtype=float)
+                    z = z[np.isfinite(z)]
+                    flagged = sum(v.get("verdict") == "watermarked" for v in verdicts)
+                    rows.append({"spec": spec, "corpus": name, "key": key, "texts": len(verdicts), "scored": int(z.size),
+                                 "mean_z": float(z.mean()), "sd_z": float(z.std()), "se": float(z.std() / math.sqrt(z.size)),
+                                 "flagged": int(flagged), "bound99": int(binom.ppf(0.99, len(verdicts), alpha))})
+                    progress.update()
+        progress.close()
+    for r in rows:
+        print(f"{r['spec']:26s} {r['corpus']:12s} {r['key']:7s} n={r['scored']:5d} mean z {r['mean_z']:+.3f} "
+              f"(se {r['se']:.3f}) sd {r['sd_z']:.3f} flagged {r['flagged']} (99% bound {r['bound99']})")
+    summary = {}
+    for r in rows:
+        cell = summary.setdefault(f"{r['spec']} / {r['corpus']}", {"keys": 0, "beyond_bar": 0, "max_abs_mean_z": 0.0})
+        cell["keys"] += 1
+        cell["beyond_bar"] += abs(r["mean_z"]) > BAR
+        cell["max_abs_mean_z"] = max(cell["max_abs_mean_z"], abs(r["mean_z"]))
+    for name, cell in summary.items():
+        print(f"{name:42s} keys beyond |mean z| {BAR}: {cell['beyond_bar']} of {cell['keys']}, "
+              f"max {cell['max_abs_mean_z']:.3f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"your_texts": args.your_texts, "keys": args.keys, "rows": rows, "summary": summary},
+                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

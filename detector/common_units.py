@@ -237,7 +237,7 @@ def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> 
         groups = (doc.domain,) if doc.collection == doc.domain else (doc.domain, doc.collection)
         for group in groups + (doc.domain + OPENINGS,):
             domain_of[group] = doc.domain
-        grouped.append((enc.ids, groups, doc.domain + OPENINGS))
+        grouped.append((enc.ids, groups, (doc.domain + OPENINGS,)))
     per_group, windows = _window_counts(grouped, window_tokens)
     weights = {group: CODE_FACTOR if domain_of[group] in CODE_DOMAINS else 1.0 for group in per_group
                if group in FIT_DOMAINS or windows[group] >= MIN_COLLECTION_WINDOWS}
@@ -248,17 +248,30 @@ def from_texts(vocab, texts: list[str], window_tokens: int = WINDOW_TOKENS) -> C
     """The table of ONE collection of texts (a deployment's own, ``detector.your_units``): the share of its
     ``window_tokens``-token windows, and of its texts' openings, that contain each identity, counted as
     ``build`` counts a collection of the shipped corpora (at FLOOR or more, in at least MIN_WINDOWS windows)."""
-    encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
-    per_group, windows = _window_counts([(enc.ids, ("texts",), "texts" + OPENINGS) for enc in encoded],
-                                        window_tokens, least=1)  # a short text is a text of the collection
+    return from_collections(vocab, [texts], window_tokens)
+
+
+def from_collections(vocab, collections: list[list[str]], window_tokens: int = WINDOW_TOKENS) -> CommonUnits:
+    """``from_texts`` of all the texts and, where there are several collections (``keys calibrate --corpus docs
+    --corpus src``), of each on its own too, each identity at its largest share: what one collection shares is
+    diluted by the others' windows (a documentation set's markup among a code base's thousands), so each is
+    counted on its own, as ``build`` counts each collection of the shipped corpora."""
+    several = len(collections) > 1
+    items = []
+    for index, texts in enumerate(collections):
+        encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        own = (f"texts/{index}",) if several else ()
+        items += [(enc.ids, ("texts",) + own, ("texts" + OPENINGS,) + tuple(group + OPENINGS for group in own))
+                  for enc in encoded]
+    per_group, windows = _window_counts(items, window_tokens, least=1)  # a short text is a text of the collection
     return _table(per_group, windows, dict.fromkeys(per_group, 1.0), vocab.fingerprint, window_tokens)
 
 
 def _window_counts(items, window_tokens: int, least: int = 20) -> tuple[dict[str, dict[int, list[np.ndarray]]],
                                                                       dict[str, int]]:
-    """``items``: (token ids, groups, openings group) per document. Each document is cut into windows of
+    """``items``: (token ids, groups, openings groups) per document. Each document is cut into windows of
     ``window_tokens`` (the last one takes the tail, up to 1.5 windows long; windows under ``least`` tokens are
-    skipped); every window counts in each of its groups, the first also in the openings group. Returns
+    skipped); every window counts in each of its groups, the first also in the openings groups. Returns
     ({group: {tag: [identities of each window]}}, {group: windows})."""
     per_group: dict[str, dict[int, list[np.ndarray]]] = {}
     windows: dict[str, int] = {}
@@ -270,7 +283,7 @@ def _window_counts(items, window_tokens: int, least: int = 20) -> tuple[dict[str
             if window.shape[0] < least:
                 continue
             found_here = window_identities(window)
-            for group in groups + ((openings,) if start == 0 else ()):  # the share of documents, not of windows
+            for group in groups + (openings if start == 0 else ()):  # the share of documents, not of windows
                 windows[group] = windows.get(group, 0) + 1
                 for tag, found in found_here.items():
                     per_group.setdefault(group, {}).setdefault(tag, []).append(found)

@@ -5,9 +5,9 @@ as a user's are), and ``provmark detect --jsonl CORPUS --key ID`` scores every c
 key and corpus: the mean and sd of z, its standard error, the human texts flagged and the 99 % binomial bound on
 that count at the stated rate; per spec and corpus, the keys whose |mean z| is beyond 0.15.
 
-With ``--your-texts`` each corpus is split by alternating lines: the keys are created with ``--corpus`` on the first
-halves of all corpora together (the deployment's own texts: screened on them, and their common units stored), and
-only the second halves are judged.
+With ``--your-texts`` each corpus is split by alternating lines: the keys are created with one ``--corpus`` per corpus,
+its first half (the deployment's own texts, one path per collection: screened on them, and their common units
+stored), and only the second halves are judged.
 
     python scripts/fresh_keys.py --corpus paragraphs=P.jsonl --corpus code=C.jsonl [--keys 6] [--your-texts]
         [--specs "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"] [--out benchmarks/results/fresh_keys.json]
@@ -31,7 +31,7 @@ from scipy.stats import binom
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from watermark.stats import Z_THRESHOLD, p_value_normal  # noqa: E402
+from watermark.stats import Z_THRESHOLD, p_value_normal
 
 SPECS = "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
 BAR = 0.15  # |mean z| of one key on one corpus (issue #15)
@@ -39,8 +39,8 @@ CLI = [sys.executable, "-m", "api.cli"]
 
 
 def run(args: list[str], home: Path) -> str:
-    found = subprocess.run(CLI + args, env=dict(os.environ, PROVMARK_HOME=str(home)), capture_output=True, text=True,
-                           cwd=Path(__file__).resolve().parent.parent)
+    found = subprocess.run(CLI + args, check=False, env=dict(os.environ, PROVMARK_HOME=str(home)), capture_output=True,
+                           text=True, cwd=Path(__file__).resolve().parent.parent)
     if found.returncode != 0:
         raise SystemExit(f"provmark {' '.join(args)}: exit {found.returncode}\n{found.stderr[-2000:]}")
     return found.stdout
@@ -65,19 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     alpha = p_value_normal(Z_THRESHOLD)
     with tempfile.TemporaryDirectory(prefix="provmark-fresh-keys-") as scratch:
         scratch = Path(scratch)
-        corpora, yours = {}, []
+        corpora, yours = {}, []  # yours: one --corpus path per corpus
         for item in args.corpus:
             name, _, path = item.partition("=")
             if not path or not Path(path).is_file():
                 parser.error(f"--corpus {item}: expected NAME=PATH to a JSONL file")
             lines = read_lines(Path(path))
             if args.your_texts:
-                yours += lines[0::2]
+                yours.append(scratch / f"yours-{name}.jsonl")
+                yours[-1].write_text("\n".join(lines[0::2]) + "\n", encoding="utf-8")
                 lines = lines[1::2]
             corpora[name] = scratch / f"{name}.jsonl"
             corpora[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
-        if args.your_texts:
-            (scratch / "yours.jsonl").write_text("\n".join(yours) + "\n", encoding="utf-8")
         specs = args.specs.split(";")
         rows = []
         progress = tqdm(total=len(specs) * args.keys * (1 + len(corpora)), desc="keys create / detect", unit="run")
@@ -85,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             home = scratch / f"home-{len(rows)}"
             keys = []
             for i in range(args.keys):
-                extra = ([] if spec == "default" else ["--spec", spec]) + (
-                    ["--corpus", str(scratch / "yours.jsonl")] if args.your_texts else [])
+                extra = ([] if spec == "default" else ["--spec", spec]) + [
+                    item for path in yours for item in ("--corpus", str(path))]
                 run(["keys", "create", f"fresh{i}", "--no-progress", "--json", *extra], home)
                 keys.append(f"fresh{i}")
                 progress.update()

@@ -290,6 +290,48 @@ def test_your_texts_common_units_are_left_out_of_every_later_verdict(provmark_ho
     assert (again.z_score, again.common_units) == (before[0].z_score, before[0].common_units)
 
 
+def test_each_corpus_path_counts_as_a_collection_of_its_own(provmark_home, vocab, tmp_path):
+    """A deployment that judges a documentation set and a code base gives both (``--corpus docs --corpus src``).
+    Counted as one collection, what a third of the documents share past their first window is diluted by the code
+    base's thousands of windows and stays in every verdict; each path is also counted on its own, as the shipped
+    table counts each collection of its corpora."""
+    import importlib.metadata
+    import os
+    from pathlib import Path
+
+    from api.cli.keys import read_collections
+
+    keyring = Keyring()  # a fixed key: the shared line is drawn for it
+    keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    line = " ".join(collection(vocab, mark, 1)[0][0].split()[-12:])
+    path = importlib.metadata.distribution("gensim").locate_file("gensim/test/test_data/lee_background.cor")
+    with open(path, encoding="utf-8") as fh:  # a line is an article: its first 70 words are a paragraph
+        paragraphs = [" ".join(p.split()[:70]) for p in fh if len(p.split()) >= 70]
+    documents = ["\n\n".join(paragraphs[5 * i:5 * i + 3] + ([line] if i % 3 == 0 else []) + paragraphs[5 * i + 3:5 * i + 5])
+                 for i in range(35)]  # the line, where a third of them have it, is past the first window
+    docs, src = tmp_path / "docs", tmp_path / "src.jsonl"
+    docs.mkdir()
+    for i, text in enumerate(documents[:30]):
+        (docs / f"{i:02d}.txt").write_text(text, encoding="utf-8")
+    sources = sorted(p for p in Path(os.__file__).parent.glob("*.py") if p.stat().st_size > 20000)[:120]
+    src.write_text("\n".join(json.dumps({"text": p.read_text(encoding="utf-8")[:20000]}) for p in sources) + "\n",
+                   encoding="utf-8")
+    collections = read_collections([str(docs), str(src)])
+    assert [len(found) for found in collections] == [30, len(sources)]
+    assert common_units.from_collections(vocab, collections[:1]).digest == common_units.from_texts(vocab, documents[:30]).digest
+    pooled = common_units.from_texts(vocab, [text for found in collections for text in found])
+    apart = common_units.from_collections(vocab, collections)
+    probes = [d for i, d in enumerate(documents[30:], start=30) if i % 3 == 0]
+
+    def left_out(table) -> list[int]:
+        detector = Detector(vocab=vocab, keyring=keyring, your_units=table)
+        return [detector.detect(p, keys=["k1"]).num_common_positions for p in probes]
+
+    diluted, counted = left_out(pooled), left_out(apart)
+    assert all(c >= d + 8 for c, d in zip(counted, diluted)), (counted, diluted)  # the line's 12 rare words
+
+
 def test_the_evaluation_scores_with_the_deployments_table_of_your_texts_units(provmark_home, vocab):
     """``provmark eval`` measures the deployment's detector. Once the deployment has a table of its own texts' units,
     the evaluation's prefix curves (tokens to detect) and its null keys' verdicts must leave out the same units its

@@ -62,7 +62,8 @@ def register(subparsers) -> None:
                            help="also measure the key on human text of yours, the kind you detect (repeatable): a "
                                 "directory (each UTF-8 file in it one text), a .jsonl file ({\"text\": ...} per line) "
                                 "or a text file. Units common in these texts are left out of every later verdict "
-                                "(the deployment's own common-unit table, replacing any earlier one), and per length "
+                                "(the deployment's own common-unit table, replacing any earlier one; each PATH also "
+                                "counts as a collection of its own), and per length "
                                 "the more careful of their null and the shipped corpora's guards verdicts")
     calibrate.add_argument("--forget-corpus", action="store_true",
                            help="remove the deployment's own common-unit table (verdicts go back to the shipped one)")
@@ -134,9 +135,10 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
             raise CLIError("--corpus screens and calibrates the new key: it cannot go with --no-calibrate")
         return make(None), None
     spec = _spec_to_bind(args)
-    texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before a key is drawn
+    collections = read_collections(args.corpus) if args.corpus else None  # bad paths fail before a key is drawn
+    texts = None if collections is None else [text for found in collections for text in found]
     vocab, measuring = _material()
-    yours, keep_yours = _your_units(keyring, vocab, texts, args)
+    yours, keep_yours = _your_units(keyring, vocab, collections, args)
     common = _scoring_table(spec, vocab, yours)
     two_part = getattr(args, "public_half", False)
     your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
@@ -160,11 +162,12 @@ def _screened(keyring: Keyring, args, make) -> tuple[KeyInfo, dict | None]:
     return info, summary
 
 
-def _your_units(keyring: Keyring, vocab, texts: list[str] | None, args):
+def _your_units(keyring: Keyring, vocab, collections: list[list[str]] | None, args):
     """(the deployment's own common-unit table (``detector.your_units``) that keys are measured under, as the
     detector will score with it; ``keep()``, which stores the change once the measuring is done): built from
-    ``texts`` (``--corpus``), replacing the stored one; none with ``--forget-corpus``; else the stored one."""
-    from detector.common_units import from_texts
+    ``collections`` (the texts of each ``--corpus`` path, each path also counted on its own), replacing the stored
+    one; none with ``--forget-corpus``; else the stored one."""
+    from detector.common_units import from_collections
     from detector.your_units import YourUnits
 
     store = YourUnits(keyring)
@@ -175,12 +178,12 @@ def _your_units(keyring: Keyring, vocab, texts: list[str] | None, args):
                 print("your texts' common units: " + ("removed; verdicts use the shipped table alone" if removed
                                                        else "there were none"))
         return None, forget
-    if texts is None:
+    if collections is None:
         return store.table(vocab.fingerprint), lambda: None
-    table = from_texts(vocab, texts)
+    table = from_collections(vocab, collections)
 
     def keep() -> None:
-        record = store.put(table, len(texts))
+        record = store.put(table, sum(len(found) for found in collections))
         if not args.json:
             print(f"your texts' common units: {record['entries']} units from {record['texts']} texts (table "
                   f"{record['digest']}); every later verdict leaves them out, as it does the shipped table's")
@@ -271,7 +274,8 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
         raise CLIError(f"{keyless[0]}: hf specs have no secret key to calibrate (their green lists are public)")
     if args.corpus and args.forget_corpus:
         raise CLIError("--forget-corpus removes your texts' common units; --corpus replaces them: choose one")
-    texts = read_corpus(args.corpus) if args.corpus else None  # bad paths fail before anything is measured
+    collections = read_collections(args.corpus) if args.corpus else None  # bad paths fail before anything is measured
+    texts = None if collections is None else [text for found in collections for text in found]
     vocab, measuring = _material()
     from watermark.scheme import make_watermark  # local, as _material
     store = calibration.CalibrationStore(keyring)
@@ -281,7 +285,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
     your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
-    yours, keep_yours = _your_units(keyring, vocab, texts, args)
+    yours, keep_yours = _your_units(keyring, vocab, collections, args)
     measured = []  # stored once every key is measured: a failure leaves the table and calibrations as they were
     for key_id in key_ids:
         info = infos[key_id]
@@ -333,14 +337,21 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
 
 
 def read_corpus(paths: list[str]) -> list[str]:
-    """The texts of ``--corpus`` paths: a directory gives each regular file under it that is UTF-8 text (hidden
-    files and folders, and files that are not text, are skipped), a ``.jsonl`` file the ``text`` of each line,
-    any other file its whole text. CLIError for a missing path, a bad JSONL line, a file that is not UTF-8 text,
-    or no text at all."""
+    """The texts of ``--corpus`` paths (``read_collections``), as one list."""
+    return [text for found in read_collections(paths) for text in found]
+
+
+def read_collections(paths: list[str]) -> list[list[str]]:
+    """The texts of each ``--corpus`` path (one collection per path; paths without text are dropped): a directory
+    gives each regular file under it that is UTF-8 text (hidden files and folders, and files that are not text,
+    are skipped), a ``.jsonl`` file the ``text`` of each line, any other file its whole text. CLIError for a
+    missing path, a bad JSONL line, a file that is not UTF-8 text, or no text at all."""
     from pathlib import Path
 
-    texts: list[str] = []
+    collections: list[list[str]] = []
     for given in paths:
+        texts: list[str] = []
+        collections.append(texts)
         path = Path(given)
         if path.is_dir():
             for found in sorted(path.rglob("*")):
@@ -359,10 +370,10 @@ def read_corpus(paths: list[str]) -> list[str]:
                 texts.append(text)
         else:
             raise CLIError(f"--corpus {given}: no such file or directory")
-    texts = [t for t in texts if t.strip()]
-    if not texts:
+    collections = [found for found in ([t for t in texts if t.strip()] for texts in collections) if found]
+    if not collections:
         raise CLIError(f"--corpus {' '.join(paths)}: no text found")
-    return texts
+    return collections
 
 
 def _text_of(path) -> str | None:

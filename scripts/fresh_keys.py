@@ -49,7 +49,11 @@ def run(args: list[str], home: Path) -> str:
 def read_lines(path: Path) -> list[str]:
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     for number, line in enumerate(lines, start=1):
-        if not isinstance(json.loads(line).get("text"), str):
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise SystemExit(f"{path}:{number}: not JSON ({exc})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise SystemExit(f"{path}:{number}: no \"text\" string")
     return lines
 

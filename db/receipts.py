@@ -16,29 +16,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-import hashlib
-import json
-import os
 import re
-import secrets
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature, InvalidTag
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import select
 
 from db.audit import append_event, canonical_json
 from db.audit_rows import row_digest
 from db.rows import ReceiptRow, iso_utc, new_id, utc_now
 from db.store import Store
+from provenance.sealed_key import SealedKeyError, SealedKeyFile, raw_public, signer_id
 from watermark.key_info import validate_key_id
-from watermark.keyring_seal import NONCE_BYTES
-from watermark.keys import Keyring
-from watermark.paths import PRIVATE_MODE
 from watermark.paths import provmark_home
 
 SIGNING_KEY_FILE = "receipt-signing.key"
@@ -47,7 +38,6 @@ ALGORITHM = "Ed25519"
 SIGNED_FIELDS = (
     "text_sha256", "token_count", "model_id", "spec_fingerprint", "key_id", "created_at", "receipt_id",
 )
-SIGNER_ID_HEX = 16  # 64 bits of SHA-256(raw public key): names a signer, like a key fingerprint
 _HKDF_PURPOSE = b"provmark/receipts/signing-key-aes-gcm"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TIME_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
@@ -66,12 +56,10 @@ class ReceiptSigner:
         home = Path(home).expanduser() if home is not None else provmark_home()
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = home / SIGNING_KEY_FILE
-        subkey = (HKDF(hashes.SHA256(), 32, None, _HKDF_PURPOSE).derive(master_key) if master_key
-                  else Keyring(home).derive_key(_HKDF_PURPOSE))
-        aead = AESGCM(subkey)
-        if not self.path.exists():
-            _create_key_file(self.path, aead)
-        self._private_key = _load_key_file(self.path, aead)
+        try:
+            self._private_key = SealedKeyFile(self.path, KEY_FORMAT, _HKDF_PURPOSE, master_key).load_or_create()
+        except SealedKeyError as error:
+            raise ReceiptError(str(error)) from error
         self.public_key = self._private_key.public_key()
         self.signer_id = signer_id(self.public_key)
 
@@ -83,15 +71,11 @@ class ReceiptSigner:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
     def public_key_b64(self) -> str:
-        return base64.b64encode(_raw_public(self.public_key)).decode()
+        return base64.b64encode(raw_public(self.public_key)).decode()
 
     def sign(self, payload: dict) -> str:
         """Base64 Ed25519 signature over the canonical JSON of ``payload``."""
         return base64.b64encode(self._private_key.sign(canonical_json(payload))).decode()
-
-
-def signer_id(public_key: Ed25519PublicKey) -> str:
-    return hashlib.sha256(_raw_public(public_key)).hexdigest()[:SIGNER_ID_HEX]
 
 
 def sign_receipt(signer: ReceiptSigner, *, text_sha256: str, token_count: int, model_id: str,
@@ -196,59 +180,3 @@ def _validate(payload: dict) -> None:
 def _to_receipt(row: ReceiptRow) -> dict:
     return {**{name: getattr(row, name) for name in SIGNED_FIELDS}, "signature": row.signature,
             "signer_id": row.signer_id, "algorithm": ALGORITHM}
-
-
-def _raw_public(public_key: Ed25519PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def _associated_data(signer: str, public_b64: str) -> bytes:
-    return canonical_json({"format": KEY_FORMAT, "signer_id": signer, "public_key": public_b64})
-
-
-def _create_key_file(path: Path, aead: AESGCM) -> None:
-    """A new sealed key, linked into place so a concurrent creator's key wins cleanly (never overwritten)."""
-    private_key = Ed25519PrivateKey.generate()
-    public_b64 = base64.b64encode(_raw_public(private_key.public_key())).decode()
-    signer = signer_id(private_key.public_key())
-    raw_private = private_key.private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    nonce = secrets.token_bytes(NONCE_BYTES)
-    document = {"format": KEY_FORMAT, "signer_id": signer, "public_key": public_b64,
-                "nonce": base64.b64encode(nonce).decode(),
-                "ciphertext": base64.b64encode(
-                    aead.encrypt(nonce, raw_private, _associated_data(signer, public_b64))).decode()}
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), PRIVATE_MODE)
-            f.write(json.dumps(document, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _load_key_file(path: Path, aead: AESGCM) -> Ed25519PrivateKey:
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise ReceiptError(f"{path} is readable by other users (mode {mode:04o}): run `chmod 600 {path}`")
-    try:
-        document = json.loads(path.read_text())
-        if document.get("format") != KEY_FORMAT:
-            raise ReceiptError(f"{path} is not a provmark receipt signing key")
-        nonce, sealed = base64.b64decode(document["nonce"]), base64.b64decode(document["ciphertext"])
-        associated = _associated_data(document["signer_id"], document["public_key"])
-        raw_private = aead.decrypt(nonce, sealed, associated)
-    except InvalidTag as error:
-        raise ReceiptError(f"{path} cannot be opened: wrong master key or the file was edited") from error
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as error:
-        raise ReceiptError(f"{path} is damaged") from error
-    private_key = Ed25519PrivateKey.from_private_bytes(raw_private)
-    if signer_id(private_key.public_key()) != document["signer_id"]:
-        raise ReceiptError(f"{path} is damaged: its key does not match its signer id")
-    return private_key
-

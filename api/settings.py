@@ -20,6 +20,10 @@ fields it uses and ignores the rest.
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
     max_num_seqs     PROVMARK_MAX_NUM_SEQS      16 sequences per engine step                           generation
     max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503                      generation
+    issuer           PROVMARK_ISSUER            http://127.0.0.1:8000: the ``iss`` of receipts, where  generation
+                                                its JWKS is (/.well-known/jwks.json)
+    detector_url     PROVMARK_DETECTOR_URL      http://127.0.0.1:8001: the detection tool that        generation
+                                                receipts and C2PA manifests point to
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from db.budget import DEFAULT_DAILY_TOKENS
+from db.receipts import DEFAULT_ISSUER
 from db.output_memory import GRAMS_KEPT
 from watermark.paths import provmark_home
 
@@ -38,6 +43,7 @@ ENV_PREFIX = "PROVMARK_"
 DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
+DEFAULT_DETECTOR_URL = "http://127.0.0.1:8001"  # the detector of `make serve`
 
 
 @dataclass(slots=True)
@@ -57,6 +63,8 @@ class Settings:
     dtype: str | None = None
     max_num_seqs: int = 16
     max_pending: int = DEFAULT_MAX_PENDING
+    issuer: str = DEFAULT_ISSUER
+    detector_url: str = DEFAULT_DETECTOR_URL
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -70,6 +78,8 @@ class Settings:
         self.remembered_outputs = _as_int("remembered_outputs", self.remembered_outputs, minimum=0)
         self.max_num_seqs = _as_int("max_num_seqs", self.max_num_seqs, minimum=1)
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
+        self.issuer = _as_url("issuer", self.issuer)
+        self.detector_url = _as_url("detector_url", self.detector_url)
 
     @classmethod
     def load(cls, config: dict[str, Any] | None = None) -> Settings:
@@ -107,3 +117,10 @@ def _as_float(name: str, value, minimum: float) -> float:
     if isinstance(value, bool) or not number >= minimum or math.isinf(number):
         raise ValueError(f"{_variable(name)}: expected a finite number >= {minimum}, got {value!r}")
     return number
+
+
+def _as_url(name: str, value) -> str:
+    text = str(value).strip().rstrip("/")
+    if not text.startswith(("http://", "https://")) or len(text) > 200 or any(c.isspace() for c in text):
+        raise ValueError(f"{_variable(name)}: expected an http(s) URL of at most 200 characters, got {value!r}")
+    return text

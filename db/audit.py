@@ -35,7 +35,7 @@ from db.rows import AuditEventRow, AuditHeadRow, iso_utc, new_id, utc_now
 GENESIS_HASH = hashlib.sha256(b"provmark/audit/genesis").hexdigest()
 HEAD_ROW_ID = 1
 VERIFY_BATCH = 1000  # rows read per query while verifying: bounded memory for long chains
-KIND_RULE = r"generation|detection|(key|token)\.[a-z][a-z_]{0,30}"
+KIND_RULE = r"generation|detection|manifest|(key|token)\.[a-z][a-z_]{0,30}"
 _KIND_RE = re.compile(KIND_RULE)
 # Detail keys that would smuggle secrets or texts into a log meant to be shown to auditors.
 FORBIDDEN_DETAIL_KEYS = frozenset({"text", "secret", "plaintext", "token", "password", "master_key"})

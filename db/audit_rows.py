@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.audit_report import AuditProblem
-from db.rows import AuditEventRow, ReceiptRow, VerdictRow, iso_utc, shown_of, text_sha256
+from db.rows import AuditEventRow, ManifestRow, ReceiptRow, VerdictRow, iso_utc, shown_of, text_sha256
 
 ROW_EDITED, ROW_DELETED, ROW_UNLOGGED = "row_edited", "row_deleted", "row_unlogged"
 BATCH = 1000
@@ -42,13 +42,18 @@ VERDICT_COLUMNS = ("id", "created_at", "text_sha256", "verdict", "z", "p_value",
                    "windows", "receipt_id", "caller_token_id", "caller_name")
 RECEIPT_COLUMNS = ("receipt_id", "created_at", "text_sha256", "token_count", "model_id", "spec_fingerprint",
                    "key_id", "signer_id", "signature", "stored_at")
+MANIFEST_COLUMNS = ("manifest_id", "receipt_id", "text_sha256", "embedded", "soft_binding", "store_sha256",
+                    "created_at")
+COLUMNS = {VerdictRow: VERDICT_COLUMNS, ReceiptRow: RECEIPT_COLUMNS, ManifestRow: MANIFEST_COLUMNS}
 # what events written before row_sha256 carried, and so can still be compared
 LEGACY_FIELDS = {"detection": {"verdict": "verdict", "z": "z", "key_id": "key_id",
                                "spec_fingerprint": "spec_fingerprint"},
                  "generation": {"model_id": "model_id", "key_id": "key_id", "token_count": "token_count",
-                                "spec_fingerprint": "spec_fingerprint"}}
+                                "spec_fingerprint": "spec_fingerprint"},
+                 "manifest": {}}
 TABLES = {"detection": (VerdictRow, VerdictRow.id, VERDICT_COLUMNS, "verdict"),
-          "generation": (ReceiptRow, ReceiptRow.receipt_id, RECEIPT_COLUMNS, "receipt")}
+          "generation": (ReceiptRow, ReceiptRow.receipt_id, RECEIPT_COLUMNS, "receipt"),
+          "manifest": (ManifestRow, ManifestRow.manifest_id, MANIFEST_COLUMNS, "manifest")}
 
 
 def _plain(value):
@@ -67,9 +72,11 @@ def _plain(value):
 
 
 def row_digest(row) -> str:
-    """SHA-256 (hex) of a verdict or receipt row's canonical JSON."""
-    columns = VERDICT_COLUMNS if isinstance(row, VerdictRow) else RECEIPT_COLUMNS
+    """SHA-256 (hex) of a verdict, receipt or manifest row's canonical JSON."""
+    columns = COLUMNS[type(row)]
     document = {name: _plain(getattr(row, name)) for name in columns}
+    if isinstance(row, ReceiptRow) and row.jws is not None:  # receipts since revision 0008; older digests as they were
+        document["jws"] = row.jws
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -130,6 +137,8 @@ def _compare(kind: str, noun: str, event: AuditEventRow, row, details: dict) -> 
         for field, column in LEGACY_FIELDS[kind].items():
             if field in details and _plain(details[field]) != _plain(getattr(row, column)):
                 return ROW_EDITED, f"{where} was edited: its {column} differs from its event"
+    if kind == "manifest" and hashlib.sha256(row.manifest_store).hexdigest() != row.store_sha256:
+        return ROW_EDITED, f"{where} was edited: its manifest store does not match its store_sha256"
     if kind == "detection" and row.text is not None and text_sha256(row.text) != row.text_sha256:
         return ROW_EDITED, f"{where} was edited: its retained text does not match its text_sha256"
     if kind == "detection" and (row.shown_verdict, row.shown_z) != shown_of(row.verdict, row.options):

@@ -7,7 +7,7 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -143,6 +143,7 @@ class ReceiptRow(Base):
     signer_id: Mapped[str] = mapped_column(String(32))
     signature: Mapped[str] = mapped_column(String(100))
     stored_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    jws: Mapped[str | None] = mapped_column(Text, nullable=True)  # the compact JWS (receipts since revision 0008)
 
 
 class AuditEventRow(Base):
@@ -240,3 +241,19 @@ class KeyOutputRow(Base):
     # the output's sampled keyed 5-gram hashes, sorted, as little-endian int64 bytes (detector.output_match: does
     # a text repeat this output's wording?); None for rows written before 0005 and outputs too short to have any
     grams: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class ManifestRow(Base):
+    """The C2PA manifest store of one generated text (``db.manifests``): what ``GET /v1/manifests/<id>``
+    and the soft-binding resolution API return, found by manifest id, receipt, text hash or soft binding."""
+
+    __tablename__ = "c2pa_manifests"
+
+    manifest_id: Mapped[str] = mapped_column(String(100), primary_key=True)  # the active manifest's label
+    receipt_id: Mapped[str] = mapped_column(String(36), index=True)
+    text_sha256: Mapped[str] = mapped_column(String(64), index=True)  # of the visible text, wrapper removed
+    embedded: Mapped[bool] = mapped_column(Boolean)  # delivered inside the text (C2PA 2.4 Annex A.8)
+    soft_binding: Mapped[str | None] = mapped_column(String(200), index=True, nullable=True)  # "alg value"
+    store_sha256: Mapped[str] = mapped_column(String(64))
+    manifest_store: Mapped[bytes] = mapped_column(LargeBinary)  # application/c2pa (JUMBF)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -45,7 +45,7 @@ def test_receipt_verifies_offline_with_the_public_key_in_any_form(signer, provma
     assert pem.startswith("-----BEGIN PUBLIC KEY-----")
     for public_key in (pem, pem.encode(), raw_b64, base64.b64decode(raw_b64), signer.public_key):
         assert verify_receipt(receipt, public_key)
-    assert set(SIGNED_FIELDS) | {"signature", "signer_id", "algorithm"} == set(receipt)
+    assert set(SIGNED_FIELDS) | {"signature", "signer_id", "algorithm", "jws"} == set(receipt)
 
 
 @pytest.mark.parametrize("name", SIGNED_FIELDS)
@@ -71,7 +71,7 @@ def test_changed_signature_type_or_signer_fails(signer, tmp_path):
 def test_signing_key_file_is_sealed_private_and_stable(signer, provmark_home):
     path = provmark_home / SIGNING_KEY_FILE
     content = path.read_bytes()
-    raw_private = signer._private_key.private_bytes(
+    raw_private = signer.key.private_key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
     assert raw_private not in content
     for encoder in (base64.b64encode, base64.urlsafe_b64encode, base64.b16encode):

@@ -11,6 +11,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/audit            scope ``audit``; the hash-chained audit events, paged
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
     GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
+    GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
@@ -56,7 +57,8 @@ API_VERSION = "1.0.0"
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 # need no database (a published key half comes from the keyring)
-PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key"})
+PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
+                            "keys.jwks"})
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class DetectorServices:
     detect_lock: threading.Lock = field(default_factory=threading.Lock)
     bootstrapped: bool = False
     usage: Any = None  # db.budget.UsageLedger of this process
+    receipt_signer: Any = None  # db.receipts.ReceiptSigner, loaded on first use (api/detector/routes_keys.py)
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:

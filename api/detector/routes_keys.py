@@ -1,4 +1,5 @@
-"""GET /v1/keys/<key_id>/public: the published half of a two-part key (``watermark.public_key``); no token.
+"""Public keys, no token: GET /v1/keys/<key_id>/public, the published half of a two-part key
+(``watermark.public_key``), and GET /.well-known/jwks.json, the keys that verify generation receipts.
 
 A two-part key's detection half exists to be published: anyone may fetch it and verify text offline
 (``provmark detect --public-key FILE``). A one-part key has nothing public, and answers as an unknown id does.
@@ -11,6 +12,8 @@ from flask import Blueprint, jsonify
 
 from api.detector.schemas import PublicKeyDocument
 from api.http import ApiError, ErrorResponse
+from api.provenance_keys import add_jwks_route
+from db.receipts import ReceiptSigner
 from detector.two_part import published_document
 from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
 
@@ -36,4 +39,12 @@ def blueprint(api, services) -> Blueprint:
             raise ApiError(404, "key_not_found", NOT_PUBLISHED) from None
         return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())
 
+    add_jwks_route(api, bp, lambda: _receipt_signer(services), before=services.auth.limit_anonymous)
     return bp
+
+
+def _receipt_signer(services) -> ReceiptSigner:
+    """The receipt keys of the home this service shares with the generation service (loaded once)."""
+    if services.receipt_signer is None:
+        services.receipt_signer = ReceiptSigner(services.settings.home)
+    return services.receipt_signer

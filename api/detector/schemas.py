@@ -80,6 +80,7 @@ class Provenance(BaseModel):
     signature: str
     signer_id: str
     algorithm: str
+    jws: str | None = Field(default=None, description="the receipt as a compact JWS (receipts since the JWS form)")
 
 
 class DetectResponse(BaseModel):

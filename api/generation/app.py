@@ -1,14 +1,16 @@
 """The generation service: ``create_app(config=None) -> Flask``.
 
 Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
-GET /v1/models (OpenAI-compatible), GET /v1/receipts/public-key (no auth), GET /healthz (no auth),
+GET /v1/models (OpenAI-compatible), GET /.well-known/jwks.json (no auth: the keys that verify receipts),
+GET /v1/receipts/public-key (no auth; the legacy form of the current key), GET /healthz (no auth),
 GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py). The model loads
 once at start; one engine runs in a background thread (``api.generation.engine_worker``) and concurrent
 requests share its continuous batches.
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share; ``config`` keys
 override them, same names in lower case); generation reads ``home``, ``database_url``, ``model``,
-``device``, ``dtype``, ``max_num_seqs``, ``max_pending``, ``rate_limit``, ``rate_burst`` and ``max_text_chars``.
+``device``, ``dtype``, ``max_num_seqs``, ``max_pending``, ``rate_limit``, ``rate_burst``, ``max_text_chars``,
+``issuer`` and ``detector_url``.
 
 ``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model).
 On first start an admin token is created, written to ``home/admin.token`` (0600) and printed once;
@@ -33,7 +35,8 @@ from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_err
 from api.metrics import EngineCollector, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-from db.receipts import ReceiptSigner
+from api.provenance_keys import add_jwks_route
+from db.receipts import ReceiptLinks, ReceiptSigner
 from db.store import Store
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
@@ -97,7 +100,8 @@ def create_app(config: dict | None = None) -> Flask:
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
     service = GenerationService(worker, store, keyring, signer, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars)
+                                max_prompt_chars=settings.max_text_chars,
+                                links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
@@ -152,6 +156,8 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
         signer = service.signer
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
+
+    add_jwks_route(api, bp, lambda: service.signer)
 
     @bp.get("/openapi.json")
     def openapi():

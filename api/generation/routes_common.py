@@ -16,12 +16,12 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
 from api.http import ApiError
-from db.receipts import ReceiptSigner, issue_receipt
+from db.receipts import ReceiptLinks, ReceiptSigner, issue_receipt
 from db.rows import new_id, text_sha256
 from db.store import Store
 from generation.sample.params import SamplingParams
@@ -73,11 +73,12 @@ class GenerationService:
     """The engine worker plus what a route needs around it; one per app."""
 
     def __init__(self, worker: EngineWorker, store: Store, keyring, signer: ReceiptSigner, *,
-                 model_id: str, max_prompt_chars: int) -> None:
+                 model_id: str, max_prompt_chars: int, links: ReceiptLinks | None = None) -> None:
         self.worker = worker
         self.store = store
         self.keyring = keyring
         self.signer = signer
+        self.links = links or ReceiptLinks()  # issuer and detector address every receipt names
         self.model_id = model_id
         self.model_names = frozenset({model_id, "default"})  # what the OpenAI `model` field may say
         self.started_at = int(time.time())  # OpenAI's model `created`
@@ -186,7 +187,7 @@ class GenerationService:
             text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,
             spec_fingerprint=mark.fingerprint if mark is not None else UNWATERMARKED_FINGERPRINT,
             key_id=(mark.key_id if mark is not None else None) or NO_KEY_ID,
-            receipt_id=started.receipt_id)
+            receipt_id=started.receipt_id, links=replace(self.links, spec=mark.spec if mark is not None else None))
 
     # ------------------------------------------------------------------ output pieces
     @staticmethod

@@ -112,7 +112,11 @@ class WatermarkInfo(BaseModel):
 
 
 class Receipt(BaseModel):
-    """A signed generation receipt; verify it offline with GET /v1/receipts/public-key."""
+    """A signed generation receipt. ``jws`` is the receipt itself: a compact JWS (alg Ed25519) whose claims
+    are these fields plus ``iss``, ``iat``, ``jti`` and the C2PA manifest id; verify it with any JOSE library
+    against GET /.well-known/jwks.json (``provmark receipts verify``). ``signature`` is the legacy form
+    (Ed25519 over the canonical JSON of the fields, key at GET /v1/receipts/public-key), kept for one
+    release."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -126,6 +130,7 @@ class Receipt(BaseModel):
     signature: str
     signer_id: str
     algorithm: str
+    jws: str
 
 
 class Provenance(BaseModel):

@@ -1,0 +1,161 @@
+"""``provmark receipts``: check a generation receipt offline, and manage the key that signs them.
+
+  provmark receipts verify RECEIPT --jwks FILE|URL [--text FILE] [--json]
+        RECEIPT: a file (or - for standard input) holding a compact JWS receipt, a receipt object, or a
+        whole response of the generation service. Exit 0: it verifies (and the text matches, with
+        --text); 1: it does not; 2: bad input. Receipts from before the JWS (a ``signature`` over
+        canonical JSON) are checked with the JWKS key their ``signer_id`` names.
+  provmark receipts jwks                       this home's JWKS (current and retired receipt keys)
+  provmark receipts rotate-key [--json]        a new signing key; the old one stays in the JWKS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from api.cli.actions import add_action, usage
+from api.cli.errors import CLIError
+from api.provenance_keys import jwks_document
+from db.receipts import ReceiptError, ReceiptSigner, legacy_key_in, verify_receipt, verify_receipt_jws
+from db.rows import text_sha256
+from db.store import Store, StoreError
+from provenance.text_credentials import visible_text
+
+CLI_ACTOR = "cli"
+FETCH_TIMEOUT_S = 10.0
+MAX_DOCUMENT_BYTES = 1 << 20  # a JWKS or a receipt is a few KB
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("receipts", help="verify generation receipts and manage their signing key",
+                                   description=__doc__.split("\n\n")[0].split(": ", 1)[1].capitalize())
+    parser.set_defaults(func=lambda args: usage(parser))
+    actions = parser.add_subparsers(dest="receipts_action", metavar="ACTION")
+    check = add_action(actions, "verify", "verify a receipt offline against a JWKS", _verify)
+    check.add_argument("receipt", metavar="RECEIPT", help="file with the receipt (JWS, receipt JSON or a response), "
+                                                          "or - for standard input")
+    check.add_argument("--jwks", required=True, metavar="FILE|URL",
+                       help="the issuer's JWKS: a file, or its URL (e.g. http://host:8000/.well-known/jwks.json)")
+    check.add_argument("--text", metavar="FILE", help="also check that this file holds the receipt's text")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    add_action(actions, "jwks", "print this home's JWKS (current and retired receipt keys)", _jwks)
+    rotate = add_action(actions, "rotate-key", "start signing receipts with a new key (the old one stays in "
+                                               "the JWKS)", _rotate)
+    rotate.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _verify(args) -> int:
+    receipt = _receipt_of(_read_document(args.receipt))
+    jwks = _json_of(_read_document(args.jwks), "the JWKS")
+    problems: list[str] = []
+    try:
+        if isinstance(receipt, str):
+            claims, form = verify_receipt_jws(receipt, jwks), "jws"
+        else:
+            claims, form = receipt, "legacy"
+            if not verify_receipt(receipt, legacy_key_in(jwks, str(receipt.get("signer_id")))):
+                problems.append("the legacy signature does not verify with the key its signer_id names")
+    except ReceiptError as error:
+        claims, form = {}, "jws" if isinstance(receipt, str) else "legacy"
+        problems.append(str(error))
+    if args.text is not None and not problems:
+        text = visible_text(_read_text(args.text))
+        if text_sha256(text) != claims.get("text_sha256"):
+            problems.append(f"{args.text} does not hold the receipt's text (its SHA-256 differs)")
+    result = {"ok": not problems, "form": form, "problems": problems,
+              "receipt": {name: claims.get(name) for name in ("receipt_id", "iss", "created_at", "model_id",
+                                                              "key_id", "spec_fingerprint", "text_sha256",
+                                                              "c2pa_manifest_id") if name in claims}}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif problems:
+        print("receipt does NOT verify: " + "; ".join(problems))
+    else:
+        print(f"receipt {claims['receipt_id']} verifies ({form}): {claims.get('model_id')} at {claims['created_at']}"
+              + (f", issued by {claims['iss']}" if claims.get("iss") else "")
+              + (", and the text matches" if args.text is not None else ""))
+    return 0 if not problems else 1
+
+
+def _jwks(args) -> int:
+    print(json.dumps(jwks_document(ReceiptSigner()), indent=2))
+    return 0
+
+
+def _rotate(args) -> int:
+    try:
+        store = Store()
+    except StoreError as error:
+        raise CLIError(str(error)) from None
+    try:
+        store.upgrade()
+        rotated = ReceiptSigner().rotate(store, CLI_ACTOR)
+    except (ReceiptError, StoreError) as error:
+        raise CLIError(str(error)) from None
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rotated, indent=2))
+    else:
+        print(f"receipts are now signed with key {rotated['current']['kid']}; "
+              f"{rotated['retired']['kid']} is retired and stays in the JWKS")
+    return 0
+
+
+def _read_document(source: str) -> bytes:
+    """A file's bytes, standard input's (-), or an http(s) URL's body."""
+    if source == "-":
+        return sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1)[:MAX_DOCUMENT_BYTES]
+    if source.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(source, timeout=FETCH_TIMEOUT_S) as response:
+                return response.read(MAX_DOCUMENT_BYTES)
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            raise CLIError(f"cannot fetch {source}: {getattr(error, 'reason', error)}") from None
+    try:
+        with open(source, "rb") as f:
+            return f.read(MAX_DOCUMENT_BYTES)
+    except OSError as error:
+        raise CLIError(f"cannot read {source}: {error.strerror or error}") from None
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except OSError as error:
+        raise CLIError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise CLIError(f"{path} is not UTF-8 text") from None
+
+
+def _json_of(data: bytes, what: str):
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise CLIError(f"{what} is not JSON") from None
+
+
+def _receipt_of(data: bytes) -> str | dict:
+    """The JWS of a receipt (or the legacy receipt object when it has none), from any of its wrappings."""
+    stripped = data.strip()
+    if stripped[:1] not in (b"{", b"["):
+        return stripped.decode("ascii", "replace")
+    document = _json_of(stripped, "the receipt")
+    for path in (("receipt",), ("provmark", "receipt")):  # a native response, an OpenAI-style response
+        inner = document
+        for name in path:
+            inner = inner.get(name) if isinstance(inner, dict) else None
+        if isinstance(inner, dict):
+            document = inner
+            break
+    if not isinstance(document, dict):
+        raise CLIError("the receipt is neither a compact JWS nor a JSON object")
+    if isinstance(document.get("jws"), str):
+        return document["jws"]
+    if "signature" in document and "signer_id" in document:
+        return document
+    raise CLIError("the JSON holds no receipt (no jws, and no legacy signature)")

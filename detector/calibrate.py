@@ -18,6 +18,7 @@ from detector.calibration import (BUCKET_EDGES, MIN_BUCKET_TEXTS, YOURS, Bucket,
 from detector.common_units import FIT_DOMAINS, CommonUnits
 from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
+from detector.promise import kinds_of
 from detector.scoring import score_positions
 from detector.scoring_sampling import counted_score, positions
 from detector.tokenizing import tokenize
@@ -104,17 +105,20 @@ def calibrate(watermark, key_fingerprint: str, vocab, common: CommonUnits | None
 
 
 def with_your_texts(base: Calibration, watermark, token_ids: list[list[int]], common: CommonUnits | None,
-                    progress: bool = False) -> Calibration:
+                    progress: bool = False, kinds: list[str] | None = None) -> Calibration:
     """``base`` (``calibrate``'s, on the shipped corpora) together with the key's null on the human text its user
     detects (``provmark keys calibrate --corpus``): the shipped corpora cannot know the units one code base or
     one publication shares (docs/detection.md), the user's own texts do. ``token_ids``: each text normalised
     and tokenized as the detector does (``token_ids_of``), scored whole as a pasted text is. Per length bucket
     the calibration keeps the more careful null of the two (``more_careful``), so adding texts never makes a
     verdict less careful; ``domains["yours"]`` holds the texts' own mean and spread (the key screen reads it
-    too) and the labels of the buckets they decided, ``corpus["yours"]`` how many texts were scored.
+    too) and the labels of the buckets they decided, ``corpus["yours"]`` how many texts were scored. ``kinds``: each
+    text's kind (``detector.promise.kinds_of``): ``domains["yours"]["kinds"]`` then holds each kind's mean and spread,
+    and verdicts on text of a kind measured here carry the ``measured`` promise (``detector.promise``).
     ValueError when no text has a scored position under this spec."""
-    items = [(YOURS, torch.tensor(ids, dtype=torch.int64)) for ids in token_ids]
-    per_bucket, _ = _measure(watermark, items, common, progress, f"your texts, {watermark.key_id}")
+    kinds = kinds if kinds is not None else [None] * len(token_ids)
+    items = [(kind, torch.tensor(ids, dtype=torch.int64)) for ids, kind in zip(token_ids, kinds)]
+    per_bucket, per_kind = _measure(watermark, items, common, progress, f"your texts, {watermark.key_id}")
     values = [z for found in per_bucket.values() for z in found]
     if not values:
         raise ValueError("none of the texts has a scored position under this spec (too short, or empty)")
@@ -122,7 +126,10 @@ def with_your_texts(base: Calibration, watermark, token_ids: list[list[int]], co
     buckets = tuple(more_careful(b, y, base.z_threshold) for b, y in zip(base.buckets, yours))
     decided = [bucket_label(b.index) for b, y in zip(buckets, yours) if b is y]
     stats = _domain_stats(values) if len(values) > 1 else {"n": 1, "mean_z": round(values[0], 4), "sd_z": 1.0}
-    return replace(base, buckets=buckets, domains={**base.domains, YOURS: {**stats, "buckets": decided}},
+    by_kind = {kind: _domain_stats(found) for kind, found in sorted((k, v) for k, v in per_kind.items() if k)
+               if len(found) > 1}
+    stats |= {"buckets": decided} | ({"kinds": by_kind} if by_kind else {})
+    return replace(base, buckets=buckets, domains={**base.domains, YOURS: stats},
                    corpus={**base.corpus, YOURS: len(values)}, z_values=base.z_values + tuple(values))
 
 
@@ -171,12 +178,13 @@ def screened_secret(spec: AnySpec, vocab, common: CommonUnits | None, tries: int
     (``token_ids_of``; ``keys create --corpus``), which each candidate is measured on as well
     (``with_your_texts``): a key shifted on the collection it will judge is drawn again."""
     best = None
+    kinds = None if your_ids is None else kinds_of(vocab, your_ids)
     for attempt in range(1, tries + 1):
         secret = new_secret()
         mark = make_watermark(spec, secret, vocab.vocab_size, key_id="candidate")
         result = calibrate(mark, key_fingerprint(secret), vocab, common, progress=progress)
         if your_ids is not None:
-            result = with_your_texts(result, mark, your_ids, common, progress=progress)
+            result = with_your_texts(result, mark, your_ids, common, progress=progress, kinds=kinds)
         halves = [result] + ([public_half_calibration(spec, secret, vocab, common)] if two_part else [])
         if all(half.passes_screen() for half in halves):
             return secret, result, attempt

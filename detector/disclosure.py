@@ -27,7 +27,8 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
     always      verdict, watermark, fingerprint, num_tokens, alpha, z_threshold, min_tokens, dedup,
                 correction, normalizations, tokenizer_fingerprint, model_id, text_sha256,
                 text_length, common_units, disclosure, matches_own_output (one bit: the text repeats one
-                remembered output's wording, ``db.output_grams``; it says nothing of the key's colours)
+                remembered output's wording, ``db.output_grams``; it says nothing of the key's colours), promise
+                (what the p-value promises and its margin, ``detector.promise``; not whether the margin raised it)
     scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
     watermarked key_id, decided_by, windows {detected, char_start, char_end}, spoof_suspected (one bit:
                 the spoof check's decision, ``detector.spoof_check``; None while it cannot judge)
@@ -59,7 +60,7 @@ DETECT_SCOPE, EXPLAIN_SCOPE = "detect", "explain"
 DISCLOSURE = "coarse-dithered/v1"  # names the rule above in every detect-scope answer
 DETECT_FIELDS = ("verdict", "watermark", "fingerprint", "num_tokens", "alpha", "z_threshold", "min_tokens",
                  "dedup", "correction", "normalizations", "tokenizer_fingerprint", "model_id", "text_sha256",
-                 "text_length", "common_units", "matches_own_output")
+                 "text_length", "common_units", "matches_own_output", "promise")
 _DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
 # what every stored verdict records of its detect-scope view (options["disclosed"]; the audit scope alone reads it)
 RECORDED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
@@ -131,6 +132,8 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: 
     if scope_allows_explain:
         return full
     out = {name: full[name] for name in DETECT_FIELDS}
+    if out["promise"] is not None:  # whether the margin raised this p-value is a bit of the exact score
+        out["promise"] = {name: value for name, value in out["promise"].items() if name != "raised"}
     out["disclosure"] = DISCLOSURE
     out.update(z_score=None, p_value=None, key_id=None, decided_by=None, windows=None,
                calibration_id=(full.get("calibration") or {}).get("id"), spoof_suspected=None)

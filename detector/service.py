@@ -24,12 +24,12 @@ from detector import windows as winmax
 from detector.calibration import (
     Calibration,
     CalibrationStore,
-    guarded_p_value,
     verdict_calibration,
 )
 from detector.disclosure import dither
 from detector.normalize import NormalizedText
 from detector.normalize import normalize as normalize_text
+from detector.promise import held_p_value, promise_for, promised_p_value, text_kind
 from detector.sampling_verdict import score_sampling
 from detector.scoring import (
     INSUFFICIENT_TEXT,
@@ -436,9 +436,13 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
               for wm, f, c in zip(marks, flags, counted)]
     guarded = [False] * len(scores)
+    kind = text_kind(vocab, ids.numpy()) if first.key_id is not None else None  # promise: detector/promise.py
+    promises = [None if kind is None else promise_for(c, spec.scheme, kind) for c in calibrations]  # promise
     for i, (score, calibration) in enumerate(zip(scores, calibrations)):
-        # a key whose measured null is shifted up or wider in this length bucket is held to that null
-        score.p_value, guarded[i] = guarded_p_value(score.p_value, score.z_score, score.num_tokens_scored, calibration)
+        # a key whose measured null is shifted up or wider in this length bucket is held to that null, shifted by
+        # its promise's margin (detector.promise)
+        score.p_value, guarded[i] = promised_p_value(score.p_value, score.z_score, score.num_tokens_scored,
+                                                     calibration, promises[i])
     best = correct_across_keys(scores)
     best_index = scores.index(best)
     best_calibration = calibrations[best_index]
@@ -458,7 +462,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
     window_report = None
     if options.windows:
         window_alpha = decision.alpha * WINDOW_ALPHA_SHARE
-        window_report = _window_report(flags, prevs, marks, spec, h, spans, window_alpha)
+        window_report = _window_report(flags, prevs, marks, spec, h, spans, window_alpha,
+                                       max((p.margin for p in promises if p is not None), default=0.0))  # promise
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
@@ -485,6 +490,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
         num_common_positions=num_common[best_index],
         calibration=(None if best_calibration is None
                      else verdict_calibration(best_calibration, total, guarded[best_index])),
+        promise=(None if promises[best_index] is None  # promise
+                 else promises[best_index].to_dict(guarded[best_index], effective_z(text_alpha, len(marks)))),
         common_units=common.digest if common is not None else None,
         windows=window_report,
         public_half=public_half,
@@ -495,8 +502,8 @@ def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, ma
 
 
 def _window_report(flags: list[np.ndarray], prevs: list[np.ndarray] | None, marks: list[Watermark], spec: WatermarkSpec,
-                   h: int, spans: np.ndarray, alpha: float) -> dict:
-    """The best window over every key, Bonferroni-corrected for windows x keys."""
+                   h: int, spans: np.ndarray, alpha: float, margin: float = 0.0) -> dict:
+    """The best window over every key, Bonferroni-corrected for windows x keys; ``margin``: the verdict's promise's."""
     num_positions = flags[0].shape[0]
     tests = winmax.count_windows(num_positions) * len(marks)
     best = None
@@ -510,6 +517,7 @@ def _window_report(flags: list[np.ndarray], prevs: list[np.ndarray] | None, mark
               "detected": False, "best": None}
     if best is None:
         return report
+    best.p_value = held_p_value(best.p_value, best.z_score, margin)  # promise
     best.p_value_corrected = winmax.corrected(best.p_value, tests)
     best.token_start, best.token_end = best.start + h, best.end + h
     best.char_start = int(spans[best.token_start, 0])

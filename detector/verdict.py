@@ -47,6 +47,10 @@ class Verdict:
     # the best key's calibration (detector.calibration): its id, the length bucket, the null measured
     # there, and whether that null (rather than N(0, 1)) set the p-value; None when the key has none
     calibration: dict | None = None
+    # what the p-value promises (detector.promise): "measured" on the deployment's texts of this kind or "bounded" for
+    # a collection nobody measured, the text's kind, the margin in z, whether it raised the p-value, and its cost in
+    # power (z_needed, tokens_factor); None for public hf specs and the sampling specs
+    promise: dict | None = None
     windows: dict | None = None
     explanation: list[dict] | None = None
     # sampling specs: the scheme's own statistic (Gumbel sum; SynthID ones, mean and weighted-mean g)

@@ -10,6 +10,7 @@ so each prefix uses its own length's threshold.
 from __future__ import annotations
 
 import numpy as np
+from scipy import special
 
 from detector.common_units import THRESHOLDS, threshold_for_length
 from detector.scoring import _previous, binomial_sf, counted_positions, score_positions
@@ -19,8 +20,10 @@ from watermark.specs import is_sampling
 from watermark.units import identities as unit_identities
 
 
-def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None) -> np.ndarray:
-    """Float [T + 1]: entry L is the exact p-value of the first L tokens (1 where nothing is scored)."""
+def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None, margins: np.ndarray | None = None) -> np.ndarray:
+    """Float [T + 1]: entry L is the exact p-value of the first L tokens (1 where nothing is scored). ``margins``
+    (kgw specs; ``detector.promise.prefix_margins``): entry L is the margin of the verdict's promise on those tokens,
+    and the p-value is held to it as the verdict's is (P(Z >= z - margin) where that is larger)."""
     import torch  # local: evaluation.metrics is imported by reports that need no torch
 
     ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
@@ -56,6 +59,11 @@ def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None) -> np
         scored = kept.sum(axis=1)
     if not is_sampling(watermark.spec):
         p[first + 1:] = binomial_sf(np.rint(hits).astype(np.int64), scored, watermark.gamma)
+        if margins is not None:  # the verdict's promise (detector.promise.promised_p_value), without the key's guard
+            gamma = watermark.gamma
+            z = (hits - gamma * scored) / np.sqrt(np.maximum(scored, 1) * gamma * (1 - gamma))
+            held = np.where(scored > 0, special.ndtr(-(z - margins[first + 1:])), 1.0)
+            p[first + 1:] = np.maximum(p[first + 1:], held)
     elif watermark.spec.kind in GUMBEL_KINDS:
         p[first + 1:] = gamma_sf(hits, scored)
     else:

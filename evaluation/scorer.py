@@ -26,9 +26,12 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from detector import batch, batch_ray, scoring_sampling
 from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
+from detector.promise import prefix_margins
 from detector.scoring import Decision
 from detector.service import Detector
 from detector.tokenizing import tokenize
@@ -76,11 +79,23 @@ class Scorer:
             row = {"z": verdict["z"], "detected": verdict["watermarked"], "p_value": verdict["p_value"]}
             if prefixes:
                 ids, _ = tokenize(self.vocab, normalize_text(text, normalize).text, with_offsets=False)
-                row["prefix_p"] = prefix_p_values(mark, ids, common=self.detector.common_units_for(spec))
+                row["prefix_p"] = prefix_p_values(mark, ids, common=self.detector.common_units_for(spec),
+                                                  margins=self._prefix_margins(mark, ids))
                 row["prefix"] = row["prefix_p"] <= verdict["alpha"]
             out.append(row)
         self.last_detected = [r["detected"] for r in out]
         return out
+
+    def _prefix_margins(self, mark, ids):
+        """Each prefix's margin under the key's promise, as its verdict would carry it (``detector.promise``); None for
+        the specs without one (public hf specs, sampling specs)."""
+        if is_sampling(mark.spec) or mark.key_id is None:
+            return None
+        calibration = self.detector.calibrations_for([mark])[0]
+        common = self.detector.common_units_for(mark.spec)
+        if calibration is not None and calibration.common_units != (common.digest if common is not None else None):
+            calibration = None  # measured under another table: the verdict holds the key uncalibrated too
+        return prefix_margins(self.vocab, np.asarray(ids, dtype=np.int64), mark.spec.scheme, calibration)
 
     def z_scores(self, texts: list[str], spec: AnySpec, key_id: str | None, normalize: bool = True) -> list:
         return [r["z"] for r in self.score(texts, spec, key_id, normalize=normalize)]

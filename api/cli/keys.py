@@ -285,6 +285,7 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     except RuntimeError as exc:
         raise CLIError(str(exc)) from None
     your_ids = None if texts is None else measuring.token_ids_of(vocab, texts)
+    your_kinds = None if texts is None else measuring.kinds_of(vocab, your_ids)  # verdicts of a kind measured here: promise "measured"
     yours, keep_yours = _your_units(keyring, vocab, collections, args)
     measured = []  # stored once every key is measured: a failure leaves the table and calibrations as they were
     for key_id in key_ids:
@@ -296,7 +297,8 @@ def _calibrate(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
             result = measuring.calibrate(mark, info.fingerprint, vocab, common, progress=_progress(args))
             if your_ids is not None:
                 try:
-                    result = measuring.with_your_texts(result, mark, your_ids, common, progress=_progress(args))
+                    result = measuring.with_your_texts(result, mark, your_ids, common, progress=_progress(args),
+                                                       kinds=your_kinds)
                 except ValueError as exc:
                     raise CLIError(f"--corpus under {spec.format()}: {exc}") from None
             measured.append(result)

@@ -1,0 +1,178 @@
+"""What a keyed verdict's false-positive rate promises, and on what condition (docs/promise-draft.md).
+
+The stated rate alpha (P(Z >= 4) by default) is a promise about human text judged under the ONE key a deployment
+runs. On one collection of texts (a code base, a standard library, a documentation set) a fixed key's null is
+shifted by the units the collection's texts share and no shipped table knows (docs/detection.md, "What is
+left"). How far, per kind of text, was measured over held-out collections in several languages
+(docs/research/key-shift-collections.md). Every keyed kgw verdict carries one of two promises:
+
+* ``measured``: the key was calibrated on the deployment's own texts of the verdict's kind
+  (``provmark keys calibrate --corpus``, at least MIN_MEASURED_TEXTS of them). Their common units are left out of
+  every count (``detector.your_units``), the key's null measured there holds the guard
+  (``detector.calibration``), and what one half of a collection cannot know of its other half is covered by the
+  smaller MEASURED_MARGIN.
+* ``bounded``: nobody measured the collection the text comes from. The p-value is taken under a null shifted by
+  the margin that a collection of the text's kind shifts a fixed key's null by (BOUNDED_MARGIN: a high quantile of
+  the key-collection shifts measured on the fit collections, checked on held-out ones):
+  p = P(Z >= (z - shift - margin) / scale), (shift, scale) being the key's guard, and never smaller than the
+  exact binomial p-value.
+
+A margin m costs power: a watermarked text needs about ((z_threshold + m) / z_threshold)^2 times the tokens to
+reach the threshold (``tokens_factor``); every verdict states it.
+
+The kind of a text is read from its tokens: the share that carry code punctuation or a line's indentation
+(``codeish_fraction``). CODE_SHARE or more is ``code`` (source code, and documentation dense with markup), less is
+``prose``. A text misread as code is only held to the larger margin; code misread as prose is what the prose
+margin has to cover, so CODE_SHARE sits low.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from watermark.stats import p_value_normal
+
+MEASURED, BOUNDED = "measured", "bounded"
+PROSE, CODE = "prose", "code"
+KINDS = (PROSE, CODE)
+CODE_CHARACTERS = frozenset("{}[]()<>;=_#$@\\|&*/`%^~")
+CODE_SHARE = 0.06  # of a text's tokens code-like (codeish_fraction): the text is judged as code
+MIN_MEASURED_TEXTS = 30  # of the deployment's texts of one kind, scored under the key: that kind is measured
+# margins in z, by the scheme's family and the kind of text (research/key_shift_fit.py, 2026-11-28: the smallest that
+# leave at most 0.2 % of cells of 200 texts beyond a doubled rate, over 27 fit collections of 11 languages' code,
+# documentation and prose under 30 fixed keys; on 14 held-out collections 0 of 420 cells beyond for selfhash and
+# lefthash, 1 of 420 for unigram). lefthash of any width takes lefthash h = 1's (wider contexts repeat less across
+# texts), minhash takes selfhash's (both anchor on a keyed min)
+BOUNDED_MARGIN = {"selfhash": {PROSE: 0.15, CODE: 0.85}, "lefthash": {PROSE: 0.25, CODE: 1.10},
+                  "unigram": {PROSE: 0.50, CODE: 1.10}}
+MEASURED_MARGIN = {"selfhash": {PROSE: 0.10, CODE: 0.20}, "lefthash": {PROSE: 0.10, CODE: 0.25},
+                   "unigram": {PROSE: 0.45, CODE: 0.50}}
+FAMILY = {"selfhash": "selfhash", "minhash": "selfhash", "lefthash": "lefthash", "unigram": "unigram"}
+CONDITION = {MEASURED: "measured on your texts (keys calibrate --corpus)",
+             BOUNDED: "bounded for text from a collection nobody measured"}
+
+_tables: dict[str, np.ndarray] = {}
+_lock = threading.Lock()
+
+
+def _codeish(piece: str) -> bool:
+    return any(c in CODE_CHARACTERS for c in piece) or ("\n" in piece and piece.endswith(("  ", "\t")))
+
+
+def codeish_table(vocab) -> np.ndarray:
+    """Uint8 [V]: 1 for the tokens of ``vocab`` whose text carries code punctuation or ends a line with indentation
+    (built once per tokenizer, about 0.2 s)."""
+    found = _tables.get(vocab.fingerprint)
+    if found is None:
+        with _lock:
+            found = _tables.get(vocab.fingerprint)
+            if found is None:
+                pieces = vocab.tokenizer.backend_tokenizer.decode_batch([[i] for i in range(vocab.vocab_size)],
+                                                                        skip_special_tokens=False)
+                found = _tables[vocab.fingerprint] = np.fromiter(map(_codeish, pieces), dtype=np.uint8,
+                                                                 count=len(pieces))
+    return found
+
+
+def codeish_fraction(vocab, ids: np.ndarray) -> float:
+    """The share of the token ids ``ids`` (int array) that ``codeish_table`` marks; 0 for no tokens."""
+    if ids.shape[0] == 0:
+        return 0.0
+    return np.count_nonzero(codeish_table(vocab).take(ids, mode="clip")) / ids.shape[0]
+
+
+def kind_of_fraction(fraction: float) -> str:
+    return CODE if fraction >= CODE_SHARE else PROSE
+
+
+def text_kind(vocab, ids: np.ndarray) -> str:
+    """``code`` or ``prose``: the kind the verdict's margin is sized by (module docstring)."""
+    return kind_of_fraction(codeish_fraction(vocab, ids))
+
+
+def margin_for(scheme: str, kind: str, promise: str) -> float:
+    """The margin in z of ``promise`` for a text of ``kind`` under a kgw ``scheme``."""
+    table = MEASURED_MARGIN if promise == MEASURED else BOUNDED_MARGIN
+    return table[FAMILY.get(scheme, "selfhash")][kind]
+
+
+def tokens_factor(margin: float, z_threshold: float) -> float:
+    """About how many times the tokens a watermarked text needs to reach the threshold with the margin as without:
+    z grows as sqrt(T) at a fixed green fraction."""
+    return ((z_threshold + margin) / z_threshold) ** 2
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """The promise one verdict's p-value carries: ``measured`` or ``bounded``, the text's kind and the margin."""
+
+    promise: str
+    kind: str
+    margin: float
+
+    def to_dict(self, raised: bool, z_threshold: float) -> dict:
+        return {"promise": self.promise, "kind": self.kind, "margin": self.margin, "raised": raised,
+                "z_needed": round(z_threshold + self.margin, 4),
+                "tokens_factor": round(tokens_factor(self.margin, z_threshold), 4),
+                "condition": CONDITION[self.promise]}
+
+
+def measured_kinds(calibration) -> dict:
+    """The kinds of the deployment's texts the key was calibrated on (``keys calibrate --corpus``): {kind: stats}."""
+    if calibration is None:
+        return {}
+    return (calibration.domains.get("yours") or {}).get("kinds") or {}
+
+
+def promise_for(calibration, scheme: str, kind: str) -> Promise:
+    """``measured`` where the key's calibration holds at least MIN_MEASURED_TEXTS of the deployment's texts of
+    ``kind``, else ``bounded``."""
+    measured = measured_kinds(calibration).get(kind, {}).get("n", 0) >= MIN_MEASURED_TEXTS
+    promise = MEASURED if measured else BOUNDED
+    return Promise(promise, kind, margin_for(scheme, kind, promise))
+
+
+def promised_p_value(p_value: float, z: float, total: int, calibration, promise: Promise | None) -> tuple[float, bool]:
+    """The verdict's p-value under the key's guarded null (``detector.calibration.Bucket.guard``; N(0, 1) without a
+    calibration) shifted by the promise's margin (none without a promise: a public hf spec): never smaller than
+    ``p_value``. Returns (p, whether it rose)."""
+    if total <= 0 or not math.isfinite(z):
+        return p_value, False
+    shift, scale = calibration.bucket(total).guard if calibration is not None else (0.0, 1.0)
+    shift += promise.margin if promise is not None else 0.0
+    if shift == 0.0 and scale == 1.0:
+        return p_value, False
+    held = p_value_normal((z - shift) / scale)
+    return (held, True) if held > p_value else (p_value, False)
+
+
+def held_p_value(p_value: float, z: float, margin: float) -> float:
+    """``p_value`` or P(Z >= z - margin), the larger (a window's test under the verdict's promise)."""
+    if margin <= 0.0 or not math.isfinite(z):
+        return p_value
+    return max(p_value, p_value_normal(z - margin))
+
+
+def prefix_margins(vocab, ids: np.ndarray, scheme: str, calibration) -> np.ndarray:
+    """Float [len(ids) + 1]: entry L is the margin a verdict on the first L tokens alone is held to (its kind read from
+    those tokens, its promise from the key's calibration): what the evaluation's prefix curves apply."""
+    marks = np.concatenate(([0], np.cumsum(codeish_table(vocab).take(ids, mode="clip"), dtype=np.int64)))
+    lengths = np.maximum(np.arange(marks.shape[0]), 1)
+    code = marks >= CODE_SHARE * lengths
+    margins = [promise_for(calibration, scheme, kind).margin for kind in KINDS]
+    return np.where(code, margins[KINDS.index(CODE)], margins[KINDS.index(PROSE)])
+
+
+def kinds_of(vocab, token_ids: list) -> list[str]:
+    """The kind of each text (token id lists, as ``detector.calibrate.token_ids_of`` gives them)."""
+    return [text_kind(vocab, np.asarray(ids, dtype=np.int64)) for ids in token_ids]
+
+
+def describe() -> dict:
+    """The rule and its numbers, as research/key_shift_table.py records them beside its measurements."""
+    return {"code_share": CODE_SHARE, "min_measured_texts": MIN_MEASURED_TEXTS, "bounded_margin": BOUNDED_MARGIN,
+            "measured_margin": MEASURED_MARGIN}

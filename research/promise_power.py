@@ -10,7 +10,9 @@ through the chat template; the default spec under a fresh key that ``keys create
 calibrated, in a temporary ``PROVMARK_HOME``), temperature 1, exactly ``--tokens`` new tokens. Each generation is
 scored as the detector scores it and as ``provmark eval`` scores its prefixes (``evaluation.prefix``): TPR at
 ``--length`` tokens is the share whose first ``--length`` tokens have p <= ``--fpr``; tokens to detect is the median
-of the shortest prefix the detector calls watermarked (p <= 3.2e-5). Writes DIR/promise_power.json.
+of the shortest prefix the detector calls watermarked (p <= 3.2e-5). "promise" is the bounded promise (the key as ``keys create`` makes it), "measured" the
+measured one (the key calibrated with ``--corpus`` on texts of both kinds; its guard left out). Writes
+DIR/promise_power.json.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from scipy import special
@@ -48,7 +51,11 @@ def prose_tasks(n: int) -> list[str]:
     return [template.format(sentence=d.first_sentence) for d in prompt_documents(n)]
 
 
-def measure(detector, vocab, mark, texts: list[str], length: int, fpr: float, with_promise: bool) -> dict:
+# a key calibrated on the deployment's texts of both kinds (``keys calibrate --corpus``): the measured promise's margins
+MEASURED_BOTH = SimpleNamespace(domains={"yours": {"kinds": {"prose": {"n": 100}, "code": {"n": 100}}}})
+
+
+def measure(detector, vocab, mark, texts: list[str], length: int, fpr: float, with_promise: str | None) -> dict:
     from detector import promise
     from detector.normalize import normalize as normalize_text
     from detector.tokenizing import tokenize
@@ -57,7 +64,7 @@ def measure(detector, vocab, mark, texts: list[str], length: int, fpr: float, wi
     from watermark.stats import p_value_normal
 
     common = detector.common_units_for(mark.spec)
-    calibration = detector.calibrations_for([mark])[0]
+    calibration = MEASURED_BOTH if with_promise == "measured" else detector.calibrations_for([mark])[0]
     at_length, needed, kinds, z, z_head = [], [], [], [], []
     for text in texts:
         ids, _ = tokenize(vocab, normalize_text(text, True).text, with_offsets=False)
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             saved.parent.mkdir(parents=True, exist_ok=True)
             saved.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         report[label] = {name: measure(detector, vocab, mark, texts, args.length, args.fpr, flag)
-                         for name, flag in (("today", False), ("promise", True))}
+                         for name, flag in (("today", None), ("promise", "bounded"), ("measured", "measured"))}
         today, held = report[label]["today"], report[label]["promise"]
         if today["tokens_to_detect_median"] and held["tokens_to_detect_median"]:
             report[label]["tokens_to_detect_ratio"] = held["tokens_to_detect_median"] / today["tokens_to_detect_median"]

@@ -13,6 +13,11 @@ stored), and only the second halves are judged.
         [--specs "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"] [--out benchmarks/results/fresh_keys.json]
 
 Each corpus is a JSONL file of {"text": ...} lines (other fields are ignored), as ``provmark detect --jsonl`` reads.
+
+Per key and corpus also what issue #41 judges: the verdicts' own p-values (the p-value a verdict gives where its
+promise or guard raised it, ``promise.raised`` / ``calibration.guarded``, else the binomial mid-p of its counts), as
+normal quantiles, their mean, and the false-positive rate at z = 4 that mean implies over the stated one
+(``judged_ratio``; within 2x while the mean is at most 0.1525); and which promise the verdicts carried.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import binom
+from scipy.stats import binom, norm
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -56,6 +62,20 @@ def read_lines(path: Path) -> list[str]:
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise SystemExit(f"{path}:{number}: no \"text\" string")
     return lines
+
+
+def judged_z(verdicts: list[dict]) -> np.ndarray:
+    """The normal quantile of each scored verdict's p-value as issue #41 reads it: the verdict's own where its promise
+    or guard raised it, else the binomial mid-p of its counts."""
+    found = []
+    for v in verdicts:
+        total, green = v.get("num_tokens_scored") or 0, v.get("num_green_tokens")
+        if not total or green is None:
+            continue
+        raised = (v.get("promise") or {}).get("raised") or (v.get("calibration") or {}).get("guarded")
+        p = v["p_value"] if raised else binom.sf(green, total, 0.25) + 0.5 * binom.pmf(green, total, 0.25)
+        found.append(-norm.ppf(max(p, 1e-300)))
+    return np.array(found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,23 +120,33 @@ def main(argv: list[str] | None = None) -> int:
                     z = np.array([v["z_score"] for v in verdicts if v.get("z_score") is not None], dtype=float)
                     z = z[np.isfinite(z)]
                     flagged = sum(v.get("verdict") == "watermarked" for v in verdicts)
+                    judged = judged_z(verdicts)
                     rows.append({"spec": spec, "corpus": name, "key": key, "texts": len(verdicts), "scored": int(z.size),
                                  "mean_z": float(z.mean()), "sd_z": float(z.std()), "se": float(z.std() / math.sqrt(z.size)),
-                                 "flagged": int(flagged), "bound99": int(binom.ppf(0.99, len(verdicts), alpha))})
+                                 "flagged": int(flagged), "bound99": int(binom.ppf(0.99, len(verdicts), alpha)),
+                                 "judged_n": int(judged.size), "judged_mean_z": float(judged.mean()),
+                                 "judged_ratio": float(norm.sf(4.0 - judged.mean()) / norm.sf(4.0)),
+                                 "promises": dict(Counter(f"{(v.get('promise') or {}).get('promise')}/"
+                                                          f"{(v.get('promise') or {}).get('kind')}" for v in verdicts))})
                     progress.update()
         progress.close()
     for r in rows:
         print(f"{r['spec']:26s} {r['corpus']:12s} {r['key']:7s} n={r['scored']:5d} mean z {r['mean_z']:+.3f} "
-              f"(se {r['se']:.3f}) sd {r['sd_z']:.3f} flagged {r['flagged']} (99% bound {r['bound99']})")
+              f"(se {r['se']:.3f}) sd {r['sd_z']:.3f} flagged {r['flagged']} (99% bound {r['bound99']}) judged mean "
+              f"{r['judged_mean_z']:+.3f} ratio {r['judged_ratio']:.2f} {r['promises']}")
     summary = {}
     for r in rows:
-        cell = summary.setdefault(f"{r['spec']} / {r['corpus']}", {"keys": 0, "beyond_bar": 0, "max_abs_mean_z": 0.0})
+        cell = summary.setdefault(f"{r['spec']} / {r['corpus']}", {"keys": 0, "beyond_bar": 0, "max_abs_mean_z": 0.0,
+                                                                  "max_judged_ratio": 0.0, "judged_cells_over_2x": 0})
         cell["keys"] += 1
+        cell["max_judged_ratio"] = max(cell["max_judged_ratio"], r["judged_ratio"])
+        cell["judged_cells_over_2x"] += r["judged_ratio"] > 2 and r["judged_n"] >= 200
         cell["beyond_bar"] += abs(r["mean_z"]) > BAR
         cell["max_abs_mean_z"] = max(cell["max_abs_mean_z"], abs(r["mean_z"]))
     for name, cell in summary.items():
         print(f"{name:42s} keys beyond |mean z| {BAR}: {cell['beyond_bar']} of {cell['keys']}, "
-              f"max {cell['max_abs_mean_z']:.3f}")
+              f"max {cell['max_abs_mean_z']:.3f}; judged ratio max {cell['max_judged_ratio']:.2f}, cells of 200+ "
+              f"texts over 2x: {cell['judged_cells_over_2x']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"your_texts": args.your_texts, "keys": args.keys, "rows": rows, "summary": summary},

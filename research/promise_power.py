@@ -31,8 +31,8 @@ from scipy import special
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 LANGUAGES = ("Python", "JavaScript", "C", "Go", "Rust", "Java", "Bash", "SQL")
-TASKS = ("reverses a linked list", "parses a CSV file and sums the second column", "checks whether a string is a "
-         "palindrome", "computes the n-th Fibonacci number with memoisation", "merges two sorted arrays",
+TASKS = ("reverses a linked list", "parses a CSV file and sums the second column", "checks whether a string is a palindrome",
+         "computes the n-th Fibonacci number with memoisation", "merges two sorted arrays",
          "counts the words in a text file", "implements binary search over a sorted list", "validates an e-mail address",
          "reads a JSON configuration file and prints its keys", "implements a simple stack with push and pop")
 CODE_TEMPLATE = "Write a {language} program that {task}. Give the full code with comments."

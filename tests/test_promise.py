@@ -31,6 +31,7 @@ from detector.service import Detector
 from evaluation.prefix import prefix_p_values
 from watermark.keys import Keyring
 from watermark.scheme import Watermark
+from watermark.specs import parse_spec
 from watermark.stats import p_value_binomial, p_value_normal
 from watermark.vocab import load_vocabulary
 
@@ -132,19 +133,13 @@ def test_every_keyed_verdict_states_its_promise_and_what_it_costs(vocab):
 
 def test_the_evaluation_holds_each_prefix_to_the_promise_its_verdict_carries(vocab):
     detector = Detector(vocab=vocab, keyring=OneKey())
-    mark = detector.watermarks(promise_spec(), ["k"])[0]
+    mark = detector.watermarks(parse_spec(SPEC), ["k"])[0]
     for text in (PROSE, CODE):
         verdict = detector.detect(text, spec=SPEC)
         ids = np.asarray(vocab.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         margins = promise.prefix_margins(vocab, ids, "selfhash", None)
         held = prefix_p_values(mark, ids, common=common_units.for_vocabulary(vocab), margins=margins)
         assert held[-1] == pytest.approx(verdict.p_value)
-
-
-def promise_spec():
-    from watermark.specs import parse_spec
-
-    return parse_spec(SPEC)
 
 
 def calibration_of(keyring, key_id: str, vocab) -> Calibration:
@@ -184,3 +179,9 @@ def test_your_texts_of_a_kind_lift_the_margin_for_that_kind_only(provmark_home, 
                                                             "kinds": {"code": {"n": 5, "mean_z": 0.0, "sd_z": 1.0}}}})
     CalibrationStore(keyring).put(few)
     assert Detector(vocab=vocab, keyring=keyring).detect(CODE, keys=["k1"]).promise["promise"] == promise.BOUNDED
+
+
+def test_picking_unigram_says_it_cannot_judge_code():
+    assert "insufficient_text" in promise.spec_note(parse_spec("kgw:scheme=unigram"))
+    assert promise.spec_note(parse_spec(None)) is None
+    assert promise.spec_note(parse_spec("kgw:scheme=lefthash,h=1")) is None

@@ -242,6 +242,10 @@ def _spec_to_bind(args):
 def _create(keyring: Keyring, args) -> list[tuple[str, KeyInfo]]:
     spec = _spec_to_bind(args)
     _check_two_part(args, spec)
+    from detector.promise import spec_note  # local: numpy and the promise's tables only when a key is made
+
+    if spec_note(spec):  # a scheme that cannot judge a kind of text (unigram on code): said where it is picked
+        print(f"provmark: {spec_note(spec)}", file=sys.stderr)
     info, summary = _screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec,
                                                                            public_half=args.public_half))
     if args.json:

@@ -116,6 +116,11 @@ class DetectResponse(BaseModel):
         None, description="explain scope: the best key's calibration: id, length bucket, its measured null, where it "
                           "was measured (measured_on: shipped corpora, or yours via `keys calibrate --corpus`), "
                           "and whether that null set the p-value (guarded); None when the key has no calibration")
+    promise: dict[str, Any] | None = Field(
+        None, description="keyed kgw: verdicts: what the p-value promises (detector/promise.py): measured on your texts "
+                          "of this kind (`keys calibrate --corpus`) or bounded for a collection nobody measured, the "
+                          "text's kind (prose or code), the margin in z, z_needed and tokens_factor (its cost in "
+                          "power), and for the explain scope whether the margin raised the p-value")
     spoof_suspected: bool | None = Field(
         None, description="watermarked kgw: and synthid: verdicts: the text's greens (or high unit scores) sit "
                           "on the units the service's own output made learnable, as a watermark thief's do (p <= "

@@ -24,6 +24,13 @@ fields it uses and ignores the rest.
                                                 its JWKS is (/.well-known/jwks.json)
     detector_url     PROVMARK_DETECTOR_URL      http://127.0.0.1:8001: the detection tool that        generation
                                                 receipts and C2PA manifests point to
+    c2pa_cert_chain  PROVMARK_C2PA_CERT_CHAIN   PEM chain signing C2PA manifests, signing cert first   generation
+                                                (unset: a development CA made in home/c2pa)
+    c2pa_private_key PROVMARK_C2PA_PRIVATE_KEY  its PEM private key (Ed25519 or P-256); with the chain generation
+    c2pa_tsa_url     PROVMARK_C2PA_TSA_URL      an RFC 3161 time-stamp authority for manifests         generation
+    c2pa_trust_anchors
+                     PROVMARK_C2PA_TRUST_ANCHORS  PEM roots a manifest must chain to to be Trusted     both
+                                                (unset: the development root, or the chain's root)
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 from db.budget import DEFAULT_DAILY_TOKENS
 from db.receipts import DEFAULT_ISSUER
+from provenance.c2pa_credential import C2paCredentialError, C2paSettings
 from db.output_memory import GRAMS_KEPT
 from watermark.paths import provmark_home
 
@@ -65,6 +73,10 @@ class Settings:
     max_pending: int = DEFAULT_MAX_PENDING
     issuer: str = DEFAULT_ISSUER
     detector_url: str = DEFAULT_DETECTOR_URL
+    c2pa_cert_chain: Path | None = None
+    c2pa_private_key: Path | None = None
+    c2pa_tsa_url: str | None = None
+    c2pa_trust_anchors: Path | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -80,6 +92,19 @@ class Settings:
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
         self.issuer = _as_url("issuer", self.issuer)
         self.detector_url = _as_url("detector_url", self.detector_url)
+        for name in ("c2pa_cert_chain", "c2pa_private_key", "c2pa_trust_anchors"):
+            if getattr(self, name) is not None:
+                setattr(self, name, Path(getattr(self, name)).expanduser())
+        if self.c2pa_tsa_url is not None:
+            self.c2pa_tsa_url = _as_url("c2pa_tsa_url", self.c2pa_tsa_url)
+
+    def c2pa(self) -> C2paSettings:
+        """The C2PA credential settings (``provenance.c2pa_credential``); a bad combination is a ValueError."""
+        try:
+            return C2paSettings(cert_chain=self.c2pa_cert_chain, private_key=self.c2pa_private_key,
+                                tsa_url=self.c2pa_tsa_url, trust_anchors=self.c2pa_trust_anchors)
+        except C2paCredentialError as error:
+            raise ValueError(str(error)) from None
 
     @classmethod
     def load(cls, config: dict[str, Any] | None = None) -> Settings:

@@ -75,6 +75,7 @@ class DetectorServices:
     bootstrapped: bool = False
     usage: Any = None  # db.budget.UsageLedger of this process
     receipt_signer: Any = None  # db.receipts.ReceiptSigner, loaded on first use (api/detector/routes_keys.py)
+    c2pa_trust_anchors: str | None = None  # PEM, loaded on first use (api/detector/credential_layer.py)
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:

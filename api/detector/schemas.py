@@ -27,6 +27,7 @@ MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistak
 MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
 MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
 MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
+MAX_MANIFEST_B64 = 1_000_000  # a text's manifest store is a few KB; a megabyte of base64 is far beyond one
 
 KeyId = Annotated[StrictStr, Field(pattern=f"^{KEY_ID_RULE}$")]
 VerdictName = Literal["watermarked", "not_watermarked", "insufficient_text"]
@@ -51,6 +52,10 @@ class DetectRequest(StrictModel):
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")
+    manifest: StrictStr | None = Field(None, min_length=1, max_length=MAX_MANIFEST_B64,
+                                       description="the text's detached C2PA manifest store (a .c2pa file), base64; "
+                                                   "a manifest embedded in the text (C2PA 2.4 Annex A.8) is read "
+                                                   "without it")
     forced_positions: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_INDEX, strict=True)]] | None = Field(
         None, max_length=MAX_FORCED_POSITIONS,
         description="token indices where a constrained generator had fewer than two allowed tokens "
@@ -83,6 +88,43 @@ class Provenance(BaseModel):
     jws: str | None = Field(default=None, description="the receipt as a compact JWS (receipts since the JWS form)")
 
 
+class SoftBinding(BaseModel):
+    alg: str
+    key_id: str | None
+    spec_fingerprint: str | None
+
+
+class CredentialProvenance(BaseModel):
+    receipt_id: str | None
+    issuer: str | None
+    detector_url: str | None
+
+
+class Credentials(BaseModel):
+    """What a text's C2PA manifest says and whether it holds (``provenance.c2pa_reading``).
+
+    ``trusted``: valid and signed under a trust anchor of this service; ``hash_matches``: the text is
+    exactly the one signed; ``soft_binding_agrees``: the manifest's watermark (key and spec) is the one
+    this verdict found (None when the manifest names none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: Literal["embedded", "detached"]
+    manifest_id: str | None
+    validation_state: str
+    valid: bool
+    trusted: bool
+    hash_matches: bool | None
+    signature_valid: bool | None
+    failures: list[str]
+    model_id: str | None = None
+    digital_source_type: str | None = None
+    soft_binding: SoftBinding | None = None
+    provenance: CredentialProvenance | None = None
+    problem: str | None = None
+    soft_binding_agrees: bool | None = None
+
+
 class DetectResponse(BaseModel):
     """The verdict, the id it is stored under and the matching generation receipt, if any.
 
@@ -103,6 +145,9 @@ class DetectResponse(BaseModel):
     common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
     windows: dict[str, Any] | None
     provenance: Provenance | None
+    credentials: Credentials | None = Field(
+        None, description="the text's C2PA Content Credentials, when it carries a manifest or one was given: the "
+                          "second layer beside the watermark verdict")
     disclosure: str | None = Field(None, description="detect scope: the rule that coarsened the scores")
     num_tokens_scored: int | None = Field(None, description="explain scope")
     num_green_tokens: int | None = Field(None, description="explain scope (None for sampling specs)")

@@ -35,8 +35,10 @@ from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_err
 from api.metrics import EngineCollector, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
+from api.generation.credentials import Credentials
 from api.provenance_keys import add_jwks_route
 from db.receipts import ReceiptLinks, ReceiptSigner
+from provenance.c2pa_credential import load_c2pa_credential
 from db.store import Store
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
@@ -99,9 +101,11 @@ def create_app(config: dict | None = None) -> Flask:
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
-    service = GenerationService(worker, store, keyring, signer, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars,
-                                links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
+    credentials = Credentials(store, signer, load_c2pa_credential(settings.c2pa(), settings.home),
+                              model_id=engine.loaded.model_id,
+                              links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
+    service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
+                                max_prompt_chars=settings.max_text_chars)
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)

@@ -2,8 +2,8 @@
 Watermark (with errors that name the field the caller sent), the engine worker, signed receipts, and
 server-sent events.
 
-A finished generation gets an Ed25519-signed receipt (``db.receipts``) stored with its
-``generation`` audit event in one transaction. Receipts require a key id and a spec fingerprint, so an
+A finished generation gets its C2PA manifest and its JWS receipt (``api.generation.credentials``), stored
+with their audit events in one transaction. Receipts require a key id and a spec fingerprint, so an
 unwatermarked generation (or one under a public hf spec, which has no key) is signed with the
 placeholders ``NO_KEY_ID`` / ``UNWATERMARKED_FINGERPRINT``.
 """
@@ -16,13 +16,13 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
 from api.http import ApiError
-from db.receipts import ReceiptLinks, ReceiptSigner, issue_receipt
-from db.rows import new_id, text_sha256
+from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams
 from generation.sample.sampling_stage import check_request
@@ -32,8 +32,6 @@ from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import generation_watermark
 
-NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)
-UNWATERMARKED_FINGERPRINT = "unwatermarked"  # receipt spec fingerprint when there is no watermark
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this (as vLLM does)
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's documented maximum for top_logprobs
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -72,13 +70,13 @@ class Started:
 class GenerationService:
     """The engine worker plus what a route needs around it; one per app."""
 
-    def __init__(self, worker: EngineWorker, store: Store, keyring, signer: ReceiptSigner, *,
-                 model_id: str, max_prompt_chars: int, links: ReceiptLinks | None = None) -> None:
+    def __init__(self, worker: EngineWorker, store: Store, keyring, credentials: Credentials, *,
+                 model_id: str, max_prompt_chars: int) -> None:
         self.worker = worker
         self.store = store
         self.keyring = keyring
-        self.signer = signer
-        self.links = links or ReceiptLinks()  # issuer and detector address every receipt names
+        self.credentials = credentials
+        self.signer = credentials.signer
         self.model_id = model_id
         self.model_names = frozenset({model_id, "default"})  # what the OpenAI `model` field may say
         self.started_at = int(time.time())  # OpenAI's model `created`
@@ -177,17 +175,12 @@ class GenerationService:
         except GenerationFailed as exc:
             raise ApiError(500, "generation_failed", str(exc)) from None
 
-    def receipt(self, out, started: Started, actor: str) -> dict:
-        """Sign and store the receipt of a finished output (with its audit event, one transaction), and
-        remember the output's units for the spoof check (``api.generation.own_output``)."""
-        mark = out.watermark
-        self.output_memory.remember(mark, out.token_ids, self.engine.loaded.vocab, out.text, out.prompt_token_ids)
-        return issue_receipt(
-            self.store, self.signer, actor,
-            text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,
-            spec_fingerprint=mark.fingerprint if mark is not None else UNWATERMARKED_FINGERPRINT,
-            key_id=(mark.key_id if mark is not None else None) or NO_KEY_ID,
-            receipt_id=started.receipt_id, links=replace(self.links, spec=mark.spec if mark is not None else None))
+    def issue(self, out, started: Started, actor: str, c2pa_mode: str = DEFAULT_C2PA_MODE) -> Issued:
+        """Sign and store the finished output's C2PA manifest and receipt (with their audit events, one
+        transaction), and remember the output's units for the spoof check (``api.generation.own_output``)."""
+        self.output_memory.remember(out.watermark, out.token_ids, self.engine.loaded.vocab, out.text,
+                                    out.prompt_token_ids)
+        return self.credentials.issue(out, started.receipt_id, actor, c2pa_mode)
 
     # ------------------------------------------------------------------ output pieces
     @staticmethod

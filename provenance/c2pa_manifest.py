@@ -14,6 +14,7 @@ is a ``c2pa.hash.data`` over the text's UTF-8 bytes:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -79,6 +80,7 @@ class SignedText:
     exclusion: tuple[int, int] | None
 
 
+@functools.cache  # importlib.metadata scans the installed distributions: 0.6 ms a call
 def provmark_version() -> str:
     try:
         return importlib.metadata.version("provmark")

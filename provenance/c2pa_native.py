@@ -36,7 +36,7 @@ _lib.c2pa_builder_sign_data_hashed_embeddable.argtypes = [
 _lib.c2pa_builder_sign_data_hashed_embeddable.restype = ctypes.c_int64
 
 # verify_after_sign: c2pa-rs checks each new manifest (certificate profile, structure) before returning it
-_SIGNING_SETTINGS = {"verify": {"verify_after_sign": True, "ocsp_fetch": False, "remote_manifest_fetch": False},
+SIGNING_SETTINGS = {"verify": {"verify_after_sign": True, "ocsp_fetch": False, "remote_manifest_fetch": False},
                      "trust": {"trust_config": TRUST_CONFIG_EKUS}}
 _reading = threading.local()
 
@@ -62,7 +62,7 @@ def new_builder(credential: C2paCredential, definition: dict) -> c2pa.Builder:
     """A Builder for one manifest, on this thread's signing context of ``credential``."""
     cache = credential.per_thread
     if getattr(cache, "context", None) is None:
-        cache.context = c2pa.Context.from_dict(_SIGNING_SETTINGS)
+        cache.context = c2pa.Context.from_dict(SIGNING_SETTINGS)
     return c2pa.Builder(definition, context=cache.context)
 
 

@@ -21,7 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings, load_c2pa_credential
 from provenance.c2pa_manifest import C2paSigningError, TextClaims, WatermarkClaim, sign_text
-from provenance.c2pa_reading import read_credentials
+from provenance.c2pa_reading import C2paReadError, read_credentials
 
 # about 200 tokens; "Cafe\u0301" is not NFC, so the embedded form visibly normalises it
 TEXT = ("Cafe\u0301 owners in the old town agree that the summer was unusually quiet. " * 9
@@ -173,6 +173,10 @@ def test_garbage_stores_and_broken_wrappers_give_clear_invalid_reports(credentia
     wrapper = signed.text[len(unicodedata.normalize("NFC", TEXT)):]
     report = read_credentials(signed.text + wrapper, trust_anchors=credential.trust_anchors_pem)
     assert report.failures == ("manifest.text.multipleWrappers",) and not report.valid
+    with pytest.raises(C2paReadError):
+        read_credentials(TEXT.encode())
+    with pytest.raises(C2paReadError):
+        read_credentials(TEXT, "not bytes")
 
 
 def test_credential_files_are_created_once_and_reused(provmark_home):

@@ -306,9 +306,12 @@ class OpenAPI:
             if op["body"] is not None:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{op['body'].__name__}"}}}}
+            elif op["content_type"] != "application/json":  # a raw body, e.g. a text to resolve
+                operation["requestBody"] = {"required": True, "content": {op["content_type"]: {
+                    "schema": {"type": "string"}}}}
             for status, spec in op["responses"].items():
                 operation["responses"][str(status)] = _response_object(spec)
-            errors = [400, 422] if op["body"] is not None else []
+            errors = [400, 422] if op["body"] is not None or op["content_type"] != "application/json" else []
             errors += [422] if op["query"] is not None else []
             errors += [401, 403, 429] if op["scope"] else []
             errors += [503]

@@ -20,12 +20,12 @@ import threading
 
 import c2pa
 from c2pa.c2pa import _lib, _read_native_error
+from cryptography.hazmat.primitives import serialization
 
 from provenance.c2pa_credential import C2paCredential
 from provenance.c2pa_x509 import TRUST_CONFIG_EKUS
 
 STORE_FORMAT = b"application/c2pa"  # a bare manifest store: "text/plain" is NotSupported here
-_ALGORITHMS = {"ed25519": c2pa.C2paSigningAlg.ED25519, "es256": c2pa.C2paSigningAlg.ES256}
 _BytesOut = ctypes.POINTER(ctypes.c_ubyte)
 
 _lib.c2pa_builder_data_hashed_placeholder.argtypes = [
@@ -67,12 +67,16 @@ def new_builder(credential: C2paCredential, definition: dict) -> c2pa.Builder:
 
 
 def signer_for(credential: C2paCredential) -> c2pa.Signer:
-    """This thread's c2pa signer of ``credential``: a callback into ``credential.sign``, so the
-    private key stays with ``cryptography``."""
+    """This thread's c2pa signer of ``credential``. It is given the key (a PEM made in memory, never
+    written anywhere) rather than a callback: c2pa-rs reserves 10 KB for a callback's signature, which
+    made every manifest store 12.8 KB instead of 3.5 KB, and an embedded text 52 KB longer, not 14 KB."""
     cache = credential.per_thread
     if getattr(cache, "signer", None) is None:
-        cache.signer = c2pa.Signer.from_callback(credential.sign, _ALGORITHMS[credential.algorithm],
-                                                 credential.chain_pem, credential.tsa_url)
+        key_pem = credential.signing_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        info = c2pa.C2paSignerInfo(credential.algorithm.encode(), credential.chain_pem.encode(), key_pem,
+                                   credential.tsa_url.encode() if credential.tsa_url else None)
+        cache.signer = c2pa.Signer.from_info(info)
     return cache.signer
 
 

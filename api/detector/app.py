@@ -12,6 +12,8 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
     GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
+    GET  /v1/manifests/<id>, /v1/services/supportedAlgorithms, /v1/matches/byBinding, POST /v1/matches/byContent
+                              the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
@@ -37,7 +39,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
-from api.detector import routes_audit, routes_detect, routes_keys, routes_page, routes_verdicts
+from api.detector import routes_audit, routes_detect, routes_keys, routes_page, routes_resolution, routes_verdicts
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from api.metrics import count_verdict, install_metrics
@@ -58,7 +60,7 @@ OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 # need no database (a published key half comes from the keyring)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks"})
+                            "keys.jwks", "resolution.supported_algorithms"})
 
 
 @dataclass(slots=True)
@@ -157,7 +159,7 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
-    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys):
+    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys, routes_resolution):
         app.register_blueprint(module.blueprint(api, services))
 
 

@@ -64,7 +64,7 @@ def blueprint(api, services) -> Blueprint:
         budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
         daily = services.settings.detect_budget
         if budgeted and daily > 0:
-            _refuse_when_over_budget(services.usage, g.token.token_id, daily)
+            refuse_when_over_budget(services.usage, g.token.token_id, daily)
         report = credentials_of(services, request_body.text, request_body.manifest)
         text = report.visible_text if report is not None else request_body.text  # the watermark layer's text
         verdict = _run_detection(services, request_body, spec, text)
@@ -81,7 +81,7 @@ def blueprint(api, services) -> Blueprint:
     return bp
 
 
-def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
+def refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
     wait = usage.retry_after(token_id, daily_tokens)
     if wait > 0:
         raise ApiError(429, "detection_budget_exhausted",

@@ -53,10 +53,10 @@ class Credentials:
         mark = out.watermark
         key_id = (mark.key_id if mark is not None else None) or NO_KEY_ID
         fingerprint = mark.fingerprint if mark is not None else UNWATERMARKED_FINGERPRINT
-        embedded = c2pa_mode == "embedded" and self.c2pa_credential is not None
+        embedded = c2pa_mode == "embedded" and self.c2pa_credential is not None and bool(out.text)
         visible = unicodedata.normalize("NFC", out.text) if embedded else out.text  # what an A.8 hash covers
         manifest, c2pa, text = None, None, out.text
-        if c2pa_mode != "off" and self.c2pa_credential is not None:
+        if c2pa_mode != "off" and self.c2pa_credential is not None and out.text:  # an empty text has nothing to sign
             claim = None
             if mark is not None and mark.key_id is not None:  # a keyed watermark: the soft binding can name it
                 claim = WatermarkClaim(family=mark.spec.split(":", 1)[0], spec=mark.spec,

@@ -30,7 +30,7 @@ pytest_plugins = ["pg"]
 REPO = Path(__file__).resolve().parent.parent
 
 TABLES = {"verdicts", "receipts", "audit_events", "audit_head", "api_tokens", "watermark_keys", "detection_usage",
-          "output_units", "key_outputs",
+          "output_units", "key_outputs", "tree_heads",
           "alembic_version"}
 CALLER = Caller(name="ci-bot", token_id="tok-1")
 

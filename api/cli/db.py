@@ -2,6 +2,7 @@
 
   provmark db upgrade                         apply schema migrations (idempotent)
   provmark audit verify [--json]              check the audit hash chain; exit 1 if it was tampered with
+  provmark audit head | prove | check-proof | log-key    the transparency log (api/cli/audit_log.py)
   provmark tokens create --scopes S [--name N] print a new API token once (only its hash is stored)
   provmark tokens list [--json]               token ids, names, scopes, times (never tokens)
   provmark tokens revoke ID                   revoke a token for good
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from api.cli import audit_log
 from api.cli.actions import add_action, usage
 from api.cli.errors import CLIError
 from db.api_tokens import SCOPES, TokenError, create_token, list_tokens, revoke_token
@@ -29,9 +31,10 @@ def register(subparsers) -> None:
     db = _group(subparsers, "db", "manage the detector database")
     _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade)
 
-    audit = _group(subparsers, "audit", "inspect the audit log")
+    audit = _group(subparsers, "audit", "inspect the audit log and its transparency log")
     _action(audit, "verify", "check the audit hash chain, and the verdict and receipt rows against it",
             _audit_verify).add_argument("--json", action="store_true", help="machine-readable output")
+    audit_log.register(audit, _action)
 
     tokens = _group(subparsers, "tokens", "manage API tokens")
     create = _action(tokens, "create", "create an API token (printed once, stored hashed)", _tokens_create)
@@ -91,7 +94,9 @@ def _audit_verify(store: Store, args) -> int:
         print(f"audit chain OK: {report.events} events, head {report.head_hash}; {report.rows_checked} verdict and "
               f"receipt rows match their events" + (f" ({report.rows_partly_covered} written before row digests: "
                                                    "only the fields their events carried were compared)"
-                                                   if report.rows_partly_covered else ""))
+                                                   if report.rows_partly_covered else "")
+              + (f"; {report.tree_heads_checked} signed tree heads match the events" if report.tree_heads_checked
+                 else ""))
     else:
         print(f"audit chain BROKEN: {len(report.problems)} problem(s) in {report.events} events")
         for problem in report.problems:

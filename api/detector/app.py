@@ -14,6 +14,9 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
     GET  /v1/manifests/<id>, /v1/services/supportedAlgorithms, /v1/matches/byBinding, POST /v1/matches/byContent
                               the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
+    GET  /v1/log/head         no token; the transparency log's newest signed tree head (routes_log.py)
+    GET  /v1/log/public-key   no token; the log's public key (JWK, PEM, checkpoint verifier key)
+    GET  /v1/log/proof/*      scopes ``audit`` and ``explain``; inclusion and consistency proof bundles
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
@@ -39,7 +42,15 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
-from api.detector import routes_audit, routes_detect, routes_keys, routes_page, routes_resolution, routes_verdicts
+from api.detector import (
+    routes_audit,
+    routes_detect,
+    routes_keys,
+    routes_log,
+    routes_page,
+    routes_resolution,
+    routes_verdicts,
+)
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from api.metrics import count_verdict, install_metrics
@@ -58,9 +69,9 @@ SERVICE_NAME = "provmark-detector"
 API_VERSION = "1.0.0"
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
-# need no database (a published key half comes from the keyring)
+# need no database (a published key half comes from the keyring, receipt and log keys from their files)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks", "resolution.supported_algorithms"})
+                            "keys.jwks", "resolution.supported_algorithms", "log.log_public_key"})
 
 
 @dataclass(slots=True)
@@ -159,7 +170,8 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
-    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys, routes_resolution):
+    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys, routes_resolution,
+                   routes_log):
         app.register_blueprint(module.blueprint(api, services))
 
 

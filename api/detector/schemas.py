@@ -291,7 +291,8 @@ class AuditQuery(StrictModel):
 class AuditProblemItem(BaseModel):
     seq: int | None
     event_id: str | None
-    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged"]
+    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged",
+                     "leaf_mismatch", "tree_head_mismatch", "tree_head_signature"]
     message: str
 
 
@@ -306,6 +307,8 @@ class AuditReportBody(BaseModel):
     rows_checked: int = Field(description="verdict and receipt rows compared with their audit events")
     rows_partly_covered: int = Field(description="of those, rows whose event predates row digests: "
                                                  "only the fields it carried were compared")
+    tree_heads_checked: int = Field(0, description="kept signed tree heads of the transparency log compared with "
+                                                   "the events and checked under the log key")
     problems: list[AuditProblemItem]
 
 
@@ -316,3 +319,68 @@ class Health(BaseModel):
     service: str
     database: str
     model_id: str
+
+
+# ---- the transparency log (api/detector/routes_log.py; formats: provenance.tree_head, provenance.proof_bundle) ----
+
+MAX_LOG_SIZE = 2**63 - 1  # tree sizes are uint64 on the wire and BIGINT in the table
+
+
+class TreeHeadBody(BaseModel):
+    """A signed tree head: Ed25519 over the RFC 9162 TreeHeadDataV2 bytes, and the same head as a C2SP checkpoint."""
+
+    tree_size: int
+    timestamp: int = Field(description="milliseconds since the epoch, as signed")
+    root_hash: str = Field(description="base64")
+    root_hash_hex: str
+    signature: str = Field(description="base64 Ed25519 over TreeHeadDataV2 (51 bytes, docs/transparency-log.md)")
+    key_id: str = Field(description="the log key's RFC 7638 JWK thumbprint")
+    log_id: str = Field(description="base64 SHA-256 of the log key's DER SubjectPublicKeyInfo")
+    checkpoint: str = Field(description="the C2SP tlog-checkpoint signed note")
+
+
+class InclusionQuery(StrictModel):
+    id: str = Field(min_length=1, max_length=64, description="an event's seq, event id, or subject id (receipt, "
+                                                             "verdict, manifest or key id: its newest event)")
+    tree_size: int | None = Field(None, ge=1, le=MAX_LOG_SIZE, description="a kept head's size (default: the newest "
+                                                                          "kept head that contains the event)")
+
+
+class InclusionProofBody(BaseModel):
+    """An event's inclusion in the log: its exact entry bytes, its leaf index, the RFC 9162 path and the signed head."""
+
+    type: Literal["inclusion"]
+    entry: str = Field(description="base64 of the exact leaf entry bytes (leaf hash = SHA-256(0x00 || entry))")
+    entry_json: dict[str, Any]
+    leaf_index: int
+    tree_size: int
+    inclusion_path: list[str] = Field(description="base64 node hashes, from the leaf upwards")
+    tree_head: TreeHeadBody
+
+
+class ConsistencyQuery(StrictModel):
+    first: int = Field(ge=1, le=MAX_LOG_SIZE, description="a kept head's size")
+    second: int = Field(ge=1, le=MAX_LOG_SIZE, description="a kept head's size, at least first")
+
+
+class ConsistencyProofBody(BaseModel):
+    """That the log at the second head's size extends the log at the first's: the RFC 9162 path and both heads."""
+
+    type: Literal["consistency"]
+    first_size: int
+    second_size: int
+    consistency_path: list[str] = Field(description="base64 node hashes")
+    first_head: TreeHeadBody
+    second_head: TreeHeadBody
+
+
+class LogPublicKeyBody(BaseModel):
+    """The transparency log's Ed25519 public key, in every form a verifier may want."""
+
+    key_id: str = Field(description="RFC 7638 thumbprint; every head's key_id")
+    log_id: str
+    origin: str = Field(description="the checkpoint's origin line and the note key's name")
+    jwk: dict[str, Any] = Field(description="kty OKP, crv Ed25519, kid = key_id")
+    jwks: dict[str, Any]
+    pem: str
+    verifier_key: str = Field(description="the C2SP signed-note verifier key: name+keyhash+base64(0x01 || key)")

@@ -13,6 +13,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
+    GET  /docs                no token; the OpenAPI document as a browsable page (api/api_page.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
 the ``config`` dict given to ``create_app``, same names in lower case); the detector reads ``home``,
@@ -37,6 +38,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
+from api.api_page import ENDPOINTS as API_PAGE_ENDPOINTS, install_api_page
 from api.detector import routes_audit, routes_detect, routes_keys, routes_page, routes_verdicts
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
@@ -58,7 +60,7 @@ OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 # need no database (a published key half comes from the keyring)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks"})
+                            "keys.jwks"}) | API_PAGE_ENDPOINTS
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ def create_app(config: dict | None = None) -> Flask:
                   "Scores text for provmark watermarks, keeps verdicts and an audit trail.")
     _register_blueprints(app, api, services)
     _register_meta_routes(app, api, services)
+    install_api_page(app)
 
     if config.get("bootstrap", True):
         try:

@@ -31,6 +31,10 @@ fields it uses and ignores the rest.
     c2pa_trust_anchors
                      PROVMARK_C2PA_TRUST_ANCHORS  PEM roots a manifest must chain to to be Trusted     both
                                                 (unset: the development root, or the chain's root)
+
+The variables read elsewhere (the master key, caches, kernels, metrics) are listed in ``READ_ELSEWHERE``.
+Both tables make the settings reference of the documentation (docs/gen_reference.py), and
+tests/test_docs.py checks that every ``PROVMARK_*`` name in the code is in one of them.
 """
 
 from __future__ import annotations
@@ -52,6 +56,31 @@ DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
 DEFAULT_DETECTOR_URL = "http://127.0.0.1:8001"  # the detector of `make serve`
+
+# Variables read outside Settings: variable -> (default, used by, meaning, read in).
+READ_ELSEWHERE = {
+    "PROVMARK_MASTER_KEY": ("unset", "both, CLI, vLLM plugin",
+                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and the "
+                            "receipt signing key; unset: a generated $PROVMARK_HOME/master.key (0600)",
+                            "watermark/keyring_seal.py"),
+    "PROVMARK_MODELS_DIR": ("$PROVMARK_HOME/models", "both, CLI", "the converted model and tokenizer cache",
+                            "watermark/paths.py"),
+    "PROVMARK_METRICS_TOKEN": ("unset", "both", "when set, GET /metrics needs this bearer token", "api/metrics.py"),
+    "PROMETHEUS_MULTIPROC_DIR": ("unset", "both",
+                                 "the folder where several gunicorn workers' metrics are summed; unset, "
+                                 "provmark serve makes a private one per server", "api/serving.py"),
+    "PROVMARK_COMPILE": ("1", "generation, CLI",
+                         "0: the watermark bias without the torch.compile fused kernel (eager tensors) where the "
+                         "C++ kernel is not used", "watermark/greenlist.py"),
+    "PROVMARK_NATIVE": ("1", "both, CLI",
+                        "0: no C/C++ kernel (engine, PRF, scoring pass, count tables); the Python and torch paths "
+                        "give the same results, slower", "watermark/native_build.py, generation/cpu/native.py"),
+    "PROVMARK_KERNEL_DIR": ("~/.cache/provmark/kernels", "both, CLI", "where the built C/C++ kernels are cached",
+                            "watermark/native_build.py"),
+    "PROVMARK_BATCH_TRANSPORT_KEY": ("set by detect-batch", "detect-batch --ray",
+                                     "internal: the per-job key that seals key secrets for Ray workers; never set "
+                                     "it yourself", "detector/batch_secrets.py"),
+}
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/log/public-key   no token; the log's public key (JWK, PEM, checkpoint verifier key)
     GET  /v1/log/proof/*      scopes ``audit`` and ``explain``; inclusion and consistency proof bundles
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
+    GET  /docs                no token; the OpenAPI document as a browsable page (api/api_page.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
 the ``config`` dict given to ``create_app``, same names in lower case); the detector reads ``home``,
@@ -42,6 +43,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
+from api.api_page import ENDPOINTS as API_PAGE_ENDPOINTS, install_api_page
 from api.detector import (
     routes_audit,
     routes_detect,
@@ -71,7 +73,7 @@ OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 # need no database (a published key half comes from the keyring, receipt and log keys from their files)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks", "resolution.supported_algorithms", "log.log_public_key"})
+                            "keys.jwks", "resolution.supported_algorithms", "log.log_public_key"}) | API_PAGE_ENDPOINTS
 
 
 @dataclass(slots=True)
@@ -129,6 +131,7 @@ def create_app(config: dict | None = None) -> Flask:
                   "Scores text for provmark watermarks, keeps verdicts and an audit trail.")
     _register_blueprints(app, api, services)
     _register_meta_routes(app, api, services)
+    install_api_page(app)
 
     if config.get("bootstrap", True):
         try:

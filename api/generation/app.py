@@ -3,9 +3,9 @@
 Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
 GET /v1/models (OpenAI-compatible), GET /.well-known/jwks.json (no auth: the keys that verify receipts),
 GET /v1/receipts/public-key (no auth; the legacy form of the current key), GET /healthz (no auth),
-GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py). The model loads
-once at start; one engine runs in a background thread (``api.generation.engine_worker``) and concurrent
-requests share its continuous batches.
+GET /openapi.json, GET /docs (the same document as a page: api/api_page.py), GET /metrics (Prometheus, no
+token by default: api/metrics.py). The model loads once at start; one engine runs in a background thread
+(``api.generation.engine_worker``) and concurrent requests share its continuous batches.
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share; ``config`` keys
 override them, same names in lower case); generation reads ``home``, ``database_url``, ``model``,
@@ -27,6 +27,7 @@ from pathlib import Path
 from flask import Blueprint, Flask, jsonify
 from pydantic import BaseModel
 
+from api.api_page import install_api_page
 from api.generation import openai_compat, routes_native
 from api.generation.engine_worker import EngineWorker
 from api.generation.routes_common import GenerationService
@@ -114,13 +115,31 @@ def create_app(config: dict | None = None) -> Flask:
     app.extensions["provmark.store"] = store
     install_error_handlers(app)
     _install_metrics(app, worker)
-    api = OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
+    api = _openapi()
     auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
-
-    for module in (routes_native, openai_compat):
-        app.register_blueprint(module.blueprint(api, auth))
-    app.register_blueprint(_meta_blueprint(api, service, engine.config.max_num_seqs))
+    for bp in _blueprints(api, auth, service, engine.config.max_num_seqs):
+        app.register_blueprint(bp)
+    install_api_page(app)
     return app
+
+
+def openapi_document() -> dict:
+    """The service's OpenAPI document without a model, an engine or a database (docs/gen_reference.py):
+    the same routes registered on blueprints that never serve. The served /openapi.json adds what only a
+    running process knows (its model names, its vocabulary's largest token id)."""
+    api = _openapi()
+    _blueprints(api, Auth(None), None, 0)
+    return api.document()
+
+
+def _openapi() -> OpenAPI:
+    return OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
+
+
+def _blueprints(api: OpenAPI, auth: Auth, service, max_num_seqs: int) -> list[Blueprint]:
+    """Every route of the service, in one list: create_app serves them, openapi_document documents them."""
+    return [*(module.blueprint(api, auth) for module in (routes_native, openai_compat)),
+            _meta_blueprint(api, service, max_num_seqs)]
 
 
 def _warm_up_watermark(engine) -> None:

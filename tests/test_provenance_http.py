@@ -6,7 +6,11 @@ detector's two layers, and the Soft Binding Resolution API."""
 import base64
 import io
 import json
+import os
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import c2pa
@@ -22,6 +26,7 @@ from api.generation.app import create_app as create_generation
 from db.rows import text_sha256
 
 pytestmark = pytest.mark.slow  # loads the embedded model
+REPO = Path(__file__).resolve().parent.parent
 TRUSTED_EKUS = ["1.3.6.1.5.5.7.3.4"]  # emailProtection: what c2pa-rs's default trust configuration accepts
 PROMPT = "Write a short paragraph about lighthouses and the people who kept them."
 
@@ -159,3 +164,28 @@ def test_the_soft_binding_resolution_api_goes_from_a_text_back_to_its_manifest(l
     status, wrong, _ = call("POST", live.det + "/v1/matches/byContent", raw=b"\xff\xfe",
                             headers={"Content-Type": "text/plain"}, token=live.detect)
     assert status == 400 and wrong["error"]["code"] == "invalid_text"
+
+
+def test_the_cli_fetches_a_stored_manifest_and_checks_a_texts_credentials(live, tmp_path):
+    body = generate(live, c2pa="embedded")
+    env = {**os.environ, "PROVMARK_HOME": str(live.home)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    embedded = tmp_path / "embedded.txt"
+    embedded.write_bytes(body["text"].encode())
+    checked = cli("manifests", "check", str(embedded), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["manifest_id"] == body["c2pa"]["manifest_id"]
+    store = tmp_path / "answer.c2pa"
+    fetched = cli("manifests", "get", body["c2pa"]["manifest_id"], "--out", str(store))
+    assert fetched.returncode == 0 and store.stat().st_size > 0, fetched.stderr
+    visible = tmp_path / "visible.txt"
+    visible.write_bytes(c2pa_text.extract_manifest(body["text"])[1].encode())
+    assert cli("manifests", "check", str(visible)).returncode == 2  # no manifest in it, none given
+    edited = tmp_path / "edited.txt"
+    edited.write_bytes(visible.read_bytes().replace(b" ", b"  ", 1))
+    refused = cli("manifests", "check", str(edited), "--manifest", str(store))
+    assert refused.returncode == 1 and refused.stdout.startswith("Invalid"), refused.stdout

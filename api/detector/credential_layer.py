@@ -42,13 +42,14 @@ def credentials_of(services, text: str, manifest_b64: str | None) -> CredentialR
 
 def credential_layer(report: CredentialReport | None, verdict) -> dict | None:
     """The report as the verdict states it, with ``soft_binding_agrees``: the manifest's watermark (key and
-    spec fingerprint) is the one the verdict found watermarked (None when the manifest names none)."""
+    spec fingerprint) is the one the verdict found watermarked (None when the manifest names none, or the text is
+    too short for a verdict either way)."""
     if report is None:
         return None
     layer = report.to_dict()
     binding = report.soft_binding
     agrees = None
-    if binding is not None and binding.key_id is not None:
+    if binding is not None and binding.key_id is not None and verdict.verdict != "insufficient_text":
         agrees = (verdict.verdict == "watermarked" and verdict.key_id == binding.key_id
                   and verdict.fingerprint == binding.spec_fingerprint)
     layer["soft_binding_agrees"] = agrees

@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 
 # ---- errors ----------------------------------------------------------------------------------
 class ErrorBody(BaseModel):
-    code: str
+    """One error shape on every route of both services, OpenAI's (``message``, ``type``, ``param``, ``code``)
+    with ``details`` added: the official OpenAI clients raise their own exception classes with this message."""
+
     message: str
+    type: str = Field(description="the kind of error, as OpenAI names them (invalid_request_error, ...)")
+    param: str | None = Field(None, description="the request field at fault, when one is")
+    code: str
     details: list[dict[str, Any]] | None = None
 
 
@@ -59,12 +64,26 @@ class ApiError(Exception):
         self.details, self.headers = details, headers or {}
 
 
-def error_response(status: int, code: str, message: str, details: list | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
-    body: dict[str, Any] = {"code": code, "message": message}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               409: "conflict_error", 429: "rate_limit_error"}  # OpenAI's names; other 4xx: invalid_request_error
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(status: int, code: str, message: str, details: list | None = None) -> dict:
+    """``{"error": ...}`` as every answer of both services gives it (``ErrorBody``)."""
+    param = details[0].get("field") if details and isinstance(details[0], dict) else None
+    body: dict[str, Any] = {"message": message, "type": error_type(status), "param": param, "code": code}
     if details:
         body["details"] = details
-    response = jsonify({"error": body})
+    return {"error": body}
+
+
+def error_response(status: int, code: str, message: str, details: list | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(error_body(status, code, message, details))
     response.status_code = status
     for name, value in (headers or {}).items():
         response.headers[name] = value

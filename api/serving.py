@@ -25,6 +25,8 @@ import shutil
 import tempfile
 from http import HTTPStatus
 
+from api.http import error_body
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported (api.metrics)
 
 KEEPALIVE_S = 5  # an idle kept-alive connection is closed after this long
@@ -171,8 +173,8 @@ def _json_error_protocol():
             except ValueError:
                 phrase = "Error"
             code = phrase.lower().replace(" ", "_").replace("-", "_")
-            body = json.dumps({"error": {"code": code, "message": f"{phrase.lower()}: the request was refused "
-                                                                  "before it reached the service"}}).encode()
+            body = json.dumps(error_body(status, code, f"{phrase.lower()}: the request was refused before it "
+                                                       "reached the service")).encode()
             head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(body)}\r\n"
                     + "".join(f"{name}: {value}\r\n" for name, value in extra_headers)

@@ -137,3 +137,18 @@ def test_an_embedded_manifest_ends_the_text_whole_and_streamed(live):
 def _range(text: str) -> tuple[int, int]:
     found = c2pa_unstructured_text.extract(text)
     return found["start"], found["length"]
+
+
+def test_the_official_client_raises_its_own_errors_with_the_servers_message_on_every_route(live):
+    with pytest.raises(openai.UnprocessableEntityError) as bad_completion:
+        live.client.completions.create(model=live.model, prompt="x", max_tokens=2, temperature=-1.0)
+    assert "temperature" in bad_completion.value.message and bad_completion.value.param == "temperature"
+    assert bad_completion.value.type == "invalid_request_error"
+    with pytest.raises(openai.UnprocessableEntityError) as bad_chat:
+        live.client.chat.completions.create(model=live.model, messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=2, top_p=7.0)
+    assert "top_p" in bad_chat.value.message and bad_chat.value.code == "invalid_fields"
+    outsider = openai.OpenAI(base_url=live.client.base_url, api_key="pmk_not-a-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        outsider.models.list()
+    assert refused.value.type == "authentication_error" and "token" in refused.value.message

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
-from api.http import ApiError
+from api.http import ApiError, error_body
 from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams
@@ -227,7 +227,7 @@ def sse_error(exc: Exception) -> str:
     else:
         code = "internal_error"
     message = str(exc) if isinstance(exc, (WorkerUnavailable, GenerationFailed)) else "internal error"
-    return sse({"error": {"code": code, "message": message}})
+    return sse(error_body(503 if code == "engine_unavailable" else 500, code, message))
 
 
 def stream_outputs(started: Started) -> Iterator:

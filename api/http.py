@@ -325,9 +325,9 @@ class OpenAPI:
             if op["body"] is not None:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{op['body'].__name__}"}}}}
-            elif op["content_type"] != "application/json":  # a raw body, e.g. a text to resolve
+            elif op["content_type"] != "application/json":  # a raw body, e.g. a text: any bytes are one
                 operation["requestBody"] = {"required": True, "content": {op["content_type"]: {
-                    "schema": {"type": "string"}}}}
+                    "schema": {"description": f"the raw body ({op['content_type']})"}}}}
             for status, spec in op["responses"].items():
                 operation["responses"][str(status)] = _response_object(spec)
             errors = [400, 422] if op["body"] is not None or op["content_type"] != "application/json" else []

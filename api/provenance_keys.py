@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from db.receipts import ReceiptSigner
 
 JWKS_PATH = "/.well-known/jwks.json"
-JWKS_MEDIA_TYPE = "application/jwk-set+json"  # RFC 7517 section 8.5
 JWKS_MAX_AGE_S = 300  # a rotation reaches caches within minutes; retired keys stay listed anyway
 
 
@@ -50,7 +49,6 @@ def add_jwks_route(api, target, signer: Callable[[], ReceiptSigner], before: Cal
     def jwks() -> Response:
         if before is not None:
             before()
-        response = jsonify(jwks_document(signer()))
-        response.mimetype = JWKS_MEDIA_TYPE
+        response = jsonify(jwks_document(signer()))  # application/json, as JOSE libraries' fetchers expect
         response.headers["Cache-Control"] = f"public, max-age={JWKS_MAX_AGE_S}"
         return response

@@ -17,6 +17,8 @@ token, as a C2PA remote manifest URL needs none.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from flask import Blueprint, Response, g, jsonify, request
 from pydantic import BaseModel, Field, StrictStr
 
@@ -57,8 +59,11 @@ class QueryResult(BaseModel):
     matches: list[Match]
 
 
+SupportedAlg = Literal[SUPPORTED]  # the names above, so /openapi.json lists them and others are a 422
+
+
 class BindingQuery(StrictModel):
-    alg: StrictStr = Field(min_length=1, max_length=100)
+    alg: SupportedAlg
     value: StrictStr = Field(min_length=1, max_length=1000)
 
 
@@ -67,7 +72,7 @@ class BindingParams(BindingQuery):
 
 
 class ResultsParams(StrictModel):
-    alg: StrictStr | None = Field(None, max_length=100)
+    alg: SupportedAlg | None = None
     maxResults: int = Field(DEFAULT_RESULTS, ge=1, le=MAX_RESULTS)  # noqa: N815
 
 
@@ -114,9 +119,9 @@ def blueprint(api, services) -> Blueprint:
     @services.auth.require("detect")
     def by_content():
         query: ResultsParams = parse_query(ResultsParams)
-        if query.alg is not None and query.alg not in SUPPORTED:
-            raise ApiError(400, "unsupported_algorithm", f"alg must be one of {', '.join(SUPPORTED)}")
         text = _text_body(services.settings.max_text_chars)
+        if not text.strip():
+            return jsonify({"matches": []})  # nothing to match, and nothing to spend the budget on
         budgeted = not g.token.allows(EXPLAIN_SCOPE)
         daily = services.settings.detect_budget
         if budgeted and daily > 0:
@@ -157,22 +162,19 @@ class _Matches:
 
 
 def _binding_matches(store, alg: str, value: str, limit: int) -> list[dict]:
-    if alg not in SUPPORTED:
-        raise ApiError(400, "unsupported_algorithm", f"alg must be one of {', '.join(SUPPORTED)}")
     return [{"manifestId": record.manifest_id} for record in
             find_manifests(store, soft_binding=f"{alg} {value}", limit=limit)]
 
 
 def _text_body(limit: int) -> str:
-    """The request body as UTF-8 text: 415 for another media type, 400 for bytes that are not UTF-8."""
+    """The request body as UTF-8 text: 415 for another media type, 400 for bytes that are not UTF-8, 413 past
+    the size limit."""
     if request.mimetype not in ("text/plain", ""):
         raise ApiError(415, "unsupported_media_type", "send the text as text/plain (UTF-8)")
     try:
         text = request.get_data(cache=True).decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_text", "the body is not UTF-8 text") from None
-    if not text.strip():
-        raise ApiError(400, "invalid_text", "the body holds no text")
     if len(text) > limit:
         raise ApiError(413, "text_too_large", f"text has {len(text)} characters; the limit is {limit}")
     return text

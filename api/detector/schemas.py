@@ -28,6 +28,7 @@ MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alph
 MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
 MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
 MAX_MANIFEST_B64 = 1_000_000  # a text's manifest store is a few KB; a megabyte of base64 is far beyond one
+BASE64_RULE = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # standard base64, padded
 
 KeyId = Annotated[StrictStr, Field(pattern=f"^{KEY_ID_RULE}$")]
 VerdictName = Literal["watermarked", "not_watermarked", "insufficient_text"]
@@ -52,7 +53,7 @@ class DetectRequest(StrictModel):
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")
-    manifest: StrictStr | None = Field(None, min_length=1, max_length=MAX_MANIFEST_B64,
+    manifest: StrictStr | None = Field(None, min_length=4, max_length=MAX_MANIFEST_B64, pattern=BASE64_RULE,
                                        description="the text's detached C2PA manifest store (a .c2pa file), base64; "
                                                    "a manifest embedded in the text (C2PA 2.4 Annex A.8) is read "
                                                    "without it")

@@ -16,7 +16,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html import escape
-from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, url_for
 

@@ -47,8 +47,8 @@ def live(tmp_path_factory, loaded):
 
 
 def generate(live, **fields) -> dict:
-    status, body, _ = call("POST", live.gen + "/v1/generate", {"prompt": PROMPT, "max_new_tokens": 120,
-                                                                "min_new_tokens": 100, "seed": 7, **fields}, token=live.generate)
+    request = {"prompt": PROMPT, "max_new_tokens": 120, "min_new_tokens": 100, "seed": 7, **fields}
+    status, body, _ = call("POST", live.gen + "/v1/generate", request, token=live.generate)
     assert status == 200, body
     return body
 

@@ -12,12 +12,10 @@ A proof that fails exits 1 with the reason; bad input exits 2 (``provmark: ...``
 from __future__ import annotations
 
 import json
-import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from api.cli.actions import add_action
+from api.cli.documents import is_file, is_url, read_document
 from api.cli.errors import CLIError
 from db.store import Store
 from db.transparency import LogError, consistency_proof, inclusion_proof, keep_tree_head
@@ -25,7 +23,6 @@ from provenance.log_key import LogKeyError, read_public_key
 from provenance.log_signer import LogKeyFileError, LogSigner
 from provenance.proof_bundle import ProofError, bundle_key_id, check_bundle
 
-KEY_FETCH_TIMEOUT_S = 10
 MAX_KEY_BYTES = 1 << 20  # a JWKS is a few KiB; more is not a key document
 MAX_BUNDLE_BYTES = 1 << 20  # a bundle holds at most 2 heads and 64 hashes
 
@@ -146,48 +143,18 @@ def _log_key(args) -> int:
 
 
 def _read_bundle(name: str):
-    try:
-        raw = sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1) if name == "-" else \
-            _read_limited(Path(name), MAX_BUNDLE_BYTES)
-    except OSError as error:
-        raise CLIError(f"cannot read {name}: {error.strerror or error}") from None
-    if len(raw) > MAX_BUNDLE_BYTES:
-        raise CLIError(f"{name} is larger than any proof bundle ({MAX_BUNDLE_BYTES} bytes)")
+    raw = read_document(name, MAX_BUNDLE_BYTES, "the proof bundle")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise CLIError(f"{name} is not JSON: a proof bundle is the JSON `provmark audit prove` writes") from None
 
 
-def _read_limited(path: Path, limit: int) -> bytes:
-    with path.open("rb") as handle:
-        return handle.read(limit + 1)
-
-
-def _is_file(value: str) -> bool:
-    try:
-        return Path(value).is_file()
-    except (OSError, ValueError):  # key text too long, or holding NUL, for a path
-        return False
-
-
 def _key_text(value: str) -> str:
     """The key document KEY names: fetched from a URL, read from a file, or KEY itself."""
-    if value.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(value, timeout=KEY_FETCH_TIMEOUT_S) as response:
-                raw = response.read(MAX_KEY_BYTES + 1)
-        except (urllib.error.URLError, OSError, ValueError) as error:
-            raise CLIError(f"--log-key: cannot fetch {value}: {getattr(error, 'reason', error)}") from None
-    elif _is_file(value):
-        try:
-            raw = _read_limited(Path(value), MAX_KEY_BYTES)
-        except OSError as error:
-            raise CLIError(f"--log-key: cannot read {value}: {error.strerror or error}") from None
-    else:
+    if not (is_url(value) or is_file(value)):
         return value
-    if len(raw) > MAX_KEY_BYTES:
-        raise CLIError(f"--log-key: {value} is larger than any key document")
+    raw = read_document(value, MAX_KEY_BYTES, "--log-key")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -13,7 +13,9 @@ The database is ``PROVMARK_DATABASE_URL`` or SQLite at ``$PROVMARK_HOME/provmark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 
 from api.cli import audit_log
 from api.cli.actions import add_action, usage
@@ -58,6 +60,22 @@ def _group(subparsers, name: str, help_text: str):
 def _action(actions, name: str, help_text: str, handler) -> argparse.ArgumentParser:
     parser = add_action(actions, name, help_text, lambda args: _run(handler, args))
     return parser
+
+
+@contextlib.contextmanager
+def opened_store() -> Iterator[Store]:
+    """The CLI's store (``PROVMARK_DATABASE_URL`` or SQLite in ``PROVMARK_HOME``), migrated, closed after; its
+    errors (which never carry passwords) become CLIErrors."""
+    store = None
+    try:
+        store = Store()
+        store.upgrade()
+        yield store
+    except StoreError as error:
+        raise CLIError(str(error)) from None
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _run(handler, args) -> int:

@@ -13,13 +13,14 @@ import json
 from pathlib import Path
 
 from api.cli.actions import add_action, usage
+from api.cli.db import opened_store
+from api.cli.documents import read_document
 from api.cli.errors import CLIError
 from db.manifests import get_manifest
-from db.store import Store, StoreError
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings, load_c2pa_credential
 from provenance.c2pa_reading import read_credentials
 
-MAX_STORE_BYTES = 16 << 20  # a manifest store is a few KB
+MAX_FILE_BYTES = 16 << 20  # a manifest store is a few KB, a text far less than this
 
 
 def register(subparsers) -> None:
@@ -40,19 +41,10 @@ def register(subparsers) -> None:
 
 
 def _get(args) -> int:
-    try:
-        store = Store()
-    except StoreError as error:
-        raise CLIError(str(error)) from None
-    try:
-        store.upgrade()
+    with opened_store() as store:
         record = get_manifest(store, args.manifest_id)
-    except StoreError as error:
-        raise CLIError(str(error)) from None
-    finally:
-        store.close()
-    if record is None:
-        raise CLIError(f"no manifest {args.manifest_id!r} in {store.safe_url}")
+        if record is None:
+            raise CLIError(f"no manifest {args.manifest_id!r} in {store.safe_url}")
     try:
         args.out.write_bytes(record.manifest_store)
     except OSError as error:
@@ -88,8 +80,4 @@ def _check(args) -> int:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_STORE_BYTES + 1)[:MAX_STORE_BYTES]
-    except OSError as error:
-        raise CLIError(f"cannot read {path}: {error.strerror or error}") from None
+    return read_document(str(path), MAX_FILE_BYTES, str(path))

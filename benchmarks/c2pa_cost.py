@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 import c2pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import percentiles  # noqa: E402
 
 from provenance.c2pa_credential import load_c2pa_credential  # noqa: E402
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, manifest_definition, sign_text  # noqa: E402
@@ -47,20 +48,6 @@ CLAIMS = TextClaims(model_id="smollm2-135m-instruct", receipt_id="3f1c2a9e-0000-
                     issuer="https://gen.example.org", detector_url="https://detect.example.org/v1/detect",
                     watermark=WatermarkClaim("kgw", "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256",
                                              "0123456789abcdef", "k-main"))
-
-
-def percentiles(fn, repeats: int, warmup: int = 5) -> dict:
-    """p50, p95 and min of ``fn()`` in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
-    return {"p50_ms": round(statistics.median(samples), 4), "p95_ms": round(samples[int(0.95 * (repeats - 1))], 4),
-            "min_ms": round(samples[0], 4), "repeats": repeats}
 
 
 def signing_parts(credential, repeats: int) -> dict:

@@ -30,6 +30,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import percentiles  # noqa: E402
+
 from api.detector import routes_detect  # noqa: E402
 from api.detector.app import create_app as create_detector  # noqa: E402
 from api.generation.credentials import Credentials  # noqa: E402
@@ -46,18 +48,6 @@ TEXT = ("The committee met on Tuesday to review the draft budget, and most membe
         "proposed cuts to the library and the youth programmes went too far. ") * 6
 MARK = SimpleNamespace(key_id="k-main", spec="kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256",
                        fingerprint="0123456789abcdef")
-
-
-def percentiles(fn, repeats: int, warmup: int = 10) -> dict:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
-    return {"p50_ms": round(statistics.median(samples), 3), "p95_ms": round(samples[int(0.95 * len(samples))], 3)}
 
 
 def issuing(home: Path, repeats: int) -> dict:

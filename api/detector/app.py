@@ -12,6 +12,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
     GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
+    GET  /v1/c2pa/trust-anchors  no token; the PEM roots C2PA manifests chain to (api/provenance_keys.py)
     GET  /v1/manifests/<id>, /v1/services/supportedAlgorithms, /v1/matches/byBinding, POST /v1/matches/byContent
                               the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
     GET  /v1/log/head         no token; the transparency log's newest signed tree head (routes_log.py)
@@ -73,7 +74,8 @@ OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
 # need no database (a published key half comes from the keyring, receipt and log keys from their files)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks", "resolution.supported_algorithms", "log.log_public_key"}) | API_PAGE_ENDPOINTS
+                            "keys.jwks", "keys.c2pa_trust_anchors", "resolution.supported_algorithms",
+                            "log.log_public_key"}) | API_PAGE_ENDPOINTS
 
 
 @dataclass(slots=True)

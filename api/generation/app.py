@@ -37,7 +37,7 @@ from api.metrics import EngineCollector, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from api.generation.credentials import Credentials
-from api.provenance_keys import add_jwks_route
+from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from db.receipts import ReceiptLinks, ReceiptSigner
 from provenance.c2pa_credential import load_c2pa_credential
 from db.store import Store
@@ -181,6 +181,7 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
 
     add_jwks_route(api, bp, lambda: service.signer)
+    add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem)
 
     @bp.get("/openapi.json")
     def openapi():

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # loads the embedded model
 REPO = Path(__file__).resolve().parent.parent
 TRUSTED_EKUS = ["1.3.6.1.5.5.7.3.4"]  # emailProtection: what c2pa-rs's default trust configuration accepts
 PROMPT = "Write a short paragraph about lighthouses and the people who kept them."
+WATERMARK_TOKENS = 110  # enough for the default spec's verdict to say watermarked (the other tests need text only)
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,10 @@ def live(tmp_path_factory, loaded):
     generation.extensions["provmark.generation"].worker.stop()
 
 
-def generate(live, **fields) -> dict:
-    request = {"prompt": PROMPT, "max_new_tokens": 120, "min_new_tokens": 100, "seed": 7, **fields}
-    status, body, _ = call("POST", live.gen + "/v1/generate", request, token=live.generate)
+def generate(live, tokens: int = 40, **fields) -> dict:
+    """A generation of exactly ``tokens`` tokens (the detector's tests need enough for a verdict)."""
+    request = {"prompt": PROMPT, "max_new_tokens": tokens, "min_new_tokens": tokens, "seed": 7, **fields}
+    status, body, _ = call("POST", live.gen + "/v1/generate", request, token=live.generate, timeout=300)
     assert status == 200, body
     return body
 
@@ -120,7 +122,7 @@ def test_the_embedded_manifest_checks_with_the_a8_packages_and_c2pas_signature_c
 
 
 def test_the_detector_names_both_layers_and_a_stripped_manifest_leaves_the_watermark_verdict(live):
-    body = generate(live, c2pa="embedded")
+    body = generate(live, tokens=WATERMARK_TOKENS, c2pa="embedded")
     embedded = body["text"]
     found = c2pa_unstructured_text.extract(embedded)
     stripped = c2pa_unstructured_text.strip(embedded, found["start"], found["length"])

@@ -295,7 +295,7 @@ def _script(name: str):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "research" / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script

@@ -29,7 +29,7 @@ from watermark.keyring_seal import format_master_key
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-# vLLM on a small CPU (FACTS.md): a bounded KV cache, no core held back for its front end
+# vLLM on a small CPU: a bounded KV cache (GiB), no core held back for its front end (vLLM's CPU installation guide)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
 ALL_ROWS = 1 << 30  # GenerationSource batches by config.max_num_seqs: one call for everything
 

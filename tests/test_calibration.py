@@ -322,7 +322,7 @@ def test_each_corpus_path_counts_as_a_collection_of_its_own(provmark_home, vocab
     import os
     from pathlib import Path
 
-    from api.cli.keys import read_collections
+    from api.cli.keys.corpus import read_collections
 
     keyring = Keyring()  # a fixed key: the shared line is drawn for it
     keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from key_soundness import BAR, mean_z
 
 from api.cli.errors import CLIError
-from api.cli.keys import read_corpus
+from api.cli.keys.corpus import read_corpus
 from detector import common_units, human_corpora
 from detector.your_units import scoring_table
 from watermark.scheme import Watermark

@@ -22,7 +22,8 @@ sampling rows do.
 turns with the one-part key.
 ``spoof_check``: positive verdicts (1,000-token texts drawn with the default spec's bias from the corpus's
 words) with the service's own-output memory (``db.output_memory``, a SQLite file holding ``--outputs``
-remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy, `MemoryMirror`) against the same detector without it, taking turns: what
+remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy,
+`MemoryMirror`) against the same detector without it, taking turns: what
 the spoof check (``detector.spoof_check``) and the own-output match (``db.output_grams``) cost a stream of
 positives; ``negatives_relative_throughput``: the same for human 1,000-token texts (the match alone).
 Both detectors read a real keyring in a temporary folder (the match's n-gram key comes from its master key).

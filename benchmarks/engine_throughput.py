@@ -30,7 +30,8 @@ from watermark.public_key import public_half_secret
 from watermark.scheme import Watermark
 
 # OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
-# default (workers spin a while before sleeping), which is what a service gets; short kernels pay a thread wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
+# default (workers spin a while before sleeping), which is what a service gets; short kernels pay a thread
+# wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
 # On a loaded machine, --omp-wait-policy passive: two spinning processes stall each other (0.7 vs
 # 8 tokens/s measured at batch 1).
 WAIT_POLICIES = ("default", "passive", "active")

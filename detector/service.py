@@ -158,7 +158,8 @@ class Detector:
             # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
             match = self._own_output(ids, marks, matches)
             verdict.own_output = None if match is None else match[1].to_dict()
-            if verdict.watermarked:  # only positives: a spoof is a text the detector accepted (human text costs nothing)
+            # only positives: a spoof is a text the detector accepted (human text costs nothing)
+            if verdict.watermarked:
                 verdict.spoof_check = self._spoof_check(verdict, marks, ids, common, scored.spoof_units, match)
         return verdict
 

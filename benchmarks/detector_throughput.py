@@ -55,9 +55,11 @@ from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, write_json  # noqa: E402
+from detector.kgw_verdict import score_kgw  # noqa: E402
 from detector.normalize import normalize  # noqa: E402
 from detector.scoring import Decision  # noqa: E402
-from detector.service import Detector, _Options, _score  # noqa: E402
+from detector.scoring_request import ScoringOptions, ScoringRequest  # noqa: E402
+from detector.service import Detector  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.public_key import public_half_secret  # noqa: E402
 from watermark.specs import parse_spec  # noqa: E402
@@ -366,12 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     detector = Detector(vocab=vocab, keyring=OneKey())
     spec = WatermarkSpec.default()
     marks = detector.watermarks(spec)
-    options = _Options(False, False, True, True, Decision.make())
+    options = ScoringOptions(windows=False, explain=False, dedup=True, normalize=True, decision=Decision.make())
     id_tensors = [torch.tensor(encode(vocab, t)) for t in texts]
 
     def score_only(i: int):
-        return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options,
-                      detector.calibrations_for(marks), detector.common_units_for(spec), detector.dither_key)
+        return score_kgw(ScoringRequest(
+            text=texts[i], normalized=normalize(texts[i], False), ids=id_tensors[i], offsets=None, marks=marks,
+            spec=spec, vocab=vocab, options=options, calibrations=detector.calibrations_for(marks),
+            common=detector.common_units_for(spec), dither_key=detector.dither_key))
 
     ours_n = range(args.texts)
     ours_tokens = sum(token_counts[i] for i in ours_n)

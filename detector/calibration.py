@@ -331,7 +331,7 @@ def spec_for(text):
 def is_stale(calibration: Calibration, current_digests: set[str]) -> bool:
     """True when the detector would not use ``calibration``: it was measured under a common-unit table that
     is not the current one (``detector.common_units.current_digests``), or with one where the spec's kind
-    uses none (the detector compares the digests, service._current)."""
+    uses none (the detector compares the digests, scoring_request.current_calibrations)."""
     if parse_spec(calibration.spec).kind not in TABLE_KINDS:
         return calibration.common_units is not None
     return calibration.common_units not in current_digests

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 FIT, HELD_OUT = "fit", "held_out"
 DOMAINS = ("news", "encyclopedia", "reviews", "docs", "code", "boilerplate", "packages", "readmes")
 GENSIM_DATA = "gensim/test/test_data"
@@ -101,8 +103,6 @@ def held_out_long_texts(vocab) -> dict[str, list]:
 
 def _encoded(vocab, texts: list[str], keep: int, least: int) -> list:
     """The first ``keep`` token ids (numpy int64) of each text that has at least ``least``."""
-    import numpy as np
-
     encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     return [np.asarray(e.ids[:keep], dtype=np.int64) for e in encoded if len(e.ids) >= least]
 

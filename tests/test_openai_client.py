@@ -11,8 +11,8 @@ from http_fixtures import call, make_token, serve
 
 from api.generation.app import create_app
 from db.receipts import verify_receipt
-from detector.service import Detector
 from db.rows import text_sha256
+from detector.service import Detector
 from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 

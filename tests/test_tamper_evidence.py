@@ -13,8 +13,8 @@ from sqlalchemy import text
 from api.cli import main
 from db.audit import verify
 from db.audit_rows import ROW_DELETED, ROW_EDITED, ROW_UNLOGGED
-from db.receipts import ReceiptSigner, issue_receipt
 from db.caller import Caller
+from db.receipts import ReceiptSigner, issue_receipt
 from db.store import Store
 from db.verdicts import VerdictRecord
 

@@ -9,7 +9,7 @@ correlation over keys of the mean z on A and on B, the spread of the mean z on B
 that pass the screen's rule on A (``detector.calibration``: |mean z| more than SCREEN_SHIFT from 0 after two
 standard errors fails), and how many keys of each group are beyond 0.15 on B.
 
-    python scripts/collection_screen.py [--keys 60] [--specs "kgw:...;kgw:..."] [--out benchmarks/results/collection_screen.json]
+    python research/scripts/collection_screen.py [--keys 60] [--specs "kgw:...;kgw:..."] [--out benchmarks/results/collection_screen.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from detector import common_units, human_corpora  # noqa: E402
 from detector.calibrate import token_ids_of, window_z  # noqa: E402
 from detector.calibration import GUARD_SIGMAS, SCREEN_SHIFT  # noqa: E402
@@ -34,7 +34,7 @@ from watermark.vocab import load_vocabulary  # noqa: E402
 
 SPECS = "kgw:scheme=selfhash;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
 BAR = 0.15
-KEEP = 1500  # tokens of each document, as the held-out code of scripts/key_soundness.py
+KEEP = 1500  # tokens of each document, as the held-out code of research/scripts/key_soundness.py
 
 
 def collections(vocab) -> dict[str, list[list[int]]]:

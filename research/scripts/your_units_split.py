@@ -5,14 +5,14 @@
 scored with. This measures what that buys on collections nothing was fitted on: each collection is split by
 alternating texts, half A plays the user's corpus and half B the texts judged later (first ``--keep`` tokens,
 at least ``--least``). Per spec, under fixed keys (sha256("provmark-key-soundness/i"), as
-scripts/key_soundness.py), it reports the spread over keys of the mean z on B with the shipped table and with
+research/scripts/key_soundness.py), it reports the spread over keys of the mean z on B with the shipped table and with
 the shipped table merged with A's, the noise of a mean of that many texts, ``key_part = sqrt(spread^2 -
 noise^2)`` and the keys beyond |mean z| 0.15.
 
 Collections: ``--package NAME`` (an installed distribution's Python files over 3 kB, its tests left out) and
 ``--collection NAME=PATH`` (a directory or file, read as ``keys calibrate --corpus`` reads it), repeatable.
 
-    python scripts/your_units_split.py --package sqlalchemy --package transformers \\
+    python research/scripts/your_units_split.py --package sqlalchemy --package transformers \\
         --collection django_docs=/path/to/django/docs [--keys 30] [--keep 800] [--least 150]
 """
 
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from key_soundness import BAR, mean_z
 
 from api.cli.errors import CLIError
-from api.cli.keys import read_corpus
+from api.cli.keys.corpus import read_corpus
 from detector import common_units, human_corpora
 from detector.your_units import scoring_table
 from watermark.scheme import Watermark

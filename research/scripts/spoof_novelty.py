@@ -11,7 +11,7 @@ its outputs without itself for the null) and compares, at a 1e-3 level:
              own empirical tail
   or-rule    current (normal fit, 5e-4) or novelty (empirical, 5e-4)
 
-    python scripts/spoof_novelty.py --run RUN --estimator known-units     # RUN: the run's --out folder
+    python research/scripts/spoof_novelty.py --run RUN --estimator known-units     # RUN: the run's --out folder
 
 It reads the run's config from RUN/results.json (the same texts come from its cache; nothing is generated when
 the run is complete) and prints one JSON document.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ALPHA = 1e-3
 

@@ -1,6 +1,6 @@
 """Each fixed key's mean z on held-out human text, with and without the common-unit table (docs/detection.md).
 
-    python scripts/key_soundness.py [--keys 12] [--specs "kgw:scheme=selfhash;..."] [--out DIR]
+    python research/scripts/key_soundness.py [--keys 12] [--specs "kgw:scheme=selfhash;..."] [--out DIR]
                                     [--after-only] [--long] [--label LABEL] [--threshold SCHEME=T ...]
 
 Corpora: the held-out half of ``detector.human_corpora`` only (never used for the table or a key's
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from detector import common_units, human_corpora  # noqa: E402
 from detector.scoring import score_positions  # noqa: E402
 from watermark.scheme import Watermark  # noqa: E402

@@ -3,7 +3,7 @@ spoofs the detector accepts and the check lets through, against genuine output t
 fresh and after a user's blind edits of it (once the service has remembered it, as it does), also as the
 detector checks an edited output it recognises (``matches_own_output``): against the counts without it.
 
-    python scripts/spoof_level_trade.py --run RUN --estimator known-units --steal-tokens 100000,300000 \
+    python research/scripts/spoof_level_trade.py --run RUN --estimator known-units --steal-tokens 100000,300000 \
         --eval-texts 80 --rates 0.2,0.3 [--levels 0.001,0.01,0.05] [--edits 0.05,0.1,0.2]
 
 The flags must be the run's own (they name its cache); nothing is generated that the run did not cache,

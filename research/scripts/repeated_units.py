@@ -8,7 +8,7 @@ for the shipped rule ("0") and for counting a unit only when the text holds it f
 ``--by token`` counts the repeats of the position's token instead of its unit (a topic word or an identifier
 recurs as a token even where its units, pairs with different neighbours, do not).
 
-    python scripts/repeated_units.py [--keys 30] [--specs "kgw:...;kgw:..."] [--by unit|token]
+    python research/scripts/repeated_units.py [--keys 30] [--specs "kgw:...;kgw:..."] [--by unit|token]
                                      [--out benchmarks/results/repeated_units.json]
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from detector import common_units, human_corpora  # noqa: E402
 from detector.scoring import score_positions  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402

@@ -1,7 +1,7 @@
 """How ``matches_own_output`` (``db.output_grams``) separates edited output from human text, on the real outputs
 a finished ``provmark eval security`` run cached (docs/security.md):
 
-    python scripts/own_output_match.py --run RUN [--edits 0.1,0.2,0.3,0.4] [--edited 400] [--per-domain 400]
+    python research/scripts/own_output_match.py --run RUN [--edits 0.1,0.2,0.3,0.4] [--edited 400] [--per-domain 400]
 
 Every cached generation is remembered (its prompt's 5-grams left out, as the service does); the human
 texts of every shipped corpus domain (``detector.human_corpora``) and the run's own prompt corpus are

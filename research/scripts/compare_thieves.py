@@ -1,7 +1,7 @@
 """One figure from several ``provmark eval security`` runs of the same spec with different thieves
 (``--estimator``): spoof success against N, as the detector accepts it and with the spoof check on.
 
-    python scripts/compare_thieves.py --run "pair vote=RUN1" --run "learned anchors=RUN2" \
+    python research/scripts/compare_thieves.py --run "pair vote=RUN1" --run "learned anchors=RUN2" \
         --run "told the anchors (bound)=RUN3" --label selfhash-h4-g0.25-d2 --out docs/img/x.png
 """
 

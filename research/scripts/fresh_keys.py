@@ -9,7 +9,7 @@ With ``--your-texts`` each corpus is split by alternating lines: the keys are cr
 its first half (the deployment's own texts, one path per collection: screened on them, and their common units
 stored), and only the second halves are judged.
 
-    python scripts/fresh_keys.py --corpus paragraphs=P.jsonl --corpus code=C.jsonl [--keys 6] [--your-texts]
+    python research/scripts/fresh_keys.py --corpus paragraphs=P.jsonl --corpus code=C.jsonl [--keys 6] [--your-texts]
         [--specs "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"] [--out benchmarks/results/fresh_keys.json]
 
 Each corpus is a JSONL file of {"text": ...} lines (other fields are ignored), as ``provmark detect --jsonl`` reads.
@@ -30,7 +30,7 @@ import numpy as np
 from scipy.stats import binom
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from watermark.stats import Z_THRESHOLD, p_value_normal
 
 SPECS = "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
@@ -40,7 +40,7 @@ CLI = [sys.executable, "-m", "api.cli"]
 
 def run(args: list[str], home: Path) -> str:
     found = subprocess.run(CLI + args, check=False, env=dict(os.environ, PROVMARK_HOME=str(home)), capture_output=True,
-                           text=True, cwd=Path(__file__).resolve().parent.parent)
+                           text=True, cwd=Path(__file__).resolve().parents[2])
     if found.returncode != 0:
         raise SystemExit(f"provmark {' '.join(args)}: exit {found.returncode}\n{found.stderr[-2000:]}")
     return found.stdout

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from db.budget import DEFAULT_DAILY_TOKENS
+from db.output_memory import GRAMS_KEPT
 from db.receipts import DEFAULT_ISSUER
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings
-from db.output_memory import GRAMS_KEPT
 from watermark.paths import provmark_home
 
 ENV_PREFIX = "PROVMARK_"

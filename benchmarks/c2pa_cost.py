@@ -26,7 +26,6 @@ import c2pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import percentiles  # noqa: E402
-
 from provenance.c2pa_credential import load_c2pa_credential  # noqa: E402
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, manifest_definition, sign_text  # noqa: E402
 from provenance.c2pa_native import (  # noqa: E402

@@ -30,12 +30,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import percentiles  # noqa: E402
-
 from api.detector import routes_detect  # noqa: E402
 from api.detector.app import create_app as create_detector  # noqa: E402
 from api.generation.credentials import Credentials  # noqa: E402
-from db.receipts import ReceiptLinks, ReceiptSigner, SIGNED_FIELDS, store_receipt  # noqa: E402
+from benchmarks.common import percentiles  # noqa: E402
+from db.receipts import SIGNED_FIELDS, ReceiptLinks, ReceiptSigner, store_receipt  # noqa: E402
 from db.rows import iso_utc, new_id, text_sha256, utc_now  # noqa: E402
 from db.store import Store  # noqa: E402
 from detector.human_corpora import HELD_OUT, documents  # noqa: E402
@@ -75,9 +74,9 @@ def issuing(home: Path, repeats: int) -> dict:
 
 
 def over_http(home: Path, requests: int) -> dict:
+    from api.generation.app import create_app as create_generation  # noqa: PLC0415
     from generation.engine import Engine  # noqa: PLC0415 - the model loads only with --http
     from generation.models import load_model  # noqa: PLC0415
-    from api.generation.app import create_app as create_generation  # noqa: PLC0415
 
     app = create_generation({"home": home, "engine": Engine(load_model(), max_num_seqs=4, max_model_len=256),
                              "rate_limit": 0})

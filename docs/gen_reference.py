@@ -27,6 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # document this checkout's code, whatever is installed
     sys.path.insert(0, str(ROOT))
 
+import api.settings as settings  # noqa: E402 - after the path above
+from api.api_page import operations, schemas, type_of  # noqa: E402
+from api.cli.main import build_parser  # noqa: E402
+from api.detector.app import create_app  # noqa: E402
+from api.generation.app import openapi_document  # noqa: E402
+from watermark.paths import DEFAULT_HOME  # noqa: E402
+
 SERVICES = ("both", "detector", "generation")
 
 
@@ -70,8 +77,6 @@ def _slug(*words: str) -> str:
 
 def cli_commands(parser=None):
     """(path, parser, one-line help) of every command and sub-command, depth first in help order."""
-    from api.cli.main import build_parser
-
     parser = parser or build_parser()
     found = []
 
@@ -88,8 +93,6 @@ def cli_commands(parser=None):
 
 
 def cli_page() -> str:
-    from api.cli.main import build_parser
-
     columns = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal: the page should not depend on it
     try:
@@ -169,8 +172,6 @@ def _help(formatter, action) -> str:
 def detector_document() -> dict:
     """The detector's document as its app serves it, from an app on a temporary home (no tokenizer, no
     database bootstrap: routes are registered, never called)."""
-    from api.detector.app import create_app
-
     with tempfile.TemporaryDirectory() as home:
         app = create_app({"home": home, "bootstrap": False, "detector": object(), "rate_limit": 0})
         document = app.test_client().get("/openapi.json").get_json()
@@ -179,8 +180,6 @@ def detector_document() -> dict:
 
 
 def generation_document() -> dict:
-    from api.generation.app import openapi_document
-
     return openapi_document()
 
 
@@ -207,8 +206,6 @@ def http_page() -> str:
 
 
 def _service_section(key: str, title: str, document: dict) -> list[str]:
-    from api.api_page import operations, schemas
-
     info = document.get("info", {})
     out = [f"## {title} {{#{key}-service}}", "", _inline(info.get("description", "")), "",
            "| method | path | summary | scope |", "|---|---|---|---|"]
@@ -254,8 +251,6 @@ def _link(key: str, name: str) -> str:
 
 
 def _type_md(key: str, schema: dict) -> str:
-    from api.api_page import type_of
-
     return _type_words(key, type_of(schema))
 
 
@@ -270,9 +265,6 @@ def _type_words(key: str, text: str) -> str:
 
 def settings_rows() -> list[dict]:
     """Every variable: name, setting (or None), default, used by, meaning, where it is read."""
-    import api.settings as settings
-    from watermark.paths import DEFAULT_HOME
-
     table = _settings_table(settings.__doc__ or "")
     rows = []
     for field in fields(settings.Settings):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,8 +19,6 @@ MAX_MODULE_LINES = 400
 MAX_LOCAL_OWN_IMPORTS = 14  # fails at 15: each one left keeps a heavy dependency out of a start-up path
 # documents that were never in the repository; spelled in parts so this file does not cite them itself
 ABSENT_DOCUMENTS = tuple(f"{stem}.md".encode() for stem in ("FACTS", "ARCHITECTURE", "STYLE"))
-# known: docs pages that still cite them, to be emptied as those pages are fixed
-KNOWN_CITING = frozenset({"docs/deploy.md", "docs/engine.md", "docs/schemes.md", "docs/security.md"})
 
 
 def tracked_files() -> list[str]:
@@ -79,9 +76,4 @@ def test_no_file_cites_a_document_the_repository_does_not_hold():
     citing = {name for name in tracked_files()
               if any(document in (REPO / name).read_bytes() for document in ABSENT_DOCUMENTS)}
     names = ", ".join(document.decode() for document in ABSENT_DOCUMENTS)
-    new = sorted(citing - KNOWN_CITING)
-    assert not new, f"these files cite {names}, which are not in the repository: {new}"
-    fixed = KNOWN_CITING - citing
-    if fixed:  # a known page no longer cites them: take it off the list
-        warnings.warn(f"tests/test_layout.py: KNOWN_CITING lists pages that cite none of them now: {sorted(fixed)}",
-                      stacklevel=1)
+    assert not citing, f"these files cite {names}, which are not in the repository: {sorted(citing)}"

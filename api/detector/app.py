@@ -44,7 +44,8 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
-from api.api_page import ENDPOINTS as API_PAGE_ENDPOINTS, install_api_page
+from api.api_page import ENDPOINTS as API_PAGE_ENDPOINTS
+from api.api_page import install_api_page
 from api.detector import (
     routes_audit,
     routes_detect,

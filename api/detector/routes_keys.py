@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
+from api.detector.credential_layer import trust_anchors
 from api.detector.schemas import PublicKeyDocument
 from api.http import ApiError, ErrorResponse
-from api.detector.credential_layer import trust_anchors
 from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from db.receipts import ReceiptSigner
 from detector.two_part import published_document

@@ -29,21 +29,21 @@ from pydantic import BaseModel
 
 from api.api_page import install_api_page
 from api.generation import openai_compat, routes_native
+from api.generation.credentials import Credentials
 from api.generation.engine_worker import EngineWorker
 from api.generation.routes_common import GenerationService
 from api.generation.routes_models import TOKEN_ID_MARK
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
 from api.metrics import EngineCollector, install_metrics
+from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-from api.generation.credentials import Credentials
-from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from db.receipts import ReceiptLinks, ReceiptSigner
-from provenance.c2pa_credential import load_c2pa_credential
 from db.store import Store
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
+from provenance.c2pa_credential import load_c2pa_credential
 from watermark.keys import Keyring
 from watermark.processor import warm_up
 

@@ -118,6 +118,24 @@ def install_error_handlers(app: Flask) -> None:
         return error_response(500, "internal_error", "internal error")
 
 
+# ---- deprecated spellings ----
+def deprecated(message: str) -> None:
+    """Note that this request used a spelling that still works for one release; the answer says so in its
+    ``Deprecation`` and ``Warning`` headers (``install_deprecation_headers``)."""
+    g.setdefault("deprecations", []).append(message)
+
+
+def install_deprecation_headers(app: Flask) -> None:
+    @app.after_request
+    def _deprecation_headers(response: Response) -> Response:
+        notes = g.get("deprecations")
+        if notes:
+            response.headers["Deprecation"] = "true"
+            for note in notes:
+                response.headers.add("Warning", f'299 provmark "{note}"')
+        return response
+
+
 # ---- request bodies --------------------------------------------------------------------------
 class StrictModel(BaseModel):
     """Request models reject unknown fields, so typos are 422s rather than silently ignored."""
@@ -357,5 +375,6 @@ def _response_object(spec) -> dict:
     return {"description": str(spec)}
 
 
-__all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel",
+__all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel", "deprecated",
+           "install_deprecation_headers",
            "error_response", "install_body_limit", "install_error_handlers", "parse_body", "parse_query", "validate"]

@@ -31,7 +31,8 @@ TOKEN_COLUMNS = ("TOKEN ID", "NAME", "SCOPES", "CREATED (UTC)", "REVOKED (UTC)")
 
 def register(subparsers) -> None:
     db = _group(subparsers, "db", "manage the detector database")
-    _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade)
+    _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade).add_argument(
+        "--json", action="store_true", help="machine-readable output")
 
     audit = _group(subparsers, "audit", "inspect the audit log and its transparency log")
     _action(audit, "verify", "check the audit hash chain, and the verdict and receipt rows against it",
@@ -46,8 +47,9 @@ def register(subparsers) -> None:
     create.add_argument("--json", action="store_true", help="machine-readable output")
     _action(tokens, "list", "list API tokens (never the tokens themselves)", _tokens_list).add_argument(
         "--json", action="store_true", help="machine-readable output")
-    _action(tokens, "revoke", "revoke an API token for good", _tokens_revoke).add_argument(
-        "token_id", metavar="ID")
+    revoke = _action(tokens, "revoke", "revoke an API token for good", _tokens_revoke)
+    revoke.add_argument("token_id", metavar="ID")
+    revoke.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _group(subparsers, name: str, help_text: str):
@@ -92,6 +94,9 @@ def _run(handler, args) -> int:
 
 def _db_upgrade(store: Store, args) -> int:
     revision = store.upgrade()
+    if args.json:
+        print(json.dumps({"database": store.safe_url, "revision": revision}, indent=2))
+        return 0
     print(f"database {store.safe_url} is at revision {revision}")
     return 0
 
@@ -154,5 +159,8 @@ def _tokens_list(store: Store, args) -> int:
 def _tokens_revoke(store: Store, args) -> int:
     store.upgrade()
     info = revoke_token(store, args.token_id, actor=CLI_ACTOR)
+    if args.json:
+        print(json.dumps(info.to_dict(), indent=2))
+        return 0
     print(f"token {info.token_id} ({info.name}) is revoked since {info.revoked_at}")
     return 0

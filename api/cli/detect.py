@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from api.cli.actions import DeprecatedFlag
 from api.cli.errors import CLIError
 from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import Calibration, ShippedCalibrations
@@ -54,7 +55,8 @@ def add_scoring_options(parser) -> None:
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--key", action="append", dest="keys", metavar="ID",
                       help="test this key (repeat for several); default: every detection key")
-    keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
+    keys.add_argument("--all-keys", action=DeprecatedFlag, current="no --key (every detection key is the default)",
+                      help="deprecated for one release: leave --key out to test every detection key")
     parser.add_argument("--watermark", metavar="SPEC",
                         help="watermark spec (default: the --key keys' own spec, else the default kgw spec); also "
                              "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")

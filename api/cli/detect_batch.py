@@ -49,6 +49,7 @@ def register(subparsers) -> None:
         description="Score many texts; one verdict per input record, in order (exit 0 whatever the verdicts).")
     parser.add_argument("input", metavar="IN", help="records to score (.jsonl or .parquet)")
     parser.add_argument("--out", required=True, metavar="OUT", help="verdicts (.jsonl or .parquet)")
+    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON on stdout")
     parser.add_argument("--store", action="store_true", help="also store the verdicts in the database")
     parser.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: every core)")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -87,6 +88,10 @@ def run(args) -> int:
         temporary.unlink(missing_ok=True)
         raise
     watermarked = sum(v["verdict"] == "watermarked" for v in verdicts)
+    if args.json:
+        print(json.dumps({"texts": len(verdicts), "seconds": round(seconds, 3), "watermarked": watermarked,
+                          "out": str(args.out), "stored": store is not None}, indent=2))
+        return 0
     print(f"provmark: scored {len(verdicts)} texts in {seconds:.1f} s ({len(verdicts) / max(seconds, 1e-9):.0f}/s); "
           f"{watermarked} watermarked; wrote {args.out}" + ("; stored every verdict" if store else ""),
           file=sys.stderr)

@@ -31,6 +31,7 @@ def register(subparsers) -> None:
     get = add_action(actions, "get", "write a stored manifest store (.c2pa) to a file", _get)
     get.add_argument("manifest_id", metavar="ID", help="the manifest id (urn:c2pa:...), as a generation answered it")
     get.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write the .c2pa file")
+    get.add_argument("--json", action="store_true", help="machine-readable output")
     check = add_action(actions, "check", "check the Content Credentials of a text file", _check)
     check.add_argument("text", type=Path, metavar="TEXT", help="the text file, exactly as delivered (UTF-8)")
     check.add_argument("--manifest", type=Path, metavar="FILE", help="its detached manifest store (.c2pa); "
@@ -49,6 +50,10 @@ def _get(args) -> int:
         args.out.write_bytes(record.manifest_store)
     except OSError as error:
         raise CLIError(f"cannot write {args.out}: {error.strerror or error}") from None
+    if args.json:
+        print(json.dumps({"manifest_id": record.manifest_id, "receipt_id": record.receipt_id, "out": str(args.out),
+                          "bytes": len(record.manifest_store), "embedded": record.embedded}, indent=2))
+        return 0
     print(f"wrote {args.out} ({len(record.manifest_store)} bytes): the manifest of receipt {record.receipt_id}")
     return 0
 

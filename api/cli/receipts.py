@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                        help="the issuer's JWKS: a file, or its URL (e.g. http://host:8000/.well-known/jwks.json)")
     check.add_argument("--text", metavar="FILE", help="also check that this file holds the receipt's text")
     check.add_argument("--json", action="store_true", help="machine-readable output")
-    add_action(actions, "jwks", "print this home's JWKS (current and retired receipt keys)", _jwks)
+    add_action(actions, "jwks", "print this home's JWKS (current and retired receipt keys)", _jwks).add_argument(
+        "--json", action="store_true", help="accepted for uniformity: the JWKS is JSON either way")
     rotate = add_action(actions, "rotate-key", "start signing receipts with a new key (the old one stays in "
                                                "the JWKS)", _rotate)
     rotate.add_argument("--json", action="store_true", help="machine-readable output")

@@ -56,7 +56,7 @@ from api.detector import (
     routes_verdicts,
 )
 from api.detector.schemas import Health
-from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_deprecation_headers, install_error_handlers
 from api.metrics import count_verdict, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
@@ -126,6 +126,7 @@ def create_app(config: dict | None = None) -> Flask:
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)
+    install_deprecation_headers(app)
     app.json.sort_keys = False
     app.extensions[EXTENSION] = services
     install_error_handlers(app)

@@ -28,7 +28,7 @@ from flask import Blueprint, g, jsonify
 
 from api.detector.credential_layer import credential_layer, credentials_of
 from api.detector.schemas import DetectRequest, DetectResponse, Provenance
-from api.http import ApiError, ErrorResponse, parse_body
+from api.http import ApiError, ErrorResponse, deprecated, parse_body
 from db import budget
 from detector.calibration import null_record
 from detector.disclosure import EXPLAIN_SCOPE, recorded
@@ -101,6 +101,8 @@ def _parse_spec(raw: str | None) -> AnySpec | None:
 
 
 def _run_detection(services, body: DetectRequest, spec: AnySpec | None, text: str):
+    if body.all_keys:
+        deprecated("all_keys is deprecated; leave keys out to test every detection key")
     if body.all_keys and body.keys is not None:
         raise ApiError(422, "invalid_fields", "invalid fields: all_keys (give keys or all_keys=true, not both)",
                        details=[{"field": "all_keys", "message": "give either keys or all_keys=true, not both"}])

@@ -18,6 +18,7 @@ from pydantic import (
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
 from watermark.config import MAX_SPEC_CHARS
+from watermark.stats import Z_THRESHOLD
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
 from watermark.key_info import KEY_ID_RULE
 
@@ -41,7 +42,8 @@ class DetectRequest(StrictModel):
     text: StrictStr = Field(description="the text to score, as pasted (length limit: 413 above it)")
     keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
                                      description="key ids to test (default: every detection key)")
-    all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
+    all_keys: StrictBool = Field(False, description="deprecated for one release: leave keys out to test every "
+                                                    "detection key")
     watermark: StrictStr | None = Field(None, min_length=1, max_length=max(MAX_SPEC_CHARS, MAX_HF_SPEC_CHARS),
                                         description="watermark spec string (default: the named keys' own spec, else the default kgw spec); "
                                                     "kgw:, hf:, gumbel:, synthid:, hf:synthid,... or vllm:gumbel,...")
@@ -49,7 +51,7 @@ class DetectRequest(StrictModel):
     explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")
     normalize: StrictBool = Field(True, description="undo homoglyphs, invisible characters, odd spaces first")
     dedup: StrictBool = Field(True, description="count each distinct (h+1)-gram once")
-    z_threshold: float = Field(4.0, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
+    z_threshold: float = Field(Z_THRESHOLD, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")

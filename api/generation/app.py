@@ -33,7 +33,15 @@ from api.generation.credentials import Credentials
 from api.generation.engine_worker import EngineWorker
 from api.generation.routes_common import GenerationService
 from api.generation.routes_models import TOKEN_ID_MARK
-from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.http import (
+    Auth,
+    OpenAPI,
+    RateLimiter,
+    deprecated,
+    install_body_limit,
+    install_deprecation_headers,
+    install_error_handlers,
+)
 from api.metrics import EngineCollector, install_metrics
 from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
@@ -110,6 +118,7 @@ def create_app(config: dict | None = None) -> Flask:
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
+    install_deprecation_headers(app)
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
@@ -176,6 +185,7 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
     @api.route(bp, "/v1/receipts/public-key", methods=["GET"], summary="The receipt-signing public key",
                responses={200: PublicKey}, tags=["receipts"])
     def public_key():
+        deprecated("GET /v1/receipts/public-key is deprecated; the JWKS at /.well-known/jwks.json has every key")
         signer = service.signer
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})

@@ -3,7 +3,7 @@
 Requests take OpenAI's fields (model, prompt / messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, stop, stream, stream_options.include_usage, logprobs / top_logprobs, seed,
 presence_penalty, frequency_penalty, logit_bias, user) plus provmark's own, sent by OpenAI clients
-through ``extra_body``: watermark, key_id, top_k, min_p, typical_p, min_tokens, repetition_penalty...
+through ``extra_body``: watermark, keys, c2pa, top_k, min_p, typical_p, min_tokens, repetition_penalty...
 Fields neither API knows are ignored, as OpenAI clients send extras. Answers and stream chunks are
 shaped as OpenAI's (``text_completion``, ``chat.completion``, ``chat.completion.chunk``, ``[DONE]``),
 with one extra field ``provmark``: the signed receipt, the watermark and the C2PA manifest of the text
@@ -180,8 +180,7 @@ def _sampler_values(req: OpenAIRequest, max_new_tokens: int, logprobs: int | Non
 
 
 def _run(service, req: OpenAIRequest, prompt_ids: list[int], params, rename: dict, chat: bool):
-    spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the key's own spec
-    mark = service.watermark(False if spec is None else spec, req.key_id)
+    mark = service.request_watermark(req)
     started = service.start(prompt_ids, params, mark, streaming=req.stream, rename=rename)
     actor = g.token.caller.actor
     shape = ChatShape(service, req, started) if chat else CompletionShape(service, req, started)

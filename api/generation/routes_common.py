@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
-from api.http import ApiError, error_body
+from api.http import ApiError, deprecated, error_body
 from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams
@@ -32,6 +32,7 @@ from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import generation_watermark
 
+WATERMARK_OFF = "off"  # the request's watermark field: no watermark
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this (as vLLM does)
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's documented maximum for top_logprobs
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -125,18 +126,39 @@ class GenerationService:
             raise error_from_value_error(exc, rename) from None
         return params
 
-    def watermark(self, spec, key_id: str | None):
-        """The request's Watermark: ``spec`` None/True -> the key's own spec, False -> none, else a spec
-        string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
+    def request_watermark(self, req):
+        """The Watermark a request asks for: ``watermark`` (a spec, "off", or absent for the key's own spec) and
+        ``keys`` (one key id; absent: the active key), with the spellings deprecated for one release (null or
+        false for "off", true for absent, ``key_id``) still taken and flagged (``api.http.deprecated``)."""
+        asked = "watermark" in req.model_fields_set
+        spec = req.watermark if asked else True
+        if spec is None or spec is False:
+            deprecated('watermark: null and false are deprecated; send "off"')
+        elif spec is True and asked:
+            deprecated("watermark: true is deprecated; leave watermark out for the key's own spec")
+        if spec == WATERMARK_OFF or spec is None:
+            spec = False
+        key_field, key_id = "keys", req.keys[0] if req.keys else None
+        if req.key_id is not None:
+            if req.keys is not None:
+                raise invalid_field("key_id", "give keys (key_id is its deprecated spelling), not both")
+            deprecated("key_id is deprecated; send keys: [id]")
+            key_field, key_id = "key_id", req.key_id
+        return self.watermark(spec, key_id, key_field)
+
+    def watermark(self, spec, key_id: str | None, key_field: str = "keys"):
+        """The request's Watermark: ``spec`` True -> the key's own spec, False -> none, else a spec string;
+        ``key_id`` None -> the active key. 422 for a bad spec or key id (naming ``key_field``), 404 for an
+        unknown key."""
         if spec is False:
             if key_id is not None:
-                raise invalid_field("key_id", "nothing to key: the request turns the watermark off")
+                raise invalid_field(key_field, "nothing to key: the request turns the watermark off")
             return None
         if key_id is not None:
             try:
                 validate_key_id(key_id)
             except InvalidKeyIdError as exc:  # its message does not echo the value (it may be a pasted secret)
-                raise invalid_field("key_id", str(exc)) from None
+                raise invalid_field(key_field, str(exc)) from None
         try:
             mark = generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
                                         keyring=self.keyring)
@@ -147,9 +169,9 @@ class GenerationService:
         except KeyNotFoundError as exc:
             raise ApiError(404, "key_not_found", str(exc)) from None
         except KeySpecError as exc:
-            raise invalid_field("key_id", str(exc)) from None
+            raise invalid_field(key_field, str(exc)) from None
         except ValueError as exc:  # an hf spec with a key id
-            raise invalid_field("key_id", str(exc).removeprefix("key: ")) from None
+            raise invalid_field(key_field, str(exc).removeprefix("key: ")) from None
 
     # ------------------------------------------------------------------ running
     def start(self, prompt_ids: list[int], params: SamplingParams, watermark, *, streaming: bool,

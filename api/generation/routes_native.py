@@ -1,7 +1,7 @@
 """POST /v1/generate: provmark's own generation API, every sampler field under SamplingParams' names.
 
 Body: ``prompt`` (text or token ids) or ``messages`` (chat), the SamplingParams fields, ``watermark``
-(spec string; false/null = none; absent = the key's own spec) with ``key_id``, and ``stream``. Answer:
+(a spec string, "off" for none, absent for the key's own spec) with ``keys`` (one key id), and ``stream``. Answer:
 text, token ids, finish reason, usage, watermark, the signed receipt, and logprobs when asked.
 ``c2pa`` says how the text's C2PA manifest travels (``api.generation.credentials``); the answer's ``c2pa``
 says where it is. ``stream: true`` answers with server-sent events: ``{"delta": ...}`` pieces, then one
@@ -124,8 +124,7 @@ def blueprint(api, auth) -> Blueprint:
         values["stop"] = stop_list(req.stop)
         values["logit_bias"] = logit_bias_values(req.logit_bias)
         params = service.sampling_params({k: v for k, v in values.items() if v is not None})
-        spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the key's own spec
-        mark = service.watermark(False if spec is None else spec, req.key_id)  # null: no watermark
+        mark = service.request_watermark(req)
         started = service.start(prompt_ids, params, mark, streaming=req.stream)
         actor = g.token.caller.actor
         if req.stream:

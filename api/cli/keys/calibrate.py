@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from api.cli.actions import Spelling
 from api.cli.errors import CLIError
 from api.cli.keys.audit import KeyEvent
 from api.cli.keys.corpus import read_collections
@@ -28,8 +29,9 @@ HELP = "measure keys' null on human text (mean and spread of z per length, reali
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("key_ids", nargs="*", metavar="KEY_ID", help="default: every detection key")
-    parser.add_argument("--spec", action="append", metavar="SPEC",
-                        help="watermark spec to calibrate under (repeatable; default: each key's own spec)")
+    parser.add_argument("--watermark", "--spec", dest="spec", action=Spelling, current="--watermark", append=True,
+                        metavar="SPEC", help="watermark spec to calibrate under (repeatable; default: each key's own "
+                                             "spec)")
     parser.add_argument("--plot", metavar="PNG", help="also plot each key's null against N(0, 1) into this file")
     parser.add_argument("--corpus", action="append", metavar="PATH",
                         help="also measure the key on human text of yours, the kind you detect (repeatable): a "

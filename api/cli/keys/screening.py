@@ -8,6 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from api.cli.actions import Spelling
 from api.cli.errors import CLIError
 from api.cli.keys.corpus import read_collections
 from detector import calibrate as measuring
@@ -25,7 +26,8 @@ from watermark.vocab import load_vocabulary
 
 def add_screening_options(parser: argparse.ArgumentParser) -> None:
     """The options of the actions that draw a new key (``create``, ``rotate``)."""
-    parser.add_argument("--spec", metavar="SPEC", default=None,
+    parser.add_argument("--watermark", "--spec", dest="spec", action=Spelling, current="--watermark",
+                        metavar="SPEC", default=None,
                         help="the spec the new key watermarks with (kgw:..., gumbel:..., synthid:... or "
                              "vllm:gumbel,...); the detector scores the key only under it (default: the default spec)")
     parser.add_argument("--public-half", action="store_true",

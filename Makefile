@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-vllm serve bench bench-vllm clean
+.PHONY: install test test-vllm serve docs bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test-vllm: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/python -m api.serve_all
 
+# the documentation site (mkdocs.yml): the reference pages generated from the code, then a strict build into
+# site/ that fails on any warning (a broken link or anchor); tests/test_docs.py runs the same checks
+docs: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/watermark_overhead.py
 
@@ -43,4 +49,4 @@ bench-vllm: $(STAMP)
 	.venv-vllm/bin/python benchmarks/vllm_throughput.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache build site *.egg-info

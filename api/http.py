@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 
 # ---- errors ----------------------------------------------------------------------------------
 class ErrorBody(BaseModel):
-    code: str
+    """One error shape on every route of both services, OpenAI's (``message``, ``type``, ``param``, ``code``)
+    with ``details`` added: the official OpenAI clients raise their own exception classes with this message."""
+
     message: str
+    type: str = Field(description="the kind of error, as OpenAI names them (invalid_request_error, ...)")
+    param: str | None = Field(None, description="the request field at fault, when one is")
+    code: str
     details: list[dict[str, Any]] | None = None
 
 
@@ -59,12 +64,26 @@ class ApiError(Exception):
         self.details, self.headers = details, headers or {}
 
 
-def error_response(status: int, code: str, message: str, details: list | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
-    body: dict[str, Any] = {"code": code, "message": message}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               409: "conflict_error", 429: "rate_limit_error"}  # OpenAI's names; other 4xx: invalid_request_error
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(status: int, code: str, message: str, details: list | None = None) -> dict:
+    """``{"error": ...}`` as every answer of both services gives it (``ErrorBody``)."""
+    param = details[0].get("field") if details and isinstance(details[0], dict) else None
+    body: dict[str, Any] = {"message": message, "type": error_type(status), "param": param, "code": code}
     if details:
         body["details"] = details
-    response = jsonify({"error": body})
+    return {"error": body}
+
+
+def error_response(status: int, code: str, message: str, details: list | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(error_body(status, code, message, details))
     response.status_code = status
     for name, value in (headers or {}).items():
         response.headers[name] = value
@@ -97,6 +116,24 @@ def install_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception):
         log.exception("unhandled error")
         return error_response(500, "internal_error", "internal error")
+
+
+# ---- deprecated spellings ----
+def deprecated(message: str) -> None:
+    """Note that this request used a spelling that still works for one release; the answer says so in its
+    ``Deprecation`` and ``Warning`` headers (``install_deprecation_headers``)."""
+    g.setdefault("deprecations", []).append(message)
+
+
+def install_deprecation_headers(app: Flask) -> None:
+    @app.after_request
+    def _deprecation_headers(response: Response) -> Response:
+        notes = g.get("deprecations")
+        if notes:
+            response.headers["Deprecation"] = "true"
+            for note in notes:
+                response.headers.add("Warning", f'299 provmark "{note}"')
+        return response
 
 
 # ---- request bodies --------------------------------------------------------------------------
@@ -306,9 +343,12 @@ class OpenAPI:
             if op["body"] is not None:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": f"#/components/schemas/{op['body'].__name__}"}}}}
+            elif op["content_type"] != "application/json":  # a raw body, e.g. a text: any bytes are one
+                operation["requestBody"] = {"required": True, "content": {op["content_type"]: {
+                    "schema": {"description": f"the raw body ({op['content_type']})"}}}}
             for status, spec in op["responses"].items():
                 operation["responses"][str(status)] = _response_object(spec)
-            errors = [400, 422] if op["body"] is not None else []
+            errors = [400, 422] if op["body"] is not None or op["content_type"] != "application/json" else []
             errors += [422] if op["query"] is not None else []
             errors += [401, 403, 429] if op["scope"] else []
             errors += [503]
@@ -335,5 +375,6 @@ def _response_object(spec) -> dict:
     return {"description": str(spec)}
 
 
-__all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel",
+__all__ = ["ApiError", "Auth", "ErrorResponse", "Field", "OpenAPI", "RateLimiter", "StrictModel", "deprecated",
+           "install_deprecation_headers",
            "error_response", "install_body_limit", "install_error_handlers", "parse_body", "parse_query", "validate"]

@@ -40,6 +40,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -79,8 +80,6 @@ class ServiceMetrics:
         """The text exposition: this registry, or in multiprocess mode the sum over every worker."""
         if not os.environ.get(MULTIPROC_ENV):
             return generate_latest(self.registry)
-        from prometheus_client import multiprocess
-
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged)
         for collector in self._live:

@@ -1,8 +1,10 @@
-"""The JWKS both services publish at ``/.well-known/jwks.json``, and the CLI prints (``receipts jwks``).
+"""What both services publish for verifiers, without a token (anonymous callers are rate-limited per address
+where a service limits them):
 
-It lists the receipt-signing key in use and every key it replaced (``retired_at`` on those), so a
-receipt verifies with any JOSE library from this one document, before and after a rotation. No token:
-it is public by design (anonymous callers are rate-limited per address where a service limits them).
+    GET /.well-known/jwks.json    the JWKS of receipt keys (also ``provmark receipts jwks``): the key in use and
+                                  every key it replaced (``retired_at`` on those), so a receipt verifies with any
+                                  JOSE library from this one document, before and after a rotation
+    GET /v1/c2pa/trust-anchors    the PEM roots C2PA manifests chain to (the development CA's root by default)
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from db.receipts import ReceiptSigner
 
 JWKS_PATH = "/.well-known/jwks.json"
-JWKS_MEDIA_TYPE = "application/jwk-set+json"  # RFC 7517 section 8.5
 JWKS_MAX_AGE_S = 300  # a rotation reaches caches within minutes; retired keys stay listed anyway
 
 
@@ -50,7 +51,22 @@ def add_jwks_route(api, target, signer: Callable[[], ReceiptSigner], before: Cal
     def jwks() -> Response:
         if before is not None:
             before()
-        response = jsonify(jwks_document(signer()))
-        response.mimetype = JWKS_MEDIA_TYPE
+        response = jsonify(jwks_document(signer()))  # application/json, as JOSE libraries' fetchers expect
         response.headers["Cache-Control"] = f"public, max-age={JWKS_MAX_AGE_S}"
         return response
+
+
+TRUST_ANCHORS_PATH = "/v1/c2pa/trust-anchors"
+PEM_MEDIA_TYPE = "application/x-pem-file"
+
+
+def add_trust_anchors_route(api, target, anchors: Callable[[], str], before: Callable[[], None] | None = None) -> None:
+    """``GET /v1/c2pa/trust-anchors`` on ``target``: the PEM roots to give c2pa's Reader (``trust_anchors``)."""
+
+    @api.route(target, TRUST_ANCHORS_PATH, methods=["GET"], summary="The roots C2PA manifests chain to (PEM)",
+               responses={200: (PEM_MEDIA_TYPE, "PEM certificates")}, tags=["keys"])
+    def c2pa_trust_anchors() -> Response:
+        if before is not None:
+            before()
+        return Response(anchors(), mimetype=PEM_MEDIA_TYPE,
+                        headers={"Cache-Control": f"public, max-age={JWKS_MAX_AGE_S}"})

@@ -22,8 +22,12 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from http import HTTPStatus
+from io import BytesIO
+
+from api.http import error_body
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus-client when it is imported (api.metrics)
 
@@ -34,7 +38,7 @@ WORKER_CLASS = "api.serving.JSONErrorASGIWorker"
 
 def asgi_app(wsgi_app, threads: int):
     """``wsgi_app`` as an ASGI app whose requests run on ``threads`` threads."""
-    from a2wsgi import WSGIMiddleware
+    from a2wsgi import WSGIMiddleware  # noqa: PLC0415 (the server stack loads where a server starts, not with the CLI)
 
     return WSGIMiddleware(wsgi_app, workers=threads)
 
@@ -57,9 +61,7 @@ class InlineWSGI:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.fallback(scope, receive, send)
-        from io import BytesIO
-
-        from a2wsgi.wsgi import build_environ
+        from a2wsgi.wsgi import build_environ  # noqa: PLC0415 (the server stack loads where a server starts)
 
         length = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
         received, size = [], 0
@@ -106,7 +108,7 @@ def run_gunicorn(load, host: str, port: int, workers: int, *, timeout: int, grac
     """The one launcher of both services: gunicorn in this process with ``gunicorn_options`` (plus ``extra``
     settings, e.g. ``post_fork``), serving the app ``load()`` returns, until stopped. Settings this
     gunicorn version lacks are skipped (``control_socket_disable`` exists from gunicorn 27 on)."""
-    from gunicorn.app.base import BaseApplication
+    from gunicorn.app.base import BaseApplication  # noqa: PLC0415 (the server stack loads where a server starts)
 
     options = {**gunicorn_options(host, port, workers, timeout=timeout, graceful_timeout=graceful_timeout,
                                   proc_name=proc_name), **extra}
@@ -143,8 +145,6 @@ def prepare_metrics_dir(workers: int) -> str | None:
         path = tempfile.mkdtemp(prefix="provmark-metrics-")
         os.environ[MULTIPROC_ENV] = path
         atexit.register(shutil.rmtree, path, True)
-    import sys
-
     values = sys.modules.get("prometheus_client.values")
     if values is not None:  # imported already: metrics made from now on must use the shared files too
         values.ValueClass = values.get_value_class()
@@ -154,13 +154,14 @@ def prepare_metrics_dir(workers: int) -> str | None:
 def _mark_worker_dead(_server, worker) -> None:
     """A worker that exited stops counting towards live gauges (its counters stay in the sum)."""
     if os.environ.get(MULTIPROC_ENV):
-        from prometheus_client import multiprocess
+        # prometheus-client picks its value class when first imported: never before prepare_metrics_dir
+        from prometheus_client import multiprocess  # noqa: PLC0415 (import order: see the line above)
 
         multiprocess.mark_process_dead(worker.pid)
 
 
 def _json_error_protocol():
-    from gunicorn.asgi.protocol import ASGIProtocol
+    from gunicorn.asgi.protocol import ASGIProtocol  # noqa: PLC0415 (gunicorn imports the worker class lazily)
 
     class JSONErrorProtocol(ASGIProtocol):
         """gunicorn's own early answers (414, 431, 400, 501) with the services' JSON error body."""
@@ -171,8 +172,8 @@ def _json_error_protocol():
             except ValueError:
                 phrase = "Error"
             code = phrase.lower().replace(" ", "_").replace("-", "_")
-            body = json.dumps({"error": {"code": code, "message": f"{phrase.lower()}: the request was refused "
-                                                                  "before it reached the service"}}).encode()
+            body = json.dumps(error_body(status, code, f"{phrase.lower()}: the request was refused before it "
+                                                       "reached the service")).encode()
             head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(body)}\r\n"
                     + "".join(f"{name}: {value}\r\n" for name, value in extra_headers)
@@ -184,7 +185,7 @@ def _json_error_protocol():
 
 
 def _worker_class():
-    import gunicorn.workers.gasgi as gasgi
+    import gunicorn.workers.gasgi as gasgi  # noqa: PLC0415 (gunicorn imports the worker class lazily)
 
     class JSONErrorASGIWorker(gasgi.ASGIWorker):
         def init_process(self):

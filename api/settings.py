@@ -24,6 +24,17 @@ fields it uses and ignores the rest.
                                                 its JWKS is (/.well-known/jwks.json)
     detector_url     PROVMARK_DETECTOR_URL      http://127.0.0.1:8001: the detection tool that        generation
                                                 receipts and C2PA manifests point to
+    c2pa_cert_chain  PROVMARK_C2PA_CERT_CHAIN   PEM chain signing C2PA manifests, signing cert first   generation
+                                                (unset: a development CA made in home/c2pa)
+    c2pa_private_key PROVMARK_C2PA_PRIVATE_KEY  its PEM private key (Ed25519 or P-256); with the chain generation
+    c2pa_tsa_url     PROVMARK_C2PA_TSA_URL      an RFC 3161 time-stamp authority for manifests         generation
+    c2pa_trust_anchors
+                     PROVMARK_C2PA_TRUST_ANCHORS  PEM roots a manifest must chain to to be Trusted     both
+                                                (unset: the development root, or the chain's root)
+
+The variables read elsewhere (the master key, caches, kernels, metrics) are listed in ``READ_ELSEWHERE``.
+Both tables make the settings reference of the documentation (docs/gen_reference.py), and
+tests/test_docs.py checks that every ``PROVMARK_*`` name in the code is in one of them.
 """
 
 from __future__ import annotations
@@ -35,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from db.budget import DEFAULT_DAILY_TOKENS
-from db.receipts import DEFAULT_ISSUER
 from db.output_memory import GRAMS_KEPT
+from db.receipts import DEFAULT_ISSUER
+from provenance.c2pa_credential import C2paCredentialError, C2paSettings
 from watermark.paths import provmark_home
 
 ENV_PREFIX = "PROVMARK_"
@@ -44,6 +56,31 @@ DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
 DEFAULT_DETECTOR_URL = "http://127.0.0.1:8001"  # the detector of `make serve`
+
+# Variables read outside Settings: variable -> (default, used by, meaning, read in).
+READ_ELSEWHERE = {
+    "PROVMARK_MASTER_KEY": ("unset", "both, CLI, vLLM plugin",
+                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and the "
+                            "receipt signing key; unset: a generated $PROVMARK_HOME/master.key (0600)",
+                            "watermark/keyring_seal.py"),
+    "PROVMARK_MODELS_DIR": ("$PROVMARK_HOME/models", "both, CLI", "the converted model and tokenizer cache",
+                            "watermark/paths.py"),
+    "PROVMARK_METRICS_TOKEN": ("unset", "both", "when set, GET /metrics needs this bearer token", "api/metrics.py"),
+    "PROMETHEUS_MULTIPROC_DIR": ("unset", "both",
+                                 "the folder where several gunicorn workers' metrics are summed; unset, "
+                                 "provmark serve makes a private one per server", "api/serving.py"),
+    "PROVMARK_COMPILE": ("1", "generation, CLI",
+                         "0: the watermark bias without the torch.compile fused kernel (eager tensors) where the "
+                         "C++ kernel is not used", "watermark/greenlist.py"),
+    "PROVMARK_NATIVE": ("1", "both, CLI",
+                        "0: no C/C++ kernel (engine, PRF, scoring pass, count tables); the Python and torch paths "
+                        "give the same results, slower", "watermark/native_build.py, generation/cpu/native.py"),
+    "PROVMARK_KERNEL_DIR": ("~/.cache/provmark/kernels", "both, CLI", "where the built C/C++ kernels are cached",
+                            "watermark/native_build.py"),
+    "PROVMARK_BATCH_TRANSPORT_KEY": ("set by detect-batch", "detect-batch --ray",
+                                     "internal: the per-job key that seals key secrets for Ray workers; never set "
+                                     "it yourself", "detector/batch_secrets.py"),
+}
 
 
 @dataclass(slots=True)
@@ -65,6 +102,10 @@ class Settings:
     max_pending: int = DEFAULT_MAX_PENDING
     issuer: str = DEFAULT_ISSUER
     detector_url: str = DEFAULT_DETECTOR_URL
+    c2pa_cert_chain: Path | None = None
+    c2pa_private_key: Path | None = None
+    c2pa_tsa_url: str | None = None
+    c2pa_trust_anchors: Path | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -80,6 +121,19 @@ class Settings:
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
         self.issuer = _as_url("issuer", self.issuer)
         self.detector_url = _as_url("detector_url", self.detector_url)
+        for name in ("c2pa_cert_chain", "c2pa_private_key", "c2pa_trust_anchors"):
+            if getattr(self, name) is not None:
+                setattr(self, name, Path(getattr(self, name)).expanduser())
+        if self.c2pa_tsa_url is not None:
+            self.c2pa_tsa_url = _as_url("c2pa_tsa_url", self.c2pa_tsa_url)
+
+    def c2pa(self) -> C2paSettings:
+        """The C2PA credential settings (``provenance.c2pa_credential``); a bad combination is a ValueError."""
+        try:
+            return C2paSettings(cert_chain=self.c2pa_cert_chain, private_key=self.c2pa_private_key,
+                                tsa_url=self.c2pa_tsa_url, trust_anchors=self.c2pa_trust_anchors)
+        except C2paCredentialError as error:
+            raise ValueError(str(error)) from None
 
     @classmethod
     def load(cls, config: dict[str, Any] | None = None) -> Settings:

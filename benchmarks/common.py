@@ -40,6 +40,20 @@ def time_call(fn, repeats: int, warmup: int = 2) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "repeats": repeats}
 
 
+def percentiles(fn, repeats: int, warmup: int = 5) -> dict:
+    """p50, p95 and min wall time of ``fn()`` in milliseconds after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    samples.sort()
+    return {"p50_ms": round(statistics.median(samples), 4), "p95_ms": round(samples[int(0.95 * (repeats - 1))], 4),
+            "min_ms": round(samples[0], 4), "repeats": repeats}
+
+
 def machine() -> dict:
     return {
         "python": platform.python_version(),

@@ -22,7 +22,8 @@ sampling rows do.
 turns with the one-part key.
 ``spoof_check``: positive verdicts (1,000-token texts drawn with the default spec's bias from the corpus's
 words) with the service's own-output memory (``db.output_memory``, a SQLite file holding ``--outputs``
-remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy, `MemoryMirror`) against the same detector without it, taking turns: what
+remembered 200-token outputs drawn from the same words, read as a detector worker reads it: its in-process copy,
+`MemoryMirror`) against the same detector without it, taking turns: what
 the spoof check (``detector.spoof_check``) and the own-output match (``db.output_grams``) cost a stream of
 positives; ``negatives_relative_throughput``: the same for human 1,000-token texts (the match alone).
 Both detectors read a real keyring in a temporary folder (the match's n-gram key comes from its master key).
@@ -54,9 +55,11 @@ from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, write_json  # noqa: E402
+from detector.kgw_verdict import score_kgw  # noqa: E402
 from detector.normalize import normalize  # noqa: E402
 from detector.scoring import Decision  # noqa: E402
-from detector.service import Detector, _Options, _score  # noqa: E402
+from detector.scoring_request import ScoringOptions, ScoringRequest  # noqa: E402
+from detector.service import Detector  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.public_key import public_half_secret  # noqa: E402
 from watermark.specs import parse_spec  # noqa: E402
@@ -365,12 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     detector = Detector(vocab=vocab, keyring=OneKey())
     spec = WatermarkSpec.default()
     marks = detector.watermarks(spec)
-    options = _Options(False, False, True, True, Decision.make())
+    options = ScoringOptions(windows=False, explain=False, dedup=True, normalize=True, decision=Decision.make())
     id_tensors = [torch.tensor(encode(vocab, t)) for t in texts]
 
     def score_only(i: int):
-        return _score(texts[i], normalize(texts[i], False), id_tensors[i], None, marks, spec, vocab, options,
-                      detector.calibrations_for(marks), detector.common_units_for(spec), detector.dither_key)
+        return score_kgw(ScoringRequest(
+            text=texts[i], normalized=normalize(texts[i], False), ids=id_tensors[i], offsets=None, marks=marks,
+            spec=spec, vocab=vocab, options=options, calibrations=detector.calibrations_for(marks),
+            common=detector.common_units_for(spec), dither_key=detector.dither_key))
 
     ours_n = range(args.texts)
     ours_tokens = sum(token_counts[i] for i in ours_n)

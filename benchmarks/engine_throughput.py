@@ -1,6 +1,6 @@
 """Engine throughput vs transformers ``model.generate`` on the same model, settings and machine.
 
-Workloads (FACTS.md's): batch 1 and 16 concurrent requests (prompt lengths 10..200), 128 new tokens
+Workloads: batch 1 and 16 concurrent requests (prompt lengths 10..200), 128 new tokens
 forced (min_new_tokens = max_new_tokens), greedy and sampled; plus the engine's slowdown when every
 request is watermarked (default spec, a throwaway key; with ``--two-part`` also a two-part key, whose
 two halves are both biased). Each figure is the median of ``--runs`` timed
@@ -30,8 +30,8 @@ from watermark.public_key import public_half_secret
 from watermark.scheme import Watermark
 
 # OpenMP's wait policy must be chosen before torch loads OpenMP. By default the run keeps OpenMP's own
-# default (workers spin a while before sleeping), which is what a service gets and how FACTS.md's peers
-# were measured; short kernels pay a thread wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
+# default (workers spin a while before sleeping), which is what a service gets; short kernels pay a thread
+# wake-up each under PASSIVE (2-3x slower 576x576 matmuls here).
 # On a loaded machine, --omp-wait-policy passive: two spinning processes stall each other (0.7 vs
 # 8 tokens/s measured at batch 1).
 WAIT_POLICIES = ("default", "passive", "active")
@@ -62,9 +62,9 @@ from generation.models import load_model
 from generation.sample.sampler import SamplingParams
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
-NEW_TOKENS = 128  # FACTS.md workload
+NEW_TOKENS = 128
 BATCH = 16
-PROMPT_LENGTHS = (10, 200)  # FACTS.md: 16 prompts of 10..200 tokens
+PROMPT_LENGTHS = (10, 200)  # 16 prompts of 10..200 tokens
 PROMPT_SEED = 1234
 SAMPLED = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}  # one common sampling setting, same on both sides
 FIRST_PLAIN_TOKEN = 100  # SmolLM2 ids below this are special/control tokens; prompts avoid them

@@ -2,9 +2,9 @@
 
     python benchmarks/sampling_engine_cost.py [--rounds 3] [--tokens 48] [--threads 2] [--out FILE]
 
-For each setting (FACTS.md's sampled setting: T 0.8, top-k 50, top-p 0.95; and plain temperature 1) and
+For each setting (engine_throughput.py's sampled setting: T 0.8, top-k 50, top-p 0.95; and plain temperature 1) and
 each watermark (none, the default KGW spec, gumbel:h=4, synthid:h=4, hf:synthid with 30 keys), 16 requests
-(FACTS.md prompts: 10..200 tokens) are submitted together and the engine is stepped to the end; each
+(prompts of 10..200 tokens, as engine_throughput.py's) are submitted together and the engine is stepped to the end; each
 decode step (every row decoding) is timed, and so is its post-processing (the LogitsPipeline, where
 every watermark runs). Reported per watermark: median step and post-processing times, the step's change
 against the unwatermarked step (noisy on a shared machine: the forward pass dominates), and the

@@ -4,8 +4,8 @@ Task: "Rewrite the following passage in your own words" + a news article from th
 test data), chat template, greedy, up to 128 new tokens. Arms, interleaved per run so load from other
 processes hits all of them: the engine (``Engine.generate``), the speculative loop with no drafter
 (plain decoding on the same private-cache loop), and prompt lookup with k = 5 (the default) and k = 3.
-``--draft-model`` adds a draft-model arm (k = 3). Greedy outputs are checked token-identical across arms. Figures are medians over passages x runs of
-tokens/s; acceptance rate is accepted / proposed drafts over all runs.
+``--draft-model`` adds a draft-model arm (k = 3). Greedy outputs are checked token-identical across arms.
+Figures are medians over passages x runs of tokens/s; acceptance rate is accepted / proposed drafts over all runs.
 
     python benchmarks/speculative.py [--runs 3] [--passages 3] [--threads 2] [--new-tokens 128]
 

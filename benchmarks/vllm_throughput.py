@@ -42,7 +42,7 @@ RESULT_PATH = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SETUP_SCRIPT = "scripts/setup_vllm_venv.sh"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
-# FACTS.md, "vLLM on this CPU": a bounded KV cache, no core held back for the front end
+# a bounded KV cache (GiB) and no core held back for the front end (vLLM's CPU installation guide, docs.vllm.ai)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
 MAX_MODEL_LEN = 512  # the longest prompt (200) + 128 new tokens, like engine_throughput.py
 CHILD_TIMEOUT_S = 3600

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,8 +26,10 @@ from db.audit import append_event, lock_chain
 from db.caller import Caller
 from db.rows import ApiTokenRow, iso_utc, new_id, utc_now
 from db.store import Store
-from watermark.paths import write_private_atomic  # one atomic 0600 writer for the project
-from watermark.paths import provmark_home
+from watermark.paths import (
+    provmark_home,
+    write_private_atomic,  # one atomic 0600 writer for the project
+)
 
 TOKEN_PREFIX = "pmk_"
 TOKEN_BYTES = 32  # 256 bits: unguessable, so SHA-256 storage is adequate (see module docstring)
@@ -160,8 +163,6 @@ def announce_admin_token(service: str, token: str, path: Path, stream=None) -> N
     """Tell the operator a bootstrap admin token exists. The token itself is shown only on an
     interactive terminal: a service's stderr is usually a log (systemd, docker, a file), and a token in a
     log is a token for whoever reads logs. Elsewhere the line names the 0600 file that holds it."""
-    import sys
-
     stream = stream if stream is not None else sys.stderr
     if stream.isatty():
         print(f"provmark {service}: bootstrap admin token {token} (shown once; also in {path}, mode 0600)",

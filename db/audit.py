@@ -14,8 +14,10 @@ appends from many processes form one chain, and deleting the newest events is st
 describes commit together or not at all. Call it last in the transaction: the head lock is held until
 commit. Details name things (ids, scores); they never hold secrets or texts.
 
-Not detected: someone with write access who rewrites the whole chain and head consistently; publish
-``AuditReport.head_hash`` elsewhere from time to time to anchor it.
+Each event is also a leaf of the transparency log (``db.transparency``): its ``leaf_hash`` is
+SHA-256(0x00 || ``log_entry``), written with the event. ``verify`` also checks every leaf hash and every
+kept signed tree head (``db.audit_heads``), so a chain rewritten consistently, head included, is still
+caught once a head it contradicts was signed; publish the signed heads to anchor them.
 """
 
 from __future__ import annotations
@@ -24,13 +26,25 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.audit_report import DELETED, EDITED, HEAD_MISMATCH, REORDERED, AuditProblem, AuditReport
+from db.audit_heads import KeptHeadCheck
+from db.audit_report import (
+    DELETED,
+    EDITED,
+    HEAD_MISMATCH,
+    LEAF_MISMATCH,
+    REORDERED,
+    AuditProblem,
+    AuditReport,
+)
 from db.audit_rows import check_rows
 from db.rows import AuditEventRow, AuditHeadRow, iso_utc, new_id, utc_now
+from provenance.merkle import MerkleAccumulator, leaf_hash
 
 GENESIS_HASH = hashlib.sha256(b"provmark/audit/genesis").hexdigest()
 HEAD_ROW_ID = 1
@@ -75,6 +89,27 @@ def event_hash(prev_hash: str, event_id: str, kind: str, actor: str, subject_id:
     return hashlib.sha256(canonical_json(document)).hexdigest()
 
 
+def log_entry(seq: int, event_id: str, kind: str, subject_id: str | None, created_at: str, details,
+              chain_hash: str) -> bytes:
+    """The event as a transparency-log entry: canonical JSON of {"v": 1, "seq", "event_id", "kind",
+    "subject_id", "subject_sha256", "created_at", "event_hash"}. ``event_hash`` is the chain hash (it
+    commits to actor and details, which the entry need not show); ``subject_sha256`` is the details'
+    ``subject_sha256``, else their ``row_sha256``, else null."""
+    details = details if isinstance(details, dict) else {}
+    subject_sha256 = details["subject_sha256"] if "subject_sha256" in details else details.get("row_sha256")
+    return canonical_json({"v": 1, "seq": seq, "event_id": event_id, "kind": kind, "subject_id": subject_id,
+                           "subject_sha256": subject_sha256, "created_at": created_at, "event_hash": chain_hash})
+
+
+def row_log_entry(row: AuditEventRow) -> bytes | None:
+    """The log entry of a stored event as it reads now (its chain hash recomputed); None if unreadable."""
+    chain_hash = _recomputed_hash(row)
+    if chain_hash is None:
+        return None
+    return log_entry(row.seq, row.event_id, row.kind, row.subject_id, iso_utc(row.created_at),
+                     json.loads(row.details), chain_hash)
+
+
 def lock_chain(session: Session) -> AuditHeadRow:
     """Lock and return the chain head: call first in check-then-write transactions that append."""
     query = select(AuditHeadRow).where(AuditHeadRow.id == HEAD_ROW_ID).with_for_update()
@@ -98,8 +133,10 @@ def append_event(session: Session, kind: str, actor: str, subject_id: str | None
     head = lock_chain(session)
     event_id, created_at = new_id(), utc_now()
     digest = event_hash(head.hash, event_id, kind, actor, subject_id, iso_utc(created_at), details)
+    entry = log_entry(head.seq + 1, event_id, kind, subject_id, iso_utc(created_at), details, digest)
     row = AuditEventRow(seq=head.seq + 1, event_id=event_id, kind=kind, actor=actor, subject_id=subject_id,
-                        created_at=created_at, details=details_json, prev_hash=head.hash, hash=digest)
+                        created_at=created_at, details=details_json, prev_hash=head.hash, hash=digest,
+                        leaf_hash=leaf_hash(entry).hex())
     session.add(row)
     head.seq, head.hash = row.seq, digest
     session.flush()
@@ -120,9 +157,12 @@ def list_events(store, after_seq: int = 0, limit: int = 100, kind: str | None = 
         return [_to_event(row) for row in session.scalars(query.order_by(AuditEventRow.seq).limit(limit))]
 
 
-def verify(store, progress=None) -> AuditReport:
-    """Walk the whole chain; report every edited, deleted or reordered event by seq and id, then every
-    verdict or receipt row that disagrees with its event, lost its row or has no event (audit_rows).
+def verify(store, progress=None, log_key: Ed25519PublicKey | None = None, home: Path | None = None) -> AuditReport:
+    """Walk the whole chain; report every edited, deleted or reordered event by seq and id, every stored
+    leaf hash that no longer matches its event, every kept tree head whose root the events no longer give
+    or whose signatures fail under ``log_key`` (default: the log key in ``home``, else ``$PROVMARK_HOME``;
+    see ``db.audit_heads``), then every verdict or receipt row that disagrees with its event, lost its row
+    or has no event (audit_rows).
 
     Reads one consistent snapshot (SQLite WAL read transaction, PostgreSQL REPEATABLE READ), so it
     can run while other workers append. ``progress(steps)`` (e.g. a tqdm bar's ``update``) is called as
@@ -134,6 +174,8 @@ def verify(store, progress=None) -> AuditReport:
         head = session.get(AuditHeadRow, HEAD_ROW_ID)
         report = AuditReport(events=0, head_seq=head.seq, head_hash=head.hash)
         expected_seq, last_hash, last_flagged = 1, GENESIS_HASH, False
+        tree, kept_heads = MerkleAccumulator(), KeptHeadCheck(session, log_key, home)
+        report.problems.extend(kept_heads.check_at(tree))
         while True:
             batch = list(session.scalars(
                 select(AuditEventRow).where(AuditEventRow.seq >= expected_seq)
@@ -144,6 +186,8 @@ def verify(store, progress=None) -> AuditReport:
                 problems = _check_row(session, row, expected_seq, last_hash, last_flagged)
                 report.problems.extend(problems)
                 expected_seq, last_hash, last_flagged = row.seq + 1, row.hash, bool(problems)
+                report.problems.extend(_check_leaf(row, tree, reported=any(p.seq == row.seq for p in problems)))
+                report.problems.extend(kept_heads.check_at(tree))
             if progress is not None:
                 progress(len(batch))
             if len(batch) < VERIFY_BATCH:
@@ -157,6 +201,8 @@ def verify(store, progress=None) -> AuditReport:
             report.problems.append(AuditProblem(
                 None, None, HEAD_MISMATCH,
                 f"the chain head says seq {head.seq} but the last event is seq {last_seq} with another hash"))
+        report.problems.extend(kept_heads.finish(tree))
+        report.tree_heads_checked = kept_heads.checked
         check_rows(session, report, progress)
     return report
 
@@ -184,6 +230,19 @@ def _check_row(session: Session, row: AuditEventRow, expected_seq: int, last_has
                                          f"event {row.seq} ({row.event_id}) does not follow event "
                                          f"{row.seq - 1}: a previous event was replaced or its link edited"))
     return problems
+
+
+def _check_leaf(row: AuditEventRow, tree: MerkleAccumulator, reported: bool) -> list[AuditProblem]:
+    """Grow ``tree`` by the event as it reads now; a stored leaf hash that disagrees is a problem, unless
+    the event itself was already ``reported`` (one edit, one problem: its leaf changed with it)."""
+    entry = row_log_entry(row)
+    leaf = leaf_hash(entry) if entry is not None else bytes(32)  # unreadable: a leaf no head can contain
+    tree.append(leaf)
+    if reported or row.leaf_hash == leaf.hex():
+        return []
+    return [AuditProblem(row.seq, row.event_id, LEAF_MISMATCH,
+                         f"event {row.seq} ({row.event_id}) no longer matches its transparency-log leaf hash"
+                         if row.leaf_hash else f"event {row.seq} ({row.event_id}) has no transparency-log leaf hash")]
 
 
 def _recomputed_hash(row: AuditEventRow) -> str | None:

@@ -1,9 +1,9 @@
 """Unit identity -> count, as a detector worker holds one key's memory of its own output (``db.output_memory``).
 
 An open-addressing hash table (linear probing from the identity's top bits; identities are 64-bit hashes, so
-those are uniform) of (unit, count) pairs side by side in one numpy array, kept at most half full. The spoof check looks up every counted unit of
-a positive verdict: one or two cache lines per unit, where a binary search over the same units sorted touched
-~17 (measured: a 1,000-token positive's lookups cost 0.15-0.25 ms in a detection's working set that way).
+those are uniform) of (unit, count) pairs side by side in one numpy array, kept at most half full. The spoof
+check looks up every counted unit of a positive verdict: one or two cache lines per unit, where a binary search
+over the same units sorted touched ~17 (measured: a 1,000-token positive's lookups cost 0.15-0.25 ms in a detection's working set that way).
 ``csrc/count_table.c`` does the adds, lookups and the spoof check's sums in C, built once with the system
 compiler and cached like the other native kernels (``watermark.native_build``); without a compiler, or with
 ``PROVMARK_NATIVE=0``, numpy gives the same numbers.

@@ -18,7 +18,7 @@ that an output which mostly copies one earlier output (greedy decoding asked aga
 twice, the same request continued) leaves that output's 5-grams to it (``db.count_table.OwnerTable``).
 
 Measured on 2,845 real outputs of the default model and 2,325 human texts of eight domains (news,
-encyclopedia, reviews, docs, code, package code, readmes, licences; ``scripts/own_output_match.py``,
+encyclopedia, reviews, docs, code, package code, readmes, licences; ``research/scripts/own_output_match.py``,
 docs/security.md): human texts share at most 4 such 5-grams with one output; outputs after random token
 substitution at 10 / 20 / 30 / 40 % keep at least 8 in 100 / 99.75 / 91.5 / 42 % of cases.
 """

@@ -3,9 +3,9 @@
 Per key: in how many watermarked outputs each unit occurred (``output_units``; key-free unit identities,
 never text), and one row per output with the spoof z of that output against the counts before it
 (``key_outputs``: the check's null, from the WARMUP-th output on: against a nearly empty memory every
-unit looks unlearnable and the z of early outputs is not what later ones get). The generation service records an output when it issues its receipt; the detector service reads
-both for a verdict that says ``watermarked`` (``detector.spoof_check``). Shared by every worker of both
-services through the store, on SQLite and PostgreSQL alike (atomic upserts).
+unit looks unlearnable and the z of early outputs is not what later ones get). The generation service records
+an output when it issues its receipt; the detector service reads both for a verdict that says ``watermarked``
+(``detector.spoof_check``). Shared by every worker of both services through the store, on SQLite and PostgreSQL alike (atomic upserts).
 
 A detector worker does not query the store per verdict: ``MemoryMirror`` keeps each key's counts and null in
 the process, loaded once from the aggregate and then following the key's new ``key_outputs`` rows (each

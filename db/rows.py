@@ -160,6 +160,8 @@ class AuditEventRow(Base):
     details: Mapped[str] = mapped_column(Text)  # canonical JSON, exactly the hashed bytes
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # hex SHA-256(0x00 || log entry): the event as a leaf of the transparency log (db.audit.log_entry)
+    leaf_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AuditHeadRow(Base):
@@ -170,6 +172,22 @@ class AuditHeadRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq: Mapped[int] = mapped_column(Integer)
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class TreeHeadRow(Base):
+    """A signed head of the transparency log, kept for good (``db.transparency``, ``provenance.tree_head``)."""
+
+    __tablename__ = "tree_heads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tree_size: Mapped[int] = mapped_column(BigInteger, index=True)
+    timestamp: Mapped[int] = mapped_column(BigInteger)  # milliseconds since the epoch, as signed
+    root_hash: Mapped[str] = mapped_column(String(64))  # hex
+    signature: Mapped[str] = mapped_column(String(100))  # base64 Ed25519 over TreeHeadDataV2
+    key_id: Mapped[str] = mapped_column(String(64))
+    log_id: Mapped[str] = mapped_column(String(64))
+    checkpoint: Mapped[str] = mapped_column(Text)  # the signed note, whole
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ApiTokenRow(Base):

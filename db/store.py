@@ -34,8 +34,7 @@ from db.caller import Caller
 from db.rows import KeyRecordRow, text_sha256, utc_now
 from db.verdicts import DEFAULT_PAGE_SIZE, VerdictPage, VerdictRecord
 from watermark.key_info import KeyInfo
-from watermark.paths import PRIVATE_MODE
-from watermark.paths import provmark_home
+from watermark.paths import PRIVATE_MODE, provmark_home
 
 DATABASE_URL_ENV = "PROVMARK_DATABASE_URL"
 RETAIN_TEXT_ENV = "PROVMARK_RETAIN_TEXT"
@@ -92,7 +91,7 @@ class Store:
 
     def upgrade(self) -> str:
         """Apply pending migrations (idempotent, safe with several workers); returns the head revision."""
-        from db.migrations import upgrade_to_head  # local: alembic is imported only by the command that migrates
+        from db.migrations import upgrade_to_head  # noqa: PLC0415 (alembic loads only where the schema migrates)
 
         with self.unavailable_as_error():
             return upgrade_to_head(self.write_engine)

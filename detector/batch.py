@@ -2,7 +2,7 @@
 
     jobs = prepare_jobs(records, options, vocab=vocab, keyring=keyring)   # validates, resolves keys
     verdicts = run_local(jobs, workers=4)            # or batch_ray.run_ray(jobs, address="auto")
-    store_verdicts(store, jobs, verdicts)            # optional: one transaction for the whole batch
+    batch_store.store_verdicts(store, jobs, verdicts)  # optional: one transaction for the whole batch
 
 Each verdict is exactly ``Detector.detect(text, ...).to_dict()`` for that record (``provmark detect``
 runs the same function): the records are cut into chunks of ``CHUNK_ROWS`` and every worker holds a
@@ -37,16 +37,20 @@ only after every verdict exists, in one transaction).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from db.caller import Caller
-from db.verdicts import VerdictRecord, record_verdicts
+import numpy as np
+import torch
+
 from detector.batch_secrets import DITHER_ID, KeySecrets, SecretsKeyring
-from detector.calibration import ShippedCalibrations, null_record, shipped_calibrations
+from detector.calibration import ShippedCalibrations, shipped_calibrations
 from detector.disclosure import recorded
+from detector.key_source import has_master_key
 from detector.service import Detector, dither_key_of
 from detector.your_units import YourUnits
 from watermark.config import SpecError
@@ -59,7 +63,6 @@ from watermark.stats import Z_THRESHOLD
 
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
 BATCH_ACTOR = "provmark-batch-detect"
-STORE_CALLER = "cli:detect-batch"  # the audit actor of batch verdicts
 
 
 class BatchError(Exception):
@@ -179,7 +182,7 @@ def prepare_jobs(records: Iterable[dict], options: DetectOptions, *, keys: Seque
 
 def _your_units(keyring, vocab):
     """The deployment's own common-unit table for ``vocab`` (verified with the master key), for the workers."""
-    if not hasattr(keyring, "derive_key"):
+    if not has_master_key(keyring):
         return None
     try:
         store = YourUnits(keyring)
@@ -282,8 +285,6 @@ class ChunkDetector:
 
     def __call__(self, batch: dict) -> dict:
         """Ray Data batch (numpy format): columns index, task, text -> index, result."""
-        import numpy as np
-
         results = [self.detect(t, x) for t, x in zip(batch["task"], batch["text"])]
         return {"index": batch["index"], "result": np.array(results, dtype=object)}
 
@@ -299,8 +300,6 @@ def _init_local_worker(vocab, secrets: KeySecrets, options: DetectOptions, calib
 
 def one_thread_per_process() -> None:
     """Workers run one per core: scoring's small tensors and tokenizer calls need no thread pools."""
-    import torch
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
 
@@ -341,9 +340,6 @@ def default_workers() -> int:
 def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Callable | None = None) -> list[dict]:
     """Verdict dicts in input order, on ``workers`` spawned processes (default: every core; 1 runs in
     this process). ``progress(n)`` is called as chunks of n rows finish."""
-    import concurrent.futures
-    import multiprocessing
-
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
@@ -352,8 +348,6 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
     workers = min(workers, max(1, len(chunks)))
     results: list[tuple[int, str]] = []
     if workers == 1:  # in this process: no start-up cost, same worker code
-        import torch
-
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -383,43 +377,3 @@ def run_local(prepared: PreparedJobs, workers: int | None = None, progress: Call
             for future in futures:
                 future.cancel()
     return collect_results(results, len(rows), prepared.disclosed)
-
-
-# --------------------------------------------------------------------------------------- store
-
-
-def store_verdicts(store, prepared: PreparedJobs, verdicts: Sequence[dict], caller=None) -> list[str]:
-    """Write every verdict and its ``detection`` audit event in ONE transaction (all or nothing), through
-    the one verdict writer (db.verdicts.record_verdicts); returns the verdict ids in order. Texts are kept
-    only when the store retains text."""
-    if len(verdicts) != len(prepared.jobs):
-        raise ValueError("verdicts: expected one per job")
-    views = prepared.disclosed if len(prepared.disclosed) == len(verdicts) else [None] * len(verdicts)
-    records = [_verdict_record(job, verdict, prepared.options, view)
-               for job, verdict, view in zip(prepared.jobs, verdicts, views)]
-    return record_verdicts(store, records, caller or Caller(name=STORE_CALLER), [job.text for job in prepared.jobs])
-
-
-def _verdict_record(job: DetectJob, verdict: dict, options: DetectOptions, disclosed: dict | None) -> VerdictRecord:
-    """The stored form, as POST /v1/detect stores it: no per-token explanation; NaN z -> 0; with its detect-scope
-    view when the run recorded one."""
-    stored_options = {"watermark": job.spec, "keys": list(job.keys) if job.keys else None,
-                      "windows": options.windows, "normalize": options.normalize, "dedup": options.dedup,
-                      "z_threshold": options.z_threshold, "fpr": options.fpr,
-                      "forced_positions": list(job.forced_positions) or None,
-                      "keys_tested": [k["key_id"] for k in verdict["keys"] if k.get("key_id")], "source": "batch",
-                      "null": null_record(verdict)}
-    if verdict.get("statistic") is not None:  # sampling specs: the scheme's own statistic (no green count)
-        stored_options["statistic"] = verdict["statistic"]
-    if verdict.get("public_half") is not None:  # two-part keys: the published half's verdict and the paired test
-        stored_options["public_half"] = verdict["public_half"]
-    if disclosed is not None:
-        stored_options["disclosed"] = disclosed
-    p_value = verdict["p_value"]
-    return VerdictRecord(
-        text_sha256=verdict["text_sha256"], verdict=verdict["verdict"], z=verdict["z_score"] or 0.0,
-        p_value=min(1.0, max(0.0, 1.0 if p_value is None else p_value)),
-        green_count=int(verdict["num_green_tokens"] or 0), scored_count=int(verdict["num_tokens_scored"]),
-        green_fraction=verdict["green_fraction"] or 0.0, spec=verdict["watermark"],
-        spec_fingerprint=verdict["fingerprint"], tokenizer_fingerprint=verdict["tokenizer_fingerprint"],
-        key_id=verdict["key_id"], options=stored_options, windows=verdict["windows"])

@@ -25,7 +25,7 @@ def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | N
     """The same job through Ray Data on the cluster at ``address`` (None: ``ray.init()``'s default,
     RAY_ADDRESS or a new local instance; already connected: that one). ``workers`` actors (default:
     the cluster's CPUs), one CPU each. Verdicts in input order."""
-    import ray
+    import ray  # noqa: PLC0415 (Ray, heavy and optional: evaluation.scorer imports this module for every backend)
 
     started_here = connect_ray(address)
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # the caller's bar reports progress
@@ -59,7 +59,7 @@ def run_ray(prepared: PreparedJobs, address: str | None = None, workers: int | N
 
 def connect_ray(address: str | None = None) -> bool:
     """Connect to (or start) Ray unless already connected; True when this call connected."""
-    import ray
+    import ray  # noqa: PLC0415 (Ray, heavy and optional: loads for a Ray run only)
 
     if ray.is_initialized():
         return False
@@ -72,7 +72,7 @@ class _RayChunkDetector(ChunkDetector):
     """Ray Data actor: unpacks the shipped material (the tokenizer by object ref) once per actor."""
 
     def __init__(self, material) -> None:
-        import ray
+        import ray  # noqa: PLC0415 (Ray, heavy and optional: loads for a Ray run only)
 
         vocab_ref, sealed, options, calibrations, your_units = material
         one_thread_per_process()

@@ -11,10 +11,19 @@ from datetime import datetime, timezone
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from detector import common_units, human_corpora
-from detector.calibration import (BUCKET_EDGES, MIN_BUCKET_TEXTS, YOURS, Bucket, Calibration, CalibrationStore,
-                                  bucket_label, bucket_of)
+from detector.calibration import (
+    BUCKET_EDGES,
+    MIN_BUCKET_TEXTS,
+    YOURS,
+    Bucket,
+    Calibration,
+    CalibrationStore,
+    bucket_label,
+    bucket_of,
+)
 from detector.common_units import FIT_DOMAINS, CommonUnits
 from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
@@ -152,8 +161,6 @@ def _measure(watermark, items, common: CommonUnits | None, progress: bool, label
     per_bucket: dict[int, list[float]] = {}
     per_domain: dict[str, list[float]] = {}
     if progress:
-        from tqdm import tqdm
-
         items = tqdm(items, desc=label, unit="text")
     for domain, ids in items:
         total, z = window_z(watermark, ids, common)

@@ -19,6 +19,7 @@ wider than N(0, 1) in the verdict's length bucket, the p-value is taken under th
 from __future__ import annotations
 
 import bisect
+import fcntl
 import hashlib
 import hmac
 import json
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from detector.common_units import TABLE_KINDS
+from detector.key_source import has_master_key
 from watermark.key_info import KeyringIntegrityError
 from watermark.paths import write_private_atomic
 from watermark.specs import parse_spec
@@ -313,8 +315,6 @@ class CalibrationStore:
 
 @contextmanager
 def _exclusive(path: Path):
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -331,7 +331,7 @@ def spec_for(text):
 def is_stale(calibration: Calibration, current_digests: set[str]) -> bool:
     """True when the detector would not use ``calibration``: it was measured under a common-unit table that
     is not the current one (``detector.common_units.current_digests``), or with one where the spec's kind
-    uses none (the detector compares the digests, service._current)."""
+    uses none (the detector compares the digests, scoring_request.current_calibrations)."""
     if parse_spec(calibration.spec).kind not in TABLE_KINDS:
         return calibration.common_units is not None
     return calibration.common_units not in current_digests
@@ -349,7 +349,7 @@ class ShippedCalibrations:
 
 def shipped_calibrations(keyring, key_ids) -> dict:
     """Every calibration of ``key_ids`` in ``keyring``'s home, in the form ShippedCalibrations reads."""
-    if not hasattr(keyring, "derive_key"):
+    if not has_master_key(keyring):
         return {}
     store = CalibrationStore(keyring)
     return {f"{c.key_id}|{c.spec_fingerprint}": c.to_dict() for k in key_ids for c in store.for_key(k)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from detector.calibration import MIN_BUCKET_TEXTS, bucket_label
 
@@ -12,11 +13,10 @@ from detector.calibration import MIN_BUCKET_TEXTS, bucket_label
 def plot_calibrations(calibrations, path: str | Path) -> Path:
     """One row per calibration: histogram of z with the N(0, 1) density; mean z per scored-length bucket
     with +-2 standard errors (0 is the promise)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib, heavy: loaded only to draw the plot)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from scipy import stats
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after choosing the Agg backend)
 
     rows = len(calibrations)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 3.2 * rows), squeeze=False)

@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from detector import human_corpora
+from detector import human_corpora, unit_lookup
 from detector.scoring_kernel import common_frequencies
 from watermark.paths import models_dir
 from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, window_identities
@@ -87,33 +89,15 @@ class CommonUnits:
         return int(self.identities.shape[0])
 
     def frequency_of(self, ids: np.ndarray) -> np.ndarray:
-        """The window frequency of each identity (0 for identities not in the table).
-
-        An open-addressing hash table over the identities (uniform 64-bit hashes: the low bits index
-        it, linear probing): the packed table searched by the C scoring kernel where it is built
-        (``detector.scoring_kernel.common_frequencies``, one prefetched pass), else a few vectorised numpy
-        gathers over a table of its own at load <= 1/4; the same frequencies. A binary search over the
-        sorted entries cost ~0.25 ms per 1,000 tokens in cache misses."""
+        """The window frequency of each identity (0 for identities not in the table), from the table's
+        open-addressing hash tables (``detector.unit_lookup``): the packed one searched by the C scoring kernel
+        where it is built (``detector.scoring_kernel.common_frequencies``, one prefetched pass), else numpy's."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64)
         if ids.shape[0]:
-            found = common_frequencies(ids, *_packed_hash_table(self))
+            found = common_frequencies(ids, *unit_lookup.packed_hash_table(self))
             if found is not None:
                 return found
-        slots, freqs, probes = _hash_table(self)
-        out = np.zeros(ids.shape[0], dtype=np.float32)
-        if slots.shape[0] == 0 or ids.shape[0] == 0:
-            return out
-        mask = np.uint64(slots.shape[0] - 1)
-        pending = np.arange(ids.shape[0])
-        for probe in range(probes):
-            at = (ids[pending] + np.uint64(probe)) & mask
-            found = slots[at]
-            hit = found == ids[pending]
-            out[pending[hit]] = freqs[at[hit]]
-            pending = pending[~hit & (found != 0)]  # an empty slot ends the search
-            if pending.shape[0] == 0:
-                break
-        return out
+        return unit_lookup.frequencies(self, ids)
 
     def excluded(self, watermark, token_ids, identities: np.ndarray | None = None) -> np.ndarray:
         """Indices of the scored positions of ``token_ids`` whose unit this table leaves out under
@@ -131,13 +115,13 @@ class CommonUnits:
 
     def lookup_table(self, watermark, num_tokens: int):
         """What ``excluded`` searches, for a caller that searches it itself (``detector.scoring_kernel``): (packed
-        slots (``_packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text
+        slots (``detector.unit_lookup.packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text
         of ``num_tokens`` tokens under ``watermark``'s spec; None where the spec counts every position."""
         spec = watermark.spec
         threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
         if threshold is None:
             return None
-        slots, probes = _packed_hash_table(self)
+        slots, probes = unit_lookup.packed_hash_table(self)
         # excluded compares float32 frequencies with a Python float, which NumPy does in float32
         return slots, probes, np.float32(threshold_for_length(threshold, num_tokens, self.window_tokens))
 
@@ -165,55 +149,6 @@ def threshold_for_length(threshold: float, num_tokens: int, window_tokens: int =
     return -math.expm1(math.log1p(-threshold) * window_tokens / max(1, num_tokens))
 
 
-_hash_tables: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
-_packed_tables: dict[str, tuple[np.ndarray, int]] = {}
-
-
-def _hash_table(table: CommonUnits) -> tuple[np.ndarray, np.ndarray, int]:
-    """(slots, frequencies, longest probe) of ``table``, built once per table (vectorised inserts)."""
-    found = _hash_tables.get(table.digest)
-    if found is None:
-        size = 1 << max(4, int(4 * max(1, table.identities.shape[0]) - 1).bit_length())
-        found = _hash_tables[table.digest] = _open_addressing(table.identities, table.frequencies, size)
-    return found
-
-
-def _packed_hash_table(table: CommonUnits) -> tuple[np.ndarray, int]:
-    """(slots [S, 2] uint64: identity, then the frequency's float32 bits; longest probe) of ``table`` at load
-    <= 1/2, built once per table: what the C scoring pass searches (``detector.scoring_kernel``), one cache
-    line per lookup where ``_hash_table``'s two arrays at load 1/4 touch two lines of 48 MB."""
-    found = _packed_tables.get(table.digest)
-    if found is None:
-        size = 1 << max(4, int(2 * max(1, table.identities.shape[0]) - 1).bit_length())
-        slots, freqs, probes = _open_addressing(table.identities, table.frequencies, size)
-        packed = np.empty((size, 2), dtype=np.uint64)
-        packed[:, 0] = slots
-        packed[:, 1] = freqs.view(np.uint32)
-        found = _packed_tables[table.digest] = (packed, probes)
-    return found
-
-
-def _open_addressing(ids: np.ndarray, freq: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Linear probing from an identity's low bits into ``size`` slots (a power of two): (slots, frequencies,
-    longest probe)."""
-    slots = np.zeros(size, dtype=np.uint64)
-    freqs = np.zeros(size, dtype=np.float32)
-    mask = np.uint64(size - 1)
-    pending = np.arange(ids.shape[0])
-    probe = 0
-    while pending.shape[0]:  # every pending identity has found slots h .. h + probe - 1 taken
-        at = (ids[pending] + np.uint64(probe)) & mask
-        free = slots[at] == 0
-        at_free, first = np.unique(at[free], return_index=True)  # one winner per free slot
-        winners = pending[free][first]
-        slots[at_free], freqs[at_free] = ids[winners], freq[winners]
-        placed = np.zeros(ids.shape[0], dtype=bool)
-        placed[winners] = True
-        pending = pending[~placed[pending]]
-        probe += 1
-    return slots, freqs, probe
-
-
 def file_name(tokenizer_fingerprint: str) -> str:
     return f"common-units-{tokenizer_fingerprint[:16]}.npz"
 
@@ -228,8 +163,6 @@ def build(vocab, window_tokens: int = WINDOW_TOKENS, progress: bool = False) -> 
     encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast([d.text for d in docs], add_special_tokens=False)
     items = zip(docs, encoded)
     if progress:
-        from tqdm import tqdm
-
         items = tqdm(items, total=len(docs), desc="common units", unit="doc")
     domain_of: dict[str, str] = {}  # each domain and collection -> its domain
     grouped = []
@@ -333,8 +266,7 @@ def merged(base: CommonUnits, extra: CommonUnits) -> CommonUnits:
         if len(_merged) >= 4:  # a deployment has one table of its own per tokenizer; replaced ones go, with
             for (base_digest, _), table in _merged.items():  # their hash tables (tens of MB each)
                 if table.digest != base_digest:
-                    _packed_tables.pop(table.digest, None)
-                    _hash_tables.pop(table.digest, None)
+                    unit_lookup.forget(table.digest)
             _merged.clear()
         _merged[(base.digest, extra.digest)] = found
     return found
@@ -400,8 +332,6 @@ def _load_or_build(vocab) -> CommonUnits:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m detector.common_units [OUT_DIR]``: (re)build the embedded tokenizer's table."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0]) if args else SHIPPED
     vocab = load_vocabulary()

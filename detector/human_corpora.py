@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 FIT, HELD_OUT = "fit", "held_out"
 DOMAINS = ("news", "encyclopedia", "reviews", "docs", "code", "boilerplate", "packages", "readmes")
 GENSIM_DATA = "gensim/test/test_data"
@@ -77,7 +79,9 @@ def documents(domains: tuple[str, ...] = DOMAINS, split: str | None = None) -> l
 def held_out_texts(vocab) -> dict[str, list]:
     """The held-out half as independent token-id texts in three shapes users have (numpy int64 arrays):
     encyclopedia paragraphs (first 200 tokens, at least 50), documents (news, encyclopedia,
-    documentation; first 800 tokens, at least 150) and source files (first 1,500 tokens, at least 300)."""
+    documentation; first 800 tokens, at least 150) and source files (first 1,500 tokens, at least 300).
+    ``code_bases`` is ``package_code`` with at most 8 files of each distribution: units shared across code
+    bases, where one code base's own (a licence header in every file) does not outweigh the rest."""
     held = documents(split=HELD_OUT)
     return {
         "paragraphs": _encoded(vocab, [p for d in held if d.domain == "encyclopedia" for p in d.text.split("\n\n")],
@@ -85,6 +89,7 @@ def held_out_texts(vocab) -> dict[str, list]:
         "documents": _encoded(vocab, [d.text for d in held if d.domain in ("news", "encyclopedia", "docs")], 800, 150),
         "code": _encoded(vocab, [d.text for d in held if d.domain == "code"], 1500, 300),
         "package_code": _encoded(vocab, [d.text for d in held if d.domain == "packages"], 1500, 300),
+        "code_bases": _encoded(vocab, _per_collection([d for d in held if d.domain == "packages"], 8), 1500, 300),
         "readmes": _encoded(vocab, [d.text for d in held if d.domain == "readmes"], 1500, 150),
     }
 
@@ -99,10 +104,19 @@ def held_out_long_texts(vocab) -> dict[str, list]:
             "long_code": _encoded(vocab, [d.text for d in held if d.domain in ("code", "packages")], 5000, 2000)}
 
 
+def _per_collection(docs: list[HumanDoc], most: int) -> list[str]:
+    """The texts of ``docs`` in their order, at most ``most`` of each collection."""
+    taken: dict[str, int] = {}
+    out = []
+    for doc in docs:
+        if taken.get(doc.collection, 0) < most:
+            taken[doc.collection] = taken.get(doc.collection, 0) + 1
+            out.append(doc.text)
+    return out
+
+
 def _encoded(vocab, texts: list[str], keep: int, least: int) -> list:
     """The first ``keep`` token ids (numpy int64) of each text that has at least ``least``."""
-    import numpy as np
-
     encoded = vocab.tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     return [np.asarray(e.ids[:keep], dtype=np.int64) for e in encoded if len(e.ids) >= least]
 

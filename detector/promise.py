@@ -1,4 +1,4 @@
-"""What a keyed verdict's false-positive rate promises, and on what condition (docs/promise-draft.md).
+"""What a keyed verdict's false-positive rate promises, and on what condition (docs/detection.md, "The false-positive promise").
 
 The stated rate alpha (P(Z >= 4) by default) is a promise about human text judged under the ONE key a deployment
 runs. On one collection of texts (a code base, a standard library, a documentation set) a fixed key's null is
@@ -34,14 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 MEASURED, BOUNDED = "measured", "bounded"
 PROSE, CODE = "prose", "code"
 KINDS = (PROSE, CODE)
 CODE_CHARACTERS = frozenset("{}[]()<>;=_#$@\\|&*/`%^~")
 CODE_SHARE = 0.06  # of a text's tokens code-like (codeish_fraction): the text is judged as code
 MIN_MEASURED_TEXTS = 30  # of the deployment's texts of one kind, scored under the key: that kind is measured
-# margins in z, by the scheme's family and the kind of text (research/key_shift_fit.py, 2026-11-28: the smallest that
+# margins in z, by the scheme's family and the kind of text (research/scripts/key_shift_fit.py, 2026-11-28: the smallest that
 # leave at most 0.2 % of cells of 200 texts beyond a doubled rate, over 27 fit collections of 11 languages' code,
 # documentation and prose under 30 fixed keys; on 14 held-out collections 0 of 420 cells beyond for selfhash and
 # lefthash, 1 of 420 for unigram). lefthash of any width takes lefthash h = 1's (wider contexts repeat less across
@@ -203,6 +202,6 @@ def spec_note(spec) -> str | None:
 
 
 def describe() -> dict:
-    """The rule and its numbers, as research/key_shift_table.py records them beside its measurements."""
+    """The rule and its numbers, as research/scripts/key_shift_table.py records them beside its measurements."""
     return {"code_share": CODE_SHARE, "min_measured_texts": MIN_MEASURED_TEXTS, "bounded_margin": BOUNDED_MARGIN,
             "measured_margin": MEASURED_MARGIN}

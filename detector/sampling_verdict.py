@@ -1,6 +1,6 @@
 """The verdict of a sampling-watermark spec (``gumbel:``, ``synthid:``, ``hf:synthid``, ``vllm:gumbel``).
 
-Same shape as KGW's verdict (``detector.service``) where it makes sense: the exact p-value of the best
+Same shape as KGW's verdict (``detector.kgw_verdict``) where it makes sense: the exact p-value of the best
 key (Gamma tail for Gumbel, binomial for SynthID, ``detector.scoring_sampling``), Holm across keys,
 guarded by the key's calibration, ``z_score`` = the normal quantile of that p-value, T = counted units,
 windows (WinMax) at half of alpha as for KGW. The scheme's own statistic (Gumbel sum, SynthID ones,
@@ -16,15 +16,10 @@ import numpy as np
 
 from detector.calibration import guarded_p_value, verdict_calibration
 from detector.disclosure import dither, dither_sorted, z_of
-from detector.scoring import (
-    WATERMARKED,
-    WINDOW_ALPHA_SHARE,
-    effective_z,
-    forced_scored_positions,
-    verdict_of,
-)
+from detector.scoring import WATERMARKED, effective_z, forced_scored_positions, verdict_of
+from detector.scoring_request import Scored, ScoringRequest
 from detector.scoring_sampling import GUMBEL_KINDS, counted_score, positions, window_of
-from detector.verdict import Verdict, text_fields
+from detector.verdict import Verdict
 from detector.windows import STRIDE_DIVISOR, count_windows, window_sizes
 from watermark.stats import holm, p_value_normal
 
@@ -58,13 +53,13 @@ def statistic_of(mark, score) -> dict:
             "weighted_mean_g": _finite(score.weighted_mean_g)}
 
 
-def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab, options, calibrations: list,
-                   dither_key: bytes | None, common, spoof_units: list | None = None) -> Verdict:
-    """The verdict of ``ids`` under sampling watermarks ``marks`` (one per key; one for hf:synthid).
-    ``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
-    best key's scored positions to, (values, key-free identities, previous occurrences): the spoof check's input."""
+def score_sampling(request: ScoringRequest) -> Scored:
+    """The verdict of ``request.ids`` under sampling watermarks ``request.marks`` (one per key; one for
+    hf:synthid); a positive one's spoof units are (values, key-free identities, previous occurrences)."""
+    marks, options, ids, calibrations, common = (request.marks, request.options, request.ids, request.calibrations,
+                                                 request.common)
     first = marks[0]
-    keep = spoof_units is not None and options.dedup and common is not None
+    keep = request.keep_spoof_units and options.dedup and common is not None
     scored = [positions(mark, ids, options.dedup, common, with_units=True, with_identities=keep) for mark in marks]
     # token index of scored position 0: h, except vllm:gumbel, which scores every token (padded contexts)
     h = int(ids.shape[0]) - scored[0][0].shape[0] if scored[0][0].shape[0] else first.context_width
@@ -85,27 +80,24 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
     best = scores[best_index]
     total = best.num_tokens_scored
 
-    decision = options.decision
-    text_alpha = decision.alpha * (1.0 - WINDOW_ALPHA_SHARE) if options.windows else decision.alpha
+    text_alpha = options.text_alpha
     min_tokens = min_scored_units(first, effective_z(text_alpha, len(marks)))
     verdict = verdict_of(adjusted[best_index], total, text_alpha, min_tokens)
     decided_by = "text" if verdict == WATERMARKED else None
 
-    spans = None
-    if offsets is not None:
-        spans = normalized.original_spans(np.asarray(offsets, dtype=np.int64).reshape(-1, 2))
+    spans = request.spans()
     window_report = None
     if options.windows:
-        window_report = _window_report(marks, scored, h, spans, decision.alpha * WINDOW_ALPHA_SHARE)
+        window_report = _window_report(marks, scored, h, spans, options.window_alpha)
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
     values, prev, units, order = scored[best_index][:4]
     counted = prev < 0
-    if keep and verdict == WATERMARKED:
-        spoof_units.append((values, scored[best_index][4], unforced[best_index]))
+    spoof_units = (values, scored[best_index][4], unforced[best_index]) if keep and verdict == WATERMARKED else None
     best_calibration = calibrations[best_index]
-    return Verdict(
+    dither_key = request.dither_key
+    result = Verdict(
         verdict=verdict,
         z_score=z_of(best.p_value) if total else float("nan"),
         p_value=adjusted[best_index],
@@ -115,7 +107,7 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         green_fraction=float("nan"),
         key_id=best.key_id,
         keys=[_key_dict(mark, score, p) for mark, score, p in zip(marks, scores, adjusted)],
-        **text_fields(text, normalized, ids, spec, first, vocab, options, decision, text_alpha, min_tokens),
+        **request.verdict_fields(text_alpha, min_tokens),
         decided_by=decided_by,
         num_forced_positions=int(forced.shape[0]),
         num_common_positions=num_common[best_index],
@@ -123,11 +115,12 @@ def score_sampling(text: str, normalized, ids, offsets, marks: list, spec, vocab
         calibration=(None if best_calibration is None
                      else verdict_calibration(best_calibration, total, guarded[best_index])),
         windows=window_report,
-        explanation=_explanation(text, ids, spans, values, counted, h, first) if options.explain else None,
+        explanation=_explanation(request.text, ids, spans, values, counted, h, first) if options.explain else None,
         statistic=statistic_of(marks[best_index], best),
         dither=None if dither_key is None else _dither(dither_key, first.fingerprint, best.key_id, units, order,
                                                        counted),
     )
+    return Scored(result, spoof_units)
 
 
 def _dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray, order: np.ndarray | None,

@@ -28,7 +28,6 @@ from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 from watermark.stats import (
     Z_THRESHOLD,
-    binomial_sf,
     holm,
     min_tokens_for_threshold,
     p_value_binomial,

@@ -85,7 +85,7 @@ def _constants(wm, tables) -> tuple:
 
 def common_frequencies(identities: np.ndarray, slots: np.ndarray, probes: int) -> np.ndarray | None:
     """float32 [N]: each uint64 identity's frequency in the packed common-unit table ``slots``
-    (``detector.common_units._packed_hash_table``; 0 where absent), or None without the kernel."""
+    (``detector.unit_lookup.packed_hash_table``; 0 where absent), or None without the kernel."""
     functions = _library()
     if functions is None:
         return None

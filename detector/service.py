@@ -1,8 +1,10 @@
 """The detector's Python API: ``Detector(vocab, keyring).detect(text, ...) -> Verdict``.
 
-text -> normalise (offsets kept) -> tokenize (``add_special_tokens=False``) -> for every key
-under test: green flags, dedup, G of T, z, exact p -> Holm across keys -> verdict; optionally the
-best window (WinMax) and a per-token explanation, with offsets into the ORIGINAL text.
+text -> normalise (offsets kept) -> tokenize (``add_special_tokens=False``) -> the keys under test and their
+calibrations -> a ``ScoringRequest`` scored by ``detector.kgw_verdict`` (green flags, dedup, G of T, z, exact p,
+Holm across keys; optionally the best window and a per-token explanation, with offsets into the ORIGINAL text)
+or ``detector.sampling_verdict`` -> for a service that keeps its own output, the own-output match and, on a
+positive verdict, the spoof check.
 
 Loads a tokenizer, never model weights (this package does not import ``generation``).
 """
@@ -13,45 +15,22 @@ import os
 import secrets
 import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 
 from db.output_grams import Match, gram_key
 from detector import common_units
-from detector import windows as winmax
-from detector.calibration import (
-    Calibration,
-    CalibrationStore,
-    verdict_calibration,
-)
-from detector.disclosure import dither
-from detector.normalize import NormalizedText
+from detector.calibration import Calibration, CalibrationStore
+from detector.key_source import HoldsPublishedHalves, KeySource, has_master_key
+from detector.kgw_verdict import score_kgw
 from detector.normalize import normalize as normalize_text
-from detector.promise import held_p_value, promise_for, promised_p_value, text_kind
 from detector.sampling_verdict import score_sampling
-from detector.scoring import (
-    INSUFFICIENT_TEXT,
-    NOT_WATERMARKED,
-    WATERMARKED,
-    WINDOW_ALPHA_SHARE,
-    Decision,
-    correct_across_keys,
-    counted_positions,
-    effective_z,
-    forced_scored_positions,
-    min_scored_tokens,
-    score_counts,
-    score_positions,
-    verdict_of,
-)
+from detector.scoring import INSUFFICIENT_TEXT, NOT_WATERMARKED, WATERMARKED, Decision
+from detector.scoring_request import ScoringOptions, ScoringRequest, current_calibrations
 from detector.spoof_check import SPOOF_KINDS, scored_units, verdict_spoof_check
 from detector.tokenizing import tokenize
-from detector.two_part import public_half_report
-from detector.verdict import Verdict, text_fields
+from detector.verdict import Verdict
 from detector.your_units import YourUnits, scoring_table
-from watermark.config import WatermarkSpec
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
@@ -65,29 +44,10 @@ PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
 DITHER_PURPOSE = b"provmark/detect-dither"
 
 
-def dither_key_of(keyring) -> bytes | None:
+def dither_key_of(keyring: KeySource) -> bytes | None:
     """The detect-scope dither's key, derived from the keyring's master key (every worker of both services, and
     batch workers shipped it, draw the same u for a text); None for a keyring stand-in without a master key."""
-    return keyring.derive_key(DITHER_PURPOSE) if hasattr(keyring, "derive_key") else None
-
-
-@dataclass(slots=True)
-class _Options:
-    """detect()'s keyword options, validated at the door."""
-
-    windows: bool
-    explain: bool
-    dedup: bool
-    normalize: bool | tuple[str, ...]
-    decision: Decision = field(repr=False)
-    forced_positions: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("windows", "explain", "dedup"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.forced_positions):
-            raise ValueError("forced_positions: expected token indices (integers >= 0)")
+    return keyring.derive_key(DITHER_PURPOSE) if has_master_key(keyring) else None
 
 
 class Detector:
@@ -102,7 +62,7 @@ class Detector:
     (``db.output_memory.MemoryMirror``); with it, a kgw:, gumbel: or synthid: verdict that says
     ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
 
-    def __init__(self, vocab: Vocabulary | None = None, keyring: Keyring | None = None, calibrations=None,
+    def __init__(self, vocab: Vocabulary | None = None, keyring: KeySource | None = None, calibrations=None,
                  bind_keys: bool = True, output_memory=None, dither_key: bytes | None = None,
                  your_units=None) -> None:
         """``dither_key``: the detect-scope dither's key when the keyring cannot derive it (a batch worker is
@@ -138,7 +98,7 @@ class Detector:
         return self._vocab
 
     @property
-    def keyring(self) -> Keyring:
+    def keyring(self) -> KeySource:
         if self._keyring is None:
             self._keyring = Keyring()
         return self._keyring
@@ -166,8 +126,9 @@ class Detector:
         if not isinstance(text, str):
             raise ValueError(f"text: expected a string, got {type(text).__name__}")
         spec = parse_spec(self.own_spec(keys) if spec is None and keys is not None else spec)
-        options = _Options(windows, explain, dedup, _normalize_option(normalize), Decision.make(z_threshold, fpr),
-                           tuple(forced_positions or ()))
+        options = ScoringOptions(windows=windows, explain=explain, dedup=dedup, normalize=_normalize_option(normalize),
+                                 decision=Decision.make(z_threshold, fpr),
+                                 forced_positions=tuple(forced_positions or ()))
         marks = self.watermarks(spec, keys)
         normalized = normalize_text(text, options.normalize)
         vocab = self.vocab
@@ -183,33 +144,35 @@ class Detector:
         # detectors do
         common = self.common_units_for(spec, fresh=False)
         checked = self.output_memory is not None and spec.needs_key and spec.kind in SPOOF_KINDS
-        spoof_units = [] if checked else None  # a positive verdict's counted units, from its own scoring pass
-        requests = None
-        if is_sampling(spec):
-            calibrations = _current(self.calibrations_for(marks, fresh=False), common)
-            verdict = score_sampling(text, normalized, ids, offsets, marks, spec, vocab, options, calibrations,
-                                     dither_key, common, spoof_units)
-        else:
-            # the own-output match runs inside the scoring kernel's call (no crossing into C of its own)
-            requests = self._match_requests(marks) if checked else None
-            verdict = _score(text, normalized, ids, offsets, marks, spec, vocab, options,
-                             self.calibrations_for(marks, fresh=False), common, dither_key, spoof_units, requests)
+        sampling = is_sampling(spec)
+        # the own-output match runs inside the kgw scoring kernel's call (no crossing into C of its own)
+        matches = self._match_requests(marks) if checked and not sampling else None
+        request = ScoringRequest(
+            text=text, normalized=normalized, ids=ids, offsets=offsets, marks=marks, spec=spec, vocab=vocab,
+            options=options, calibrations=current_calibrations(self.calibrations_for(marks, fresh=False), common),
+            common=common, dither_key=dither_key, keep_spoof_units=checked, matches=matches)
+        scored = score_sampling(request) if sampling else score_kgw(request)
+        verdict = scored.verdict
         if checked:
             # every verdict: a scrubbed output is a text the z-test let go; the counts, the null and the n-gram
             # index are this process's copy of the memory (db.output_memory.MemoryMirror), not a query
-            match = self._own_output(ids, marks, requests)
+            match = self._own_output(ids, marks, matches)
             verdict.own_output = None if match is None else match[1].to_dict()
-        if checked and verdict.watermarked:
             # only positives: a spoof is a text the detector accepted (human text costs nothing)
-            mark = next(m for m in marks if m.key_id == verdict.key_id)
-            if not spoof_units:  # scored without dedup: the check counts first occurrences all the same
-                spoof_units.append(scored_units(mark, ids, common))
-            # our own output, edited or not, is checked as its null was: against the counts without itself
-            mine = match is not None and match[0] == mark.key_id and match[1].matches
-            verdict.spoof_check = verdict_spoof_check(
-                mark, spoof_units[0], self.output_memory.view(mark.key_id),
-                self.output_memory.units_of(mark.key_id, match[1].row) if mine else None)
+            if verdict.watermarked:
+                verdict.spoof_check = self._spoof_check(verdict, marks, ids, common, scored.spoof_units, match)
         return verdict
+
+    def _spoof_check(self, verdict: Verdict, marks: list, ids: torch.Tensor, common, spoof_units: tuple | None,
+                     match: tuple[str, Match] | None) -> dict | None:
+        """The spoof check of a positive verdict (``detector.spoof_check``) on its best key's scored units (those
+        of its scoring pass; counted again when it was scored without dedup: the check counts first occurrences
+        all the same); our own output, edited or not, is checked as its null was: against the counts without it."""
+        mark = next(m for m in marks if m.key_id == verdict.key_id)
+        units = spoof_units if spoof_units is not None else scored_units(mark, ids, common)
+        mine = match is not None and match[0] == mark.key_id and match[1].matches
+        return verdict_spoof_check(mark, units, self.output_memory.view(mark.key_id),
+                                   self.output_memory.units_of(mark.key_id, match[1].row) if mine else None)
 
     def _match_requests(self, marks: list) -> list | None:
         """Per tested key, its gram index's ``MatchRequest`` for the scoring kernel (None for a key with nothing
@@ -222,7 +185,7 @@ class Detector:
     def _grams_key(self) -> int | None:
         """The key of remembered outputs' n-grams (``db.output_grams.gram_key``), derived once; None when the
         keyring (a stand-in with secrets only) has no master key to derive it from."""
-        if self._gram_key is None and hasattr(self.keyring, "derive_key"):
+        if self._gram_key is None and has_master_key(self.keyring):
             self._gram_key = gram_key(self.keyring)
         return self._gram_key
 
@@ -287,7 +250,7 @@ class Detector:
     def _calibration_store(self):
         """The calibrations this detector reads (the keyring home's ``CalibrationStore``, or those shipped to a
         batch worker); None for a keyring stand-in with secrets only."""
-        if self._calibrations is None and hasattr(self.keyring, "derive_key"):
+        if self._calibrations is None and has_master_key(self.keyring):
             self._calibrations = CalibrationStore(self.keyring)
         return self._calibrations
 
@@ -336,9 +299,8 @@ class Detector:
         answers through its ``public_half_of``, when it has one."""
         if is_sampling(spec) or not spec.needs_key:
             return None
-        if not isinstance(self.keyring, Keyring):
-            finder = getattr(self.keyring, "public_half_of", None)
-            return finder(key_id) if finder is not None else None
+        if not has_master_key(self.keyring):
+            return self.keyring.public_half_of(key_id) if isinstance(self.keyring, HoldsPublishedHalves) else None
         with self._lock:
             if self._all_infos is None:
                 self._all_infos = {info.key_id: info for info in self.keyring.list()}
@@ -360,7 +322,7 @@ class Detector:
 
     def _keys_are_bound(self) -> bool:
         """A real keyring records each key's spec; a stand-in holding secrets only has no binding to check."""
-        return self._bind_keys and isinstance(self.keyring, Keyring)
+        return self._bind_keys and has_master_key(self.keyring)
 
     def _cached(self, spec: AnySpec, key_id: str | None, build):
         cache_key = (spec.format(), key_id)
@@ -387,13 +349,6 @@ class Detector:
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
 
 
-def _current(calibrations: list[Calibration | None], common) -> list[Calibration | None]:
-    """The calibrations measured under this scoring's common-unit table; a null measured under another
-    table is not this scoring's null: such a key counts as uncalibrated until `keys calibrate` again."""
-    digest = common.digest if common is not None else None
-    return [c if c is not None and c.common_units == digest else None for c in calibrations]
-
-
 def _normalize_option(value) -> bool | tuple[str, ...]:
     if isinstance(value, bool):
         return value
@@ -403,146 +358,3 @@ def _normalize_option(value) -> bool | tuple[str, ...]:
         return tuple(value)
     except TypeError:
         raise ValueError(f"normalize: expected True, False or stage names, got {value!r}") from None
-
-
-# ------------------------------------------------------------------------------------ scoring
-
-
-def _score(text: str, normalized: NormalizedText, ids: torch.Tensor, offsets, marks: list[Watermark],
-           spec: WatermarkSpec, vocab: Vocabulary, options: _Options,
-           calibrations: list[Calibration | None], common, dither_key: bytes | None = None,
-           spoof_units: list | None = None, matches: list | None = None) -> Verdict:
-    """``spoof_units``: a list that a positive verdict (deduplicated, with the common-unit table) appends its
-    best key's scored positions to, (green flags, key-free identities, previous occurrences): the spoof check's
-    input (``detector.spoof_check.scored_units`` computes the same again). ``matches``: per mark, a
-    ``db.output_grams.MatchRequest`` (or None) its scoring pass runs. ``common``: the common-unit table
-    (``Detector.common_units_for``)."""
-    first = marks[0]
-    h = first.context_width
-    # dedup units depend on the key for minhash/selfhash (they hold the context seed)
-    calibrations = _current(calibrations, common)
-    # with a common-unit table the identities are computed anyway: kept for the spoof check
-    scored = [score_positions(wm, ids, common, options.dedup, with_units=True, with_identities=common is not None,
-                              match=None if matches is None else matches[i])
-              for i, wm in enumerate(marks)]
-    flags, prevs, units = ([s[i] for s in scored] for i in range(3))
-    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for prev in prevs]
-    forced = forced_scored_positions(options.forced_positions, h, flags[0].shape[0])
-    # the spoof check counts what its null counted: first occurrences, forced positions included
-    unforced = [prev.copy() for prev in prevs] if forced.shape[0] and spoof_units is not None else prevs
-    for prev in prevs:  # a position that points at itself counts nowhere, in the text or a window
-        prev[forced] = forced
-    counted = [counted_positions(prev, True) for prev in prevs]
-    scores = [score_counts(wm.key_id, int((f & c).sum()), int(c.sum()), spec.gamma)
-              for wm, f, c in zip(marks, flags, counted)]
-    guarded = [False] * len(scores)
-    kind = text_kind(vocab, ids.numpy()) if first.key_id is not None else None  # promise: detector/promise.py
-    promises = [None if kind is None else promise_for(c, spec.scheme, kind) for c in calibrations]  # promise
-    for i, (score, calibration) in enumerate(zip(scores, calibrations)):
-        # a key whose measured null is shifted up or wider in this length bucket is held to that null, shifted by
-        # its promise's margin (detector.promise)
-        score.p_value, guarded[i] = promised_p_value(score.p_value, score.z_score, score.num_tokens_scored,
-                                                     calibration, promises[i])
-    best = correct_across_keys(scores)
-    best_index = scores.index(best)
-    best_calibration = calibrations[best_index]
-    total = best.num_tokens_scored
-
-    decision = options.decision
-    text_alpha = decision.alpha * (1.0 - WINDOW_ALPHA_SHARE) if options.windows else decision.alpha
-    min_tokens = min_scored_tokens(spec, effective_z(text_alpha, len(marks)))
-    verdict = verdict_of(best.p_value_corrected, total, text_alpha, min_tokens)
-    decided_by = "text" if verdict == WATERMARKED else None
-
-    spans = None
-    if offsets is not None:
-        token_spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-        spans = normalized.original_spans(token_spans)
-
-    window_report = None
-    if options.windows:
-        window_alpha = decision.alpha * WINDOW_ALPHA_SHARE
-        window_report = _window_report(flags, prevs, marks, spec, h, spans, window_alpha,
-                                       max((p.margin for p in promises if p is not None), default=0.0))  # promise
-        if window_report["detected"] and verdict != WATERMARKED:
-            verdict, decided_by = WATERMARKED, "window"
-
-    # the published half is scored as a public verifier scores it: with the shipped table (the deployment's own
-    # texts' units are not published)
-    public_half = public_half_report(marks, ids, common_units.for_spec(spec, vocab), options.dedup, forced, flags,
-                                     counted, text_alpha, min_tokens, verdict)
-    if spoof_units is not None and verdict == WATERMARKED and options.dedup and common is not None:
-        spoof_units.append((flags[best_index], scored[best_index][3], unforced[best_index]))
-    normal_corrected = min(1.0, best.p_value_normal * len(marks))
-    return Verdict(
-        verdict=verdict,
-        z_score=best.z_score,
-        p_value=best.p_value_corrected,
-        p_value_normal=normal_corrected,
-        num_tokens_scored=total,
-        num_green_tokens=best.num_green_tokens,
-        green_fraction=best.num_green_tokens / total if total else float("nan"),
-        key_id=best.key_id,
-        keys=[s.to_dict() for s in scores],
-        **text_fields(text, normalized, ids, spec, first, vocab, options, decision, text_alpha, min_tokens),
-        decided_by=decided_by,
-        num_forced_positions=int(forced.shape[0]),
-        num_common_positions=num_common[best_index],
-        calibration=(None if best_calibration is None
-                     else verdict_calibration(best_calibration, total, guarded[best_index])),
-        promise=(None if promises[best_index] is None  # promise
-                 else promises[best_index].to_dict(guarded[best_index], effective_z(text_alpha, len(marks)))),
-        common_units=common.digest if common is not None else None,
-        windows=window_report,
-        public_half=public_half,
-        explanation=_explanation(text, ids, spans, flags[best_index], counted[best_index], h) if options.explain else None,
-        dither=(None if dither_key is None
-                else dither(dither_key, first.fingerprint, best.key_id, units[best_index][counted[best_index]])),
-    )
-
-
-def _window_report(flags: list[np.ndarray], prevs: list[np.ndarray] | None, marks: list[Watermark], spec: WatermarkSpec,
-                   h: int, spans: np.ndarray, alpha: float, margin: float = 0.0) -> dict:
-    """The best window over every key, Bonferroni-corrected for windows x keys; ``margin``: the verdict's promise's."""
-    num_positions = flags[0].shape[0]
-    tests = winmax.count_windows(num_positions) * len(marks)
-    best = None
-    for i, (wm, f) in enumerate(zip(marks, flags)):
-        hit = winmax.best_window(f, prevs[i] if prevs is not None else None, spec.gamma)
-        if hit is not None and (best is None or (hit.p_value, -hit.z_score) < (best.p_value, -best.z_score)):
-            hit.key_id = wm.key_id
-            best = hit
-    report = {"num_windows_tested": tests, "sizes": winmax.window_sizes(num_positions),
-              "stride_divisor": winmax.STRIDE_DIVISOR, "correction": "bonferroni", "alpha": alpha,
-              "detected": False, "best": None}
-    if best is None:
-        return report
-    best.p_value = held_p_value(best.p_value, best.z_score, margin)  # promise
-    best.p_value_corrected = winmax.corrected(best.p_value, tests)
-    best.token_start, best.token_end = best.start + h, best.end + h
-    best.char_start = int(spans[best.token_start, 0])
-    best.char_end = int(spans[best.token_end - 1, 1])
-    report["detected"] = best.p_value_corrected <= alpha
-    report["best"] = asdict(best)
-    return report
-
-
-def _explanation(text: str, ids: torch.Tensor, spans: np.ndarray, flags: np.ndarray, counted: np.ndarray,
-                 h: int) -> list[dict]:
-    """Per token: id, original-text span and piece, and (from position h on) its flag."""
-    out = []
-    id_list = ids.tolist()
-    for i, token_id in enumerate(id_list):
-        start, end = int(spans[i, 0]), int(spans[i, 1])
-        scored = i >= h
-        out.append({
-            "index": i,
-            "token_id": token_id,
-            "char_start": start,
-            "char_end": end,
-            "text": text[start:end],
-            "scored": scored,
-            "green": bool(flags[i - h]) if scored else None,
-            "counted": bool(counted[i - h]) if scored else False,
-        })
-    return out

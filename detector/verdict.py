@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import asdict, dataclass, field, fields
 
 from detector.disclosure import DETECT_SCOPE, EXPLAIN_SCOPE, disclose, unit_variance
-from detector.scoring import CORRECTION, WATERMARKED
+from detector.scoring import WATERMARKED
 
 
 @dataclass(slots=True)
@@ -132,15 +131,3 @@ def spoof_suspected(watermarked: bool, spoof_check: dict | None, public_half: di
     if watermarked:
         return (spoof_check or {}).get("suspected")
     return None if public_half is None else public_half["spoof_suspected"]
-
-
-def text_fields(text: str, normalized, ids, spec, first, vocab, options, decision, alpha: float,
-                min_tokens: int) -> dict:
-    """The Verdict fields every scheme fills the same way: the spec and its fingerprint, the text's
-    digest and lengths, the decision's alpha and threshold, the tokenizer and the normalisations."""
-    return {"watermark": spec.format(), "fingerprint": first.fingerprint, "num_tokens": int(ids.shape[0]),
-            "alpha": alpha, "z_threshold": decision.z_threshold, "min_tokens": min_tokens, "dedup": options.dedup,
-            "correction": CORRECTION, "normalizations": list(normalized.changes),
-            "tokenizer_fingerprint": vocab.fingerprint, "model_id": vocab.model_id,
-            "text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
-            "text_length": len(text)}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detector.scoring import binomial_sf
+from watermark.stats import binomial_sf
 
 MIN_WINDOW = 32  # positions; below this even an all-green window cannot beat the corrected threshold
 STRIDE_DIVISOR = 8  # windows of size W start every W/8 positions

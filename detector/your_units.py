@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from detector.calibration import CalibrationStore
 from detector.common_units import CommonUnits, merged
 from watermark.key_info import KeyringIntegrityError
 
@@ -48,8 +49,6 @@ class YourUnits:
     verdict makes for its calibrations also sees a table written since."""
 
     def __init__(self, keyring, store=None) -> None:
-        from detector.calibration import CalibrationStore
-
         self.store = store if store is not None else CalibrationStore(keyring)
         self.folder = Path(keyring.home) / FOLDER
         self._tables: dict[str, tuple[str, CommonUnits]] = {}  # tokenizer fingerprint -> (digest, table)

@@ -186,10 +186,10 @@ def control(run, label: str, held: dict) -> dict:
 
 
 def plot(results: dict, config, out) -> list[str]:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib, heavy: loaded only to draw the plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after choosing the Agg backend)
 
     labels = [k for k in results if isinstance(results[k], dict) and k not in ("config",)
               and any(k2.isdigit() for k2 in results[k])]

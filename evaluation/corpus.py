@@ -24,7 +24,9 @@ INSTALL_HINT = "pip install gensim  (only its test data file is read)"
 
 # Words that end in a full stop without ending a sentence (titles, months, common short forms).
 _ABBREVIATIONS = frozenset(
-    ["mr", "mrs", "ms", "dr", "st", "gen", "col", "lt", "sgt", "capt", "prof", "sen", "rep", "gov", "jr", "sr", "inc", "ltd", "co", "corp", "no", "vs", "etc", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "mt", "ft", "u.s", "u.n", "a.m", "p.m"])
+    ["mr", "mrs", "ms", "dr", "st", "gen", "col", "lt", "sgt", "capt", "prof", "sen", "rep", "gov", "jr", "sr",
+     "inc", "ltd", "co", "corp", "no", "vs", "etc", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
+     "oct", "nov", "dec", "mt", "ft", "u.s", "u.n", "a.m", "p.m"])
 # A sentence ends at . ! or ? (maybe followed by a closing quote) before spaces and a capital or quote.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s+(?=[\"'A-Z0-9])")
 

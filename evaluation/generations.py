@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from tqdm import tqdm
+
 from evaluation.cache import JsonlCache, cache_key
 from evaluation.metrics import perplexity, repetition_rate
 from generation.sample.sampler import SamplingParams
@@ -61,8 +63,6 @@ class GenerationSource:
         chunk = max(1, self.engine.config.max_num_seqs)
         bar = None
         if missing and self.progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=len(missing), desc=label, unit="text")
         try:
             for start in range(0, len(missing), chunk):

@@ -24,14 +24,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy import stats
+from tqdm import tqdm
+
+from db.output_memory import WARMUP, MemoryMirror, OutputMemory
+from db.store import Store
+from detector import common_units
+from detector.spoof_check import MIN_NULL, output_null_z, scored_units, verdict_spoof_check
+from evaluation.corpus import prompt_documents
+from evaluation.harness import PROMPT_TEMPLATE
+from generation.models import load_model
+from generation.sample.params import SamplingParams
+from watermark.config import WatermarkSpec
+from watermark.keys import Keyring
+from watermark.scheme import generation_watermark, make_watermark
+from watermark.specs import parse_spec
+from watermark.vocab import load_vocabulary
 
 ALPHAS = (1e-3, 1e-2, 5e-2)
 PROMPTS = 250  # the evaluation corpus's first prompts (evaluation.security_attacks.TRAIN_PROMPTS)
@@ -39,16 +54,9 @@ PROMPTS = 250  # the evaluation corpus's first prompts (evaluation.security_atta
 
 def generate(out: Path, texts: int, tokens: int, spec, secret: bytes, seed: int, progress: bool = True) -> list[list[int]]:
     """``texts`` watermarked outputs (token ids) in generation order, cached in OUT/generations.jsonl."""
-    from tqdm import tqdm
-
-    from evaluation.corpus import prompt_documents
-    from evaluation.harness import PROMPT_TEMPLATE
-    from evaluation.runner import chat_prompt_ids
-    from generation.engine import Engine
-    from generation.models import load_model
-    from generation.sample.params import SamplingParams
-    from watermark.keys import Keyring
-    from watermark.scheme import generation_watermark
+    # the engine and the runner load transformers: the replay, and the arguments' checks, run without them
+    from evaluation.runner import chat_prompt_ids  # noqa: PLC0415 (transformers loads for generating only)
+    from generation.engine import Engine  # noqa: PLC0415 (transformers loads for generating only)
 
     cache = out / "generations.jsonl"
     done = [json.loads(line)["token_ids"] for line in cache.read_text().splitlines()] if cache.exists() else []
@@ -83,15 +91,6 @@ def generate(out: Path, texts: int, tokens: int, spec, secret: bytes, seed: int,
 def replay(outputs: list[list[int]], spec, secret: bytes, vocab, progress: bool = True) -> list[dict]:
     """Each output remembered in order as the generation service does, then checked as a verdict would be
     right after: one dict per output past the warm-up with the null size and the check's p-values."""
-    import torch
-    from tqdm import tqdm
-
-    from db.output_memory import WARMUP, MemoryMirror, OutputMemory
-    from db.store import Store
-    from detector import common_units
-    from detector.spoof_check import MIN_NULL, output_null_z, scored_units, verdict_spoof_check
-    from watermark.scheme import make_watermark
-
     mark = make_watermark(spec, secret, vocab.vocab_size, "own-null")
     common = common_units.for_spec(mark.spec, vocab)
     checks = []
@@ -129,10 +128,10 @@ def summarise(checks: list[dict]) -> dict:
 
 
 def plot(checks: list[dict], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib, heavy: loaded only to draw the plot)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after choosing the Agg backend)
 
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     n = len(checks)
@@ -160,9 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="eval-own-null")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    from watermark.config import WatermarkSpec
-    from watermark.specs import parse_spec
-
     try:
         spec = parse_spec(args.spec) if args.spec else WatermarkSpec.default()
         if args.texts < 300 or args.tokens < 50:
@@ -173,15 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     secret = random.Random(f"{args.seed}|own-output-null|{spec.format()}").randbytes(32)
     outputs = generate(out, args.texts, args.tokens, spec, secret, args.seed, not args.no_progress)
-    from watermark.vocab import load_vocabulary
-
     checks = replay(outputs, spec, secret, load_vocabulary(), not args.no_progress)
     results = {"spec": spec.format(), "texts": len(outputs), "tokens": args.tokens, "seed": args.seed,
                "summary": summarise(checks), "checks": checks}

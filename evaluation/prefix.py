@@ -10,22 +10,23 @@ so each prefix uses its own length's threshold.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from scipy import special
 
 from detector.common_units import THRESHOLDS, threshold_for_length
-from detector.scoring import _previous, binomial_sf, counted_positions, score_positions
+from detector.scoring import _previous, counted_positions, score_positions
 from detector.scoring_sampling import GUMBEL_KINDS
 from watermark.sampling_stats import g_binomial_sf, gamma_sf
 from watermark.specs import is_sampling
+from watermark.stats import binomial_sf
 from watermark.units import identities as unit_identities
 
 
-def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None, margins: np.ndarray | None = None) -> np.ndarray:
+def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None,
+                    margins: np.ndarray | None = None) -> np.ndarray:
     """Float [T + 1]: entry L is the exact p-value of the first L tokens (1 where nothing is scored). ``margins``
     (kgw specs; ``detector.promise.prefix_margins``): entry L is the margin of the verdict's promise on those tokens,
     and the p-value is held to it as the verdict's is (P(Z >= z - margin) where that is larger)."""
-    import torch  # local: evaluation.metrics is imported by reports that need no torch
-
     ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
     total_tokens = int(ids.shape[0])
     p = np.ones(total_tokens + 1, dtype=np.float64)

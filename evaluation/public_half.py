@@ -143,10 +143,10 @@ def summarise(verdicts) -> dict:
 
 
 def plot(results: dict, path: Path, tokens: int) -> Path:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib, heavy: loaded only to draw the plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after choosing the Agg backend)
 
     names = list(results["sets"])
     rows = [results["sets"][n][str(tokens)] for n in names]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from evaluation import metrics
 from evaluation.attack_context import AttackContext
@@ -133,8 +134,6 @@ class EvaluationRun:
         jobs = [(a, r) for a in cfg.attacks for r in cfg.rates if not (r == 0 and a != cfg.attacks[0])]
         bar = None
         if self.progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=len(jobs), desc=f"attacks {scheme_label(spec)}", unit="cell")
         clean = None
         for name, rate in jobs:

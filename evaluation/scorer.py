@@ -169,7 +169,7 @@ class Scorer:
 
     def close(self) -> None:
         if self._ray_started:
-            import ray
+            import ray  # noqa: PLC0415 (Ray, heavy and optional: loads for a Ray run only)
 
             ray.shutdown()
             self._ray_started = False

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from db import budget
 from detector.service import Detector
@@ -52,9 +53,6 @@ class SecurityConfig:
 
 
 def run_security(config: SecurityConfig, out_dir: str | Path, progress: bool = True) -> dict:
-    from tqdm import tqdm
-
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
@@ -111,8 +109,6 @@ def _counted(target: oracle.Target, run) -> dict:
 
 def _power(detector, mark, words: list[int], config: SecurityConfig, progress: bool) -> list[dict]:
     """Watermarked texts of T = prefix_tokens at several strengths: exact verdict vs the detect-scope view."""
-    from tqdm import tqdm
-
     rng = random.Random(config.seed + 2)
     rows = []
     for fraction in tqdm(POWER_FRACTIONS, desc="power", disable=not progress):
@@ -169,10 +165,10 @@ def _write(path: Path, results: dict) -> None:
 
 
 def _plot(results: dict, out: Path) -> list[str]:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib, heavy: loaded only to draw the plots)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after choosing the Agg backend)
 
     curve = {int(n): acc for n, acc in results["attacks"]["after"]["paired_difference"]["accuracy_by_pairs"].items()}
     xs = sorted(curve)

@@ -31,7 +31,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from detector.service import Detector
 from evaluation import attack_measures as measure
 from evaluation import stealing
@@ -143,7 +142,8 @@ class AttackRun:
         for index, name in enumerate(config.schemes):
             spec = parse_scheme(name)
             label = _label(spec)
-            info = ring.create(f"k{index}-{spec.scheme}-h{spec.context_width}", secret=random.Random(f"{config.seed}|{label}").randbytes(32), spec=spec)
+            info = ring.create(f"k{index}-{spec.scheme}-h{spec.context_width}",
+                               secret=random.Random(f"{config.seed}|{label}").randbytes(32), spec=spec)
             self.specs[label] = spec
             self.marks[label] = generation_watermark(spec, self.vocab.vocab_size, info.key_id, ring)
             self.key_fingerprints[label] = info.fingerprint

@@ -4,7 +4,11 @@ settings from the flags, and the stealing / spoofing / scrubbing run with its he
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import torch
+
+from evaluation import public_half
 from evaluation.security import run_security
 from evaluation.security_attacks import ATTACKS, AttackConfig, run_attacks
 
@@ -35,23 +39,15 @@ def wants_public_half(text: str) -> bool:
 def public_half_config(args):
     """The public-half run's settings from the flags (``evaluation.public_half.PublicHalfConfig``): the spoofer
     at our own strength and at --spoof-delta. ValueError naming the setting."""
-    from evaluation.public_half import PublicHalfConfig
-
-    deltas = tuple(sorted({PublicHalfConfig().spec_delta, float(args.spoof_delta)}))
-    return PublicHalfConfig(texts=args.eval_texts, tokens=args.tokens, seed=args.seed, spoof_deltas=deltas)
+    deltas = tuple(sorted({public_half.PublicHalfConfig().spec_delta, float(args.spoof_delta)}))
+    return public_half.PublicHalfConfig(texts=args.eval_texts, tokens=args.tokens, seed=args.seed, spoof_deltas=deltas)
 
 
 def run_public_half(args, config) -> int:
     """The two-part key against its published half's spoofer (``evaluation.public_half``), into OUT/public-half."""
-    from pathlib import Path
-
-    from evaluation.public_half import run_public_half as run
-
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
-    results = run(config, Path(args.out) / PUBLIC_HALF, progress=not args.no_progress)
+    results = public_half.run_public_half(config, Path(args.out) / PUBLIC_HALF, progress=not args.no_progress)
     print(json.dumps({name: section[str(args.tokens)] for name, section in results["sets"].items()}, indent=1))
     print(f"results: {args.out}/{PUBLIC_HALF}/results.json; plot: {results['plot']}")
     return 0
@@ -89,13 +85,8 @@ def run_stealing_attacks(args, config, oracle_config=None) -> int:
     the oracle attack first, into OUT/oracle. ``--threads`` must have been checked by the caller."""
 
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     if oracle_config is not None:
-        from pathlib import Path
-
-
         found = run_security(oracle_config, Path(args.out) / ORACLE, progress=not args.no_progress)
         print(json.dumps(found["summary"], indent=1))
     results = run_attacks(config, args.out, progress=not args.no_progress)

@@ -22,11 +22,14 @@ score is the mean over its supported pairs (and its token, for selfhash); believ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from evaluation.oracle_attack import balanced_accuracy
+from watermark.units import identities
 
 BASE_CHUNK = 32  # sequences per base-model call (their logits are held until reduced to the top k)
 TOP_K = 32  # base-model tokens per position kept for the expected counts (the rest carry little mass)
@@ -130,8 +133,6 @@ def base_topk(lm, sequences: list[list[int]], starts: list[int], top_k: int = TO
     out = []
     chunks = range(0, len(sequences), BASE_CHUNK)
     if progress:
-        from tqdm import tqdm
-
         chunks = tqdm(chunks, desc="base-model pass", unit="chunk")
     for at in chunks:
         part, part_starts = sequences[at:at + BASE_CHUNK], starts[at:at + BASE_CHUNK]
@@ -150,8 +151,6 @@ def base_topk(lm, sequences: list[list[int]], starts: list[int], top_k: int = TO
 
 def save_rows(path, rows: list[tuple[list[int], np.ndarray, np.ndarray]]) -> None:
     """``base_topk``'s rows with their token ids, one file (written whole, then renamed)."""
-    from pathlib import Path
-
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, lengths=np.array([len(r[0]) for r in rows], dtype=np.int64),
@@ -367,8 +366,6 @@ class LearnedAnchors:
         return (mixed & keep).astype(np.float64) / 2.0 ** 64 + 0.5 * 2.0 ** (-k.astype(np.float64))
 
     def ngram_identities(self, ngrams) -> np.ndarray:
-        from watermark.units import identities
-
         ngrams = np.asarray(ngrams, dtype=np.int64)
         candidates = np.broadcast_to(ngrams[:, -1:], ngrams.shape)
         return identities("selfhash", ngrams, np.argmin(self._order(ngrams, candidates), axis=1))

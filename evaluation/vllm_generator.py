@@ -16,6 +16,7 @@ explicit master key); no secret is written to the request file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ from watermark.keyring_seal import format_master_key
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-# vLLM on a small CPU (FACTS.md): a bounded KV cache, no core held back for its front end
+# vLLM on a small CPU: a bounded KV cache (GiB), no core held back for its front end (vLLM's CPU installation guide)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
 ALL_ROWS = 1 << 30  # GenerationSource batches by config.max_num_seqs: one call for everything
 
@@ -60,7 +61,7 @@ def request_rows(prompts, params, watermarks) -> list[dict]:
 
 def run_rows(llm, rows: list[dict]) -> list[dict]:
     """Generate every row with an ``LLM`` built with the plugin; token ids, text, finish reason."""
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415 (vllm is installed only in .venv-vllm)
 
     params = [SamplingParams(max_tokens=r["max_tokens"], min_tokens=r["min_tokens"], temperature=r["temperature"],
                              seed=r["seed"], extra_args=r["extra_args"]) for r in rows]
@@ -71,9 +72,9 @@ def run_rows(llm, rows: list[dict]) -> list[dict]:
 
 def make_llm(model_dir: str):
     """vLLM's engine over ``model_dir`` with the provmark plugin (fp32, eager: no compile warm-up)."""
-    from vllm import LLM
+    from vllm import LLM  # noqa: PLC0415 (vllm is installed only in .venv-vllm)
 
-    from generation.vllm.plugin import PLUGIN_FQCN  # local: vllm is installed only in .venv-vllm
+    from generation.vllm.plugin import PLUGIN_FQCN  # noqa: PLC0415 (it imports vllm, installed only in .venv-vllm)
 
     for name, value in VLLM_ENV.items():
         os.environ.setdefault(name, value)
@@ -118,8 +119,6 @@ class VLLMGenerator:
 
 
 def _vllm_importable() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 

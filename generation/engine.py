@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 import torch
+from tqdm import tqdm
 
 from generation.constraints.constraint import (
     ConstraintCompiler,
@@ -316,8 +317,6 @@ class Engine:
         done: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm or (use_tqdm is None and len(prompts) >= LONG_JOB_PROMPTS):
-            from tqdm import tqdm
-
             bar = tqdm(total=len(prompts), desc="generate", unit="req")
         try:
             while pending:

@@ -21,7 +21,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-
 @dataclass(slots=True)
 class CacheConfig:
     """Shape of the preallocated cache: how many sequences at once and how long each may grow."""

@@ -60,7 +60,7 @@ class LoadedModel:
 
 def load_gguf_model(gguf_path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Load (and dequantize) a GGUF checkpoint with transformers: slow (~15 s for the default)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
     return AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype, local_files_only=True
@@ -91,7 +91,7 @@ def ensure_default_model() -> Path:
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Write the dequantized GGUF model and its tokenizer as a plain safetensors HF folder."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
     gguf_model = load_gguf_model(gguf, torch.float32)
     config = gguf_model.config
@@ -109,7 +109,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def _default_tokenizer(gguf: Path):
     """The default's tokenizer: from the cached files when present (fast), else from the GGUF."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
     folder = default_model_dir()
     if cache_is_trusted(folder, ("tokenizer.json",)):
@@ -172,8 +172,8 @@ def load_model(
 
 
 def _from_pretrained(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (transformers is heavy: loaded with a model)
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
     hf_logging.disable_progress_bar()  # a 1.5 s local load needs no per-tensor progress bar
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from generation.cpu import native
-from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
 from generation.cpu.native_layers import use_native_layers_, use_native_linears_
 from generation.cpu.packed_linear import packing_available
 from generation.cpu.packed_view import packed_view
@@ -22,6 +21,7 @@ from generation.cpu.slot_attention import (
     plan_row_groups,
     use_slot_attention_,
 )
+from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
 
 
 class ModelRunner:

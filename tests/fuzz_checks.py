@@ -4,8 +4,9 @@ with one refinement.
 ``positive_data_acceptance`` expects a schema-valid request to be accepted. A few rules cannot be
 written in JSON Schema: the watermark spec grammar and its numeric bounds (watermark/config.py),
 a key id with the watermark switched off, min_new_tokens <= max_new_tokens, a prompt that fits the
-model's context, a page cursor (opaque: only what a previous page returned). The field descriptions state them; a 422 is accepted only when every field it names
-is one of these (``SEMANTIC_FIELDS``), so any other disagreement between schema and server still fails.
+model's context, a page cursor (opaque: only what a previous page returned). The field descriptions state them;
+a 422 is accepted only when every field it names is one of these (``SEMANTIC_FIELDS``), so any other
+disagreement between schema and server still fails.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import bindparam, text
 
 from api.cli import main
-from db.audit import AuditError, GENESIS_HASH, append_event, list_events, verify
+from db.audit import GENESIS_HASH, AuditError, append_event, list_events, verify
 from db.audit_report import DELETED, EDITED, REORDERED
 from db.rows import UTCDateTime
 from db.store import Store

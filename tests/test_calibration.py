@@ -10,8 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sampling_texts import PREFIX, as_text, word_ids
 
 from api.cli import main
 from detector import calibrate as measuring
@@ -28,7 +30,7 @@ from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
 from watermark.scheme import Watermark
 from watermark.stats import Z_THRESHOLD, p_value_binomial, p_value_normal
-from watermark.vocab import load_vocabulary
+from watermark.vocab import encode, load_vocabulary
 
 SPEC = WatermarkSpec.default()
 
@@ -91,27 +93,48 @@ def test_the_guard_never_makes_a_verdict_less_careful(p, z, total, mean, sd, n):
     assert applied == (guarded > p)
 
 
+def text_at_z(detector: Detector, mark: Watermark, low: float, high: float) -> str:
+    """Whole single-token words, each chosen green under ``mark`` while the text's z is below ``low`` and red
+    after, until at least 30 positions are scored and z lies in [low, high): a text at a z of our choosing."""
+    vocab = detector.vocab
+    words = word_ids(vocab)
+    ids = encode(vocab, PREFIX)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        verdict = detector.detect(as_text(vocab, ids), keys=[mark.key_id])
+        z = verdict.z_score
+        if verdict.num_tokens_scored >= 30 and low <= z < high:
+            return as_text(vocab, ids)
+        green = mark.green_mask(torch.tensor([ids[-mark.context_width:]]))[0, words]
+        wanted = [w for w, g in zip(words, green.tolist()) if g == (z < low)]
+        ids.append(int(rng.choice(wanted)))
+    raise AssertionError(f"no text with z in [{low}, {high}) within 400 words")
+
+
 def test_a_key_whose_null_is_shifted_up_is_held_to_that_null(calibrated, vocab):
     """Give k1 a calibration whose buckets measure N(+1, 1): a text at z = 4.5 is no longer significant,
     and the verdict says which calibration held it."""
     keyring, result = calibrated
+    mark = Watermark(SPEC, keyring.secret("k1"), vocab.vocab_size, key_id="k1")
+    # the guard's p-value is P(N(0,1) >= (z - shift) / scale) with the shift reduced by 2 standard errors: at
+    # z < Z_THRESHOLD + shift the guarded text is not significant
+    shift = 1.0 - 2.0 / math.sqrt(2000)
+    text = text_at_z(Detector(vocab=vocab, keyring=keyring), mark, 4.5, Z_THRESHOLD + shift)
     bad = shifted(result, mean=1.0)
     CalibrationStore(keyring).put(bad)
     assert not bad.passes_screen()
-    detector = Detector(vocab=vocab, keyring=keyring)
-    text = "The committee met on Tuesday to review the budget. " * 3
-    verdict = detector.detect(text, keys=["k1"])
+    verdict = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
     assert verdict.calibration["id"] == bad.calibration_id
     assert verdict.calibration["mean_z"] == pytest.approx(1.0)
-    # the guard's p-value is P(N(0,1) >= (z - shift) / scale) with the shift reduced by 2 standard errors
-    shift = 1.0 - 2.0 / math.sqrt(2000)
-    if verdict.z_score is not None and verdict.z_score > shift:
-        assert verdict.p_value >= p_value_normal(verdict.z_score - shift) * (1 - 1e-9)
+    assert 4.5 <= verdict.z_score < Z_THRESHOLD + shift and verdict.calibration["guarded"] is True
+    assert verdict.p_value >= p_value_normal(verdict.z_score - shift) * (1 - 1e-9)
+    assert not verdict.watermarked
     # a calibration that measured N(0, 1) changes nothing
     sound = shifted(result, mean=0.0)
     CalibrationStore(keyring).put(sound)
     plain = Detector(vocab=vocab, keyring=keyring).detect(text, keys=["k1"])
     assert plain.calibration["id"] == sound.calibration_id and plain.calibration["guarded"] is False
+    assert plain.z_score == verdict.z_score and plain.p_value < verdict.p_value
 
 
 def test_a_calibration_measured_under_another_common_unit_table_is_not_used(calibrated, vocab):
@@ -299,7 +322,7 @@ def test_each_corpus_path_counts_as_a_collection_of_its_own(provmark_home, vocab
     import os
     from pathlib import Path
 
-    from api.cli.keys import read_collections
+    from api.cli.keys.corpus import read_collections
 
     keyring = Keyring()  # a fixed key: the shared line is drawn for it
     keyring.create("k1", secret=hashlib.sha256(b"provmark-test/your-texts").digest())

@@ -11,10 +11,10 @@ import pytest
 from http_fixtures import human_text, shared_vocabulary, watermarked_text
 
 from api.cli import main
-from detector import batch, batch_secrets
-from detector.service import Detector
 from db.rows import AuditEventRow, VerdictRow
 from db.store import Store
+from detector import batch, batch_secrets
+from detector.service import Detector
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
 
@@ -209,7 +209,9 @@ def test_evaluation_scorer_batch_backend_matches_inline(keyring, records):
     local = Scorer(shared_vocabulary(), keyring, null_keys=1, seed=0, detect_backend="local", workers=1)
     try:
         a, b = inline.score(texts, spec, "alpha", prefixes=True), local.score(texts, spec, "alpha", prefixes=True)
-        same = lambda x, y: x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+        def same(x, y) -> bool:
+            return x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+
         assert all(same(r["z"], s["z"]) and r["detected"] == s["detected"] and r["p_value"] == s["p_value"]
                    and r["prefix"].tolist() == s["prefix"].tolist() for r, s in zip(a, b))
         assert inline.last_alpha == local.last_alpha

@@ -22,13 +22,13 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from detector.scoring import binomial_sf, counted_positions, green_flags, previous_occurrence
+from detector.scoring import counted_positions, green_flags, previous_occurrence
 from detector.service import Detector
 from detector.windows import window_counts
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyNotFoundError
 from watermark.scheme import Watermark
-from watermark.stats import Z_THRESHOLD, p_value_normal
+from watermark.stats import Z_THRESHOLD, binomial_sf, p_value_normal
 from watermark.vocab import encode, load_vocabulary
 
 KGW_SPECS = [f"kgw:scheme={s}" for s in ("lefthash", "minhash", "selfhash", "unigram")]

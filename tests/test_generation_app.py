@@ -227,3 +227,23 @@ def test_health_public_key_models_and_openapi(live):
     assert paths["/v1/generate"]["post"]["x-required-scope"] == "generate"
     limits = document["components"]["schemas"]["GenerateRequest"]["properties"]["max_new_tokens"]
     assert limits["maximum"] == 2048
+
+
+def test_one_vocabulary_and_the_old_spellings_for_one_release(live):
+    base = {"prompt": "The lighthouse", "max_new_tokens": 4, "temperature": 0}
+    status, off, headers = generate(live, {**base, "watermark": "off"})
+    assert status == 200 and off["watermark"] is None and "Deprecation" not in headers
+    status, old_off, headers = generate(live, {**base, "watermark": None})
+    assert status == 200 and old_off["watermark"] is None and headers["Deprecation"] == "true"
+    assert '"off"' in headers["Warning"]
+    key = live.service.keyring.active().key_id
+    status, keyed, headers = generate(live, {**base, "temperature": 1.0, "seed": 1, "keys": [key]})
+    assert status == 200 and keyed["watermark"]["key_id"] == key and "Deprecation" not in headers
+    status, old_keyed, headers = generate(live, {**base, "temperature": 1.0, "seed": 1, "key_id": key})
+    assert status == 200 and old_keyed["token_ids"] == keyed["token_ids"] and "key_id" in headers["Warning"]
+    status, both, _ = generate(live, {**base, "keys": [key], "key_id": key})
+    assert status == 422 and both["error"]["param"] == "key_id"
+    status, two, _ = generate(live, {**base, "keys": [key, key]})
+    assert status == 422 and two["error"]["param"].startswith("keys")
+    status, _, headers = call("GET", live.url + "/v1/receipts/public-key")
+    assert status == 200 and headers["Deprecation"] == "true"

@@ -12,7 +12,7 @@ from api.cli import main
 from watermark import key_binding
 from watermark.config import WatermarkSpec
 from watermark.key_binding import bound_spec, keys_bound_to, require_bound
-from watermark.key_info import KeySpecError, KeyringIntegrityError
+from watermark.key_info import KeyringIntegrityError, KeySpecError
 from watermark.keys import Keyring
 from watermark.specs import parse_spec
 

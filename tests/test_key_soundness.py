@@ -48,7 +48,7 @@ def vocab():
 def corpora(vocab) -> dict[str, list[np.ndarray]]:
     texts = human_corpora.held_out_texts(vocab)
     texts["paragraphs"] = texts["paragraphs"][:800]
-    texts.pop("readmes")  # a few dozen texts: too few to say anything about a key (scripts/key_soundness.py)
+    texts.pop("readmes")  # a few dozen texts: too few to say anything about a key (research/scripts/key_soundness.py)
     return texts
 
 

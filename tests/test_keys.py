@@ -94,7 +94,7 @@ def test_secrets_are_32_random_bytes_matching_fingerprints(home):
 
 def test_rotate_makes_new_active_and_keeps_old_for_detection(home):
     kr = Keyring()
-    old = kr.create("old")
+    kr.create("old")
     old_secret = kr.secret("old")
     new = kr.rotate()
     statuses = {k.key_id: k.status for k in kr.list()}

@@ -17,9 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from generation.cpu import native
-from generation.kv_cache import CacheConfig
 from generation.cpu.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
 from generation.cpu.packed_linear import packing_available
+from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 
 DTYPES = (torch.float32, torch.bfloat16)

@@ -3,7 +3,8 @@
 import unicodedata
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detector.normalize import STAGES, normalize
 

@@ -4,14 +4,15 @@ in the ``provmark`` field verifies offline with the service's public key."""
 
 from types import SimpleNamespace
 
+import c2pa_unstructured_text
 import openai
 import pytest
 from http_fixtures import call, make_token, serve
 
 from api.generation.app import create_app
 from db.receipts import verify_receipt
-from detector.service import Detector
 from db.rows import text_sha256
+from detector.service import Detector
 from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 
@@ -113,3 +114,41 @@ def test_client_errors(live):
     stranger = openai.OpenAI(base_url=live.url + "/v1", api_key="pmk_" + "B" * 43, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
+
+
+def test_an_embedded_manifest_ends_the_text_whole_and_streamed(live):
+    kwargs = {"model": live.model, "messages": STORY_PROMPT, "max_tokens": 24, "temperature": 1.0, "seed": 11,
+              "extra_body": {"c2pa": "embedded"}}
+    whole = live.client.chat.completions.create(**kwargs)
+    content = whole.choices[0].message.content
+    found = c2pa_unstructured_text.extract(content)
+    assert found is not None and provenance(whole)["c2pa"]["embedded"] is True
+    visible = c2pa_unstructured_text.strip(content, found["start"], found["length"])
+    assert provenance(whole)["receipt"]["text_sha256"] == text_sha256(visible)
+    chunks = list(live.client.chat.completions.create(stream=True, **kwargs))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert c2pa_unstructured_text.strip(streamed, *_range(streamed)) == visible  # same seed, same words
+    assert c2pa_unstructured_text.extract(streamed) is not None  # and the last delta carried the manifest
+    detached = live.client.completions.create(model=live.model, prompt="The lighthouse", max_tokens=8, seed=3,
+                                              extra_body={"c2pa": "inline"})
+    assert provenance(detached)["c2pa"]["manifest_store"] and not provenance(detached)["c2pa"]["embedded"]
+
+
+def _range(text: str) -> tuple[int, int]:
+    found = c2pa_unstructured_text.extract(text)
+    return found["start"], found["length"]
+
+
+def test_the_official_client_raises_its_own_errors_with_the_servers_message_on_every_route(live):
+    with pytest.raises(openai.UnprocessableEntityError) as bad_completion:
+        live.client.completions.create(model=live.model, prompt="x", max_tokens=2, temperature=-1.0)
+    assert "temperature" in bad_completion.value.message and bad_completion.value.param == "temperature"
+    assert bad_completion.value.type == "invalid_request_error"
+    with pytest.raises(openai.UnprocessableEntityError) as bad_chat:
+        live.client.chat.completions.create(model=live.model, messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=2, top_p=7.0)
+    assert "top_p" in bad_chat.value.message and bad_chat.value.code == "invalid_fields"
+    outsider = openai.OpenAI(base_url=live.client.base_url, api_key="pmk_not-a-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        outsider.models.list()
+    assert refused.value.type == "authentication_error" and "token" in refused.value.message

@@ -16,7 +16,6 @@ from schemathesis import GenerationMode
 from api.detector.app import create_app
 from watermark.keys import Keyring
 
-
 EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 30}  # per operation
 
 

@@ -1,6 +1,7 @@
 """The paste-text page in Debian's headless Chromium (Playwright), against the detector served on a
 loopback port: watermarked text shows ``watermarked`` with its z, human text ``not watermarked``,
-the watermarked passage is highlighted, and per-token colours need the explain scope.
+the watermarked passage is highlighted, per-token colours need the explain scope, and a text's C2PA
+Content Credentials (embedded in it, or a .c2pa file beside it) are shown beside the verdict.
 
 Needs ``pip install playwright`` (the Python package only) and ``apt-get install chromium``
 (/usr/bin/chromium); without them the test is skipped, except under CI=true where it fails.
@@ -22,6 +23,8 @@ from http_fixtures import (
 
 from api.detector.app import create_app, services_of
 from detector.service import Detector
+from provenance.c2pa_credential import load_c2pa_credential
+from provenance.c2pa_manifest import TextClaims, WatermarkClaim, sign_text
 from watermark.keys import Keyring
 
 CHROMIUM = os.environ.get("PROVMARK_CHROMIUM", "/usr/bin/chromium")
@@ -153,3 +156,41 @@ def test_a_spoof_of_a_two_part_keys_published_half_is_named_on_the_page(browser,
         screenshot(page, "paste-page-two-part-spoof", tmp_path)
         page.close()
     services_of(app).store.close()
+
+
+def test_the_page_shows_the_content_credentials_beside_the_watermark_verdict(browser, site, provmark_home, tmp_path):
+    base_url, store, texts, detector = site
+    verdict = detector.detect(texts["watermarked"])
+    claims = TextClaims(model_id="smollm2-135m-instruct", receipt_id="00000000-0000-4000-8000-000000000001",
+                        issuer="http://127.0.0.1:8000", detector_url=base_url,
+                        watermark=WatermarkClaim(family="kgw", spec=verdict.watermark,
+                                                 spec_fingerprint=verdict.fingerprint, key_id=KEY))
+    credential = load_c2pa_credential(home=provmark_home)  # the development CA the service trusts
+    page = browser.new_page()
+    page.goto(base_url + "/")
+    page.fill("#token", make_token(store, "detect"))
+
+    check(page, sign_text(credential, texts["watermarked"], claims, embedded=True).text)
+    assert page.text_content("#verdict") == "watermarked"
+    assert page.text_content("#credentials-summary").startswith("Trusted:")
+    facts = page.text_content("#credentials-facts")
+    assert "Agrees with the watermark verdict" + "yes" in facts and "C2PA manifest embedded" in page.text_content(
+        "#credentials-summary")
+    screenshot(page, "paste-page-credentials", tmp_path)
+
+    detached = sign_text(credential, texts["human"], TextClaims("smollm2-135m-instruct", claims.receipt_id,
+                                                                claims.issuer, base_url))
+    manifest_file = tmp_path / "human.c2pa"
+    manifest_file.write_bytes(detached.manifest_store)
+    page.set_input_files("#manifest", str(manifest_file))
+    check(page, texts["human"].replace(" ", "  ", 1))  # one character more than was signed
+    assert page.text_content("#verdict") == "not watermarked"
+    assert page.text_content("#credentials-summary").startswith("Invalid: the text was changed")
+    check(page, texts["human"])
+    assert page.text_content("#credentials-summary").startswith("Trusted:")
+    assert "Watermark it names" + "none" in page.text_content("#credentials-facts")
+
+    page.click("#clear")
+    check(page, texts["human"])
+    assert page.text_content("#credentials-summary") == "No C2PA Content Credentials in or with this text."
+    page.close()

@@ -4,7 +4,7 @@ measured where the deployment gave its texts (``keys calibrate --corpus``), and 
 The situation users are in: ONE fixed key, many human texts of one collection it never saw. A key whose null is
 shifted up on that collection sees more than the stated rate at z = 4; the bounded promise's margin takes it back.
 The collection here is pandas' source (a code base held out of the common-unit table's fit half and of the
-collections the margins were fitted on, research/key_shift_table.py), the key one of 24 fixed keys that is shifted
+collections the margins were fitted on, research/scripts/key_shift_table.py), the key one of 24 fixed keys that is shifted
 on it by +0.37 (4.5 times the stated rate at z = 4 without the margin). Bounds from the math: a mean effective z
 of 0.1525 doubles the rate at z = 4; the flagged texts are held to the binomial tail of the stated rate.
 """

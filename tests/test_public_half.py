@@ -229,10 +229,11 @@ def test_cli_creates_exports_and_verifies_with_the_published_half(tmp_path, monk
 
 # ------------------------------------------------------------------------------- the detector service
 def test_the_service_publishes_the_half_and_flags_spoofs_over_http(tmp_path):
+    from http_fixtures import call, make_token, serve
+
     from api.detector.app import create_app
     from db.rows import VerdictRow
     from db.store import Store
-    from http_fixtures import call, make_token, serve
 
     vocab = shared_vocabulary()
     ring = Keyring(tmp_path / "home")

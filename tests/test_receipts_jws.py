@@ -18,6 +18,7 @@ from api.provenance_keys import jwks_document
 from db.audit import verify
 from db.receipts import (
     ReceiptError,
+    ReceiptLinks,
     ReceiptSigner,
     get_receipt,
     issue_receipt,
@@ -26,7 +27,6 @@ from db.receipts import (
     verify_receipt,
     verify_receipt_jws,
 )
-from db.receipts import ReceiptLinks
 from db.rows import ReceiptRow, text_sha256
 from db.store import Store
 

@@ -11,8 +11,15 @@ from scipy.stats import chi2
 from transformers.generation import logits_process as lp
 
 from generation.sample import LogitsPipeline, SampleOutput, StepRows
-from generation.sample.sampler import SamplerState, SamplingParams
-from generation.sample.sampler import apply_bans_, apply_penalties_, mirostat_, mirostat_v1_k, truncate_
+from generation.sample.sampler import (
+    SamplerState,
+    SamplingParams,
+    apply_bans_,
+    apply_penalties_,
+    mirostat_,
+    mirostat_v1_k,
+    truncate_,
+)
 
 ALPHA = 1e-3  # false-failure rate of each chi-square test (fixed seeds make it deterministic anyway)
 

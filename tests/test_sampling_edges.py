@@ -9,8 +9,8 @@ import pytest
 from generation.decoding.beam import check_beam_params
 from generation.decoding.best_of import check_best_of_params
 from generation.decoding.contrastive import ContrastiveConfig
-from generation.sample.sampler import SamplingParams
 from generation.sample.params import GREEDY_TEMPERATURE
+from generation.sample.sampler import SamplingParams
 
 TINY = [5e-324, 1e-300, 1e-38, GREEDY_TEMPERATURE / 2]
 
@@ -45,8 +45,8 @@ def test_a_tiny_amateur_temperature_is_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1e-38, 5e-324])
 def test_engine_and_speculative_decoding_at_a_tiny_temperature_equal_greedy(loaded, temperature):
-    from generation.decoding.speculative.drafters import PromptLookupDrafter
     from generation.decoding.speculative.decode import speculative_decode
+    from generation.decoding.speculative.drafters import PromptLookupDrafter
     from generation.engine import Engine
 
     engine = Engine(loaded, max_num_seqs=2, max_model_len=128)

@@ -4,8 +4,8 @@ seeded rows, the same tokens (the head draws with the same uniform over the same
 import pytest
 import torch
 
-from generation.sample import sampler as sampling
 from generation.sample import LogitsPipeline, StepRows
+from generation.sample import sampler as sampling
 from generation.sample.sampler import (
     HEAD_SPARE,
     SamplerState,

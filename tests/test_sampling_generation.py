@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 import torch
-from test_speculative import TINY_PROMPTS, TINY_VOCAB, _tiny_llama, tiny_engine  # noqa: F401 (a fixture)
+from test_speculative import TINY_PROMPTS, TINY_VOCAB, _tiny_llama, make_tiny_engine
 
 from generation.decoding import DecodingParams
 from generation.decoding.beam import BeamConfig
@@ -17,8 +17,8 @@ from generation.decoding.mbr import MBRConfig
 from generation.decoding.speculative.decode import speculative_decode
 from generation.decoding.speculative.drafters import ModelDrafter, PromptLookupDrafter
 from generation.sample.context_memory import GeneratedContexts, HFContextWindow
-from generation.sample.pipeline import LogitsPipeline, StepRows
 from generation.sample.params import SamplerState, SamplingParams
+from generation.sample.pipeline import LogitsPipeline, StepRows
 from generation.sample.sampling_stage import SAMPLING_STAGE, row_context
 from generation.sample.watermark_stage import KGW_BIAS, stage_for
 from watermark import gumbel as gumbel_module
@@ -32,6 +32,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SECRET = hashlib.sha256(b"provmark-test/sampling-generation").digest()
 V = 49152
 HF_SPEC = "hf:synthid,keys=654:400:836:123:340:443:597:160:57:590,ngram_len=3,context_history_size=16"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    return make_tiny_engine()
 
 
 def _native_survivors():

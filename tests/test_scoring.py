@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from detector import common_units, scoring, scoring_kernel
+from detector import common_units, scoring, scoring_kernel, unit_lookup
 from detector.service import Detector
 from watermark.config import WatermarkSpec
 from watermark.public_key import public_half_secret
@@ -118,7 +118,7 @@ def test_the_kernels_table_lookup_gives_the_numpy_frequencies(monkeypatch, vocab
     """``CommonUnits.frequency_of`` (every spec's exclusions outside the kgw pass, the evaluation's prefixes):
     the packed table searched in C, against numpy's own table at another load, so other probe sequences."""
     table = common_units.for_spec(WatermarkSpec.default(), vocab)
-    assert scoring_kernel.common_frequencies(table.identities[:3], *common_units._packed_hash_table(table)) is not None
+    assert scoring_kernel.common_frequencies(table.identities[:3], *unit_lookup.packed_hash_table(table)) is not None
     rng = np.random.default_rng(3)
     known = table.identities
     queries = [known, known + np.uint64(1), rng.integers(0, 2**64, 100_000, dtype=np.uint64),

@@ -122,7 +122,8 @@ def test_edits_move_colours_the_way_each_attack_wants():
     (["--attack", "stealing", "--steal-tokens", "10"], "--steal-tokens"),
     (["--attack", "stealing", "--steal-tokens", "1e4,x"], "--steal-tokens"),
     (["--attack", "scrubbing", "--rates", "0.1,1.5"], "--rates"),
-    (["--attack", "spoofing", "--schemes", "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1"], "--schemes"),
+    (["--attack", "spoofing", "--schemes",
+      "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1"], "--schemes"),
     (["--attack", "spoofing", "--eval-texts", "500"], "--eval-texts"),
     (["--attack", "all", "--spoof-delta", "0"], "--spoof-delta"),
     (["--attack", "stealing", "--estimator", "known-units", "--schemes", "kgw:scheme=lefthash,h=5,gamma=0.25,delta=2.0"],
@@ -210,10 +211,9 @@ def test_selfhash_anchors_can_be_learned_from_the_stolen_text():
     pair counts and the public salts) names the unit itself, and one told by the key (``known-units``) is the
     bound. On one stolen selfhash stream: the learned thief's green calls beat the prior by a binomial bound,
     and it is right about more held-out units than the vote and fewer than the bound."""
+    from evaluation.stealing import KnownUnitEstimate, LearnedAnchors, accumulate_units
     from watermark.scheme import make_watermark
     from watermark.seeding import selfhash_salts
-
-    from evaluation.stealing import KnownUnitEstimate, LearnedAnchors, accumulate_units
 
     mark = make_watermark(SELFHASH, bytes(range(32)), V)
     stolen = [tuple(_selfhash_stream(mark, 20_000, seed=3))]
@@ -237,9 +237,8 @@ def test_selfhash_anchors_can_be_learned_from_the_stolen_text():
 def test_the_known_unit_tables_row_is_its_units(tmp_path):
     """What the spoofer adds after a context (``row_scores``) is the score of the unit each candidate would
     form there (``unit_scores``), for every candidate; and the counts survive a save and load."""
-    from watermark.scheme import make_watermark
-
     from evaluation.stealing import KnownUnitEstimate, UnitCounts, accumulate_units
+    from watermark.scheme import make_watermark
 
     mark = make_watermark(SELFHASH, bytes(range(32)), V)
     counts = accumulate_units([tuple(_selfhash_stream(mark, 2_000, seed=5))], mark)
@@ -295,7 +294,7 @@ def _script(name: str):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "research" / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script

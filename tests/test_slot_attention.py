@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from generation.cpu.slot_attention import ATTENTION_NAME, MIN_SAVING, plan_row_groups
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
-from generation.cpu.slot_attention import ATTENTION_NAME, MIN_SAVING, plan_row_groups
 
 TINY = dict(vocab_size=96, hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6,
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)

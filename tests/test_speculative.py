@@ -234,6 +234,11 @@ def _tiny_llama(seed: int, noise_from: torch.nn.Module | None = None) -> torch.n
 
 @pytest.fixture(scope="module")
 def tiny_engine():
+    return make_tiny_engine()
+
+
+def make_tiny_engine():
+    """An engine over a tiny random Llama and a letter tokenizer (no model weights to load)."""
     from generation.engine import Engine
     from generation.models import LoadedModel
 

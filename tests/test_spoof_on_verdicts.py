@@ -27,8 +27,8 @@ from api.generation.own_output import OwnOutput
 from db.output_memory import WARMUP, MemoryMirror, OutputMemory
 from db.store import Store
 from detector import common_units
-from detector.scoring_sampling import positions, sampling_identities
 from detector.normalize import normalize
+from detector.scoring_sampling import positions, sampling_identities
 from detector.service import Detector
 from detector.spoof_check import MIN_NULL, SPOOF_ALPHA, SpoofNull, StoredCounts, spoof_check
 from generation.sequence import WatermarkInfo

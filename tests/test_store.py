@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, inspect, select, text
 
+from api.cli import main
 from db import audit as audit_module
 from db import verdicts as verdicts_module
-from api.cli import main
 from db.audit import verify
-from db.migrations import current_revision, head_revision
 from db.caller import Caller
+from db.migrations import current_revision, head_revision
 from db.rows import AuditEventRow, VerdictRow, text_sha256
 from db.store import Store, StoreUnavailable
-from db.verdicts import VerdictRecord, decode_cursor
 from db.store import (
     database_url as default_database_url,
 )
+from db.verdicts import VerdictRecord, decode_cursor
 from watermark.key_info import KeyInfo
 
 pytest_plugins = ["pg"]
@@ -30,7 +30,7 @@ pytest_plugins = ["pg"]
 REPO = Path(__file__).resolve().parent.parent
 
 TABLES = {"verdicts", "receipts", "audit_events", "audit_head", "api_tokens", "watermark_keys", "detection_usage",
-          "output_units", "key_outputs",
+          "output_units", "key_outputs", "tree_heads",
           "alembic_version"}
 CALLER = Caller(name="ci-bot", token_id="tok-1")
 
@@ -171,7 +171,9 @@ def test_cursor_pagination_is_complete_ordered_and_stable(store):
 
 def test_list_filters(store):
     _insert_at(store, [BASE_TIME + timedelta(minutes=i) for i in range(12)])
-    ids = lambda **kw: {item["id"] for item in store.list_verdicts(**kw).items}
+    def ids(**kw) -> set[str]:
+        return {item["id"] for item in store.list_verdicts(**kw).items}
+
     assert ids(verdict="not_watermarked") == {f"v-{i:03d}" for i in range(1, 12, 2)}
     assert ids(key_id="k-b") == {f"v-{i:03d}" for i in range(0, 12, 3)}
     assert ids(min_z=10.0) == {"v-010", "v-011"}

@@ -13,8 +13,8 @@ from sqlalchemy import text
 from api.cli import main
 from db.audit import verify
 from db.audit_rows import ROW_DELETED, ROW_EDITED, ROW_UNLOGGED
-from db.receipts import ReceiptSigner, issue_receipt
 from db.caller import Caller
+from db.receipts import ReceiptSigner, issue_receipt
 from db.store import Store
 from db.verdicts import VerdictRecord
 
@@ -100,9 +100,11 @@ def test_an_edited_audit_event_is_named(filled):
 
 def test_rows_from_before_row_digests_are_compared_on_the_fields_their_events_carried(filled):
     """An event written before row_sha256 existed (rewritten here with the chain recomputed, as an
-    old database would hold it): its row is checked on verdict/z/key/spec, and counted as partly covered."""
-    from db.audit import GENESIS_HASH, event_hash
+    old database would hold it, and its transparency-log leaf hash as revision 0007 computes it): its row
+    is checked on verdict/z/key/spec, and counted as partly covered."""
+    from db.audit import GENESIS_HASH, event_hash, log_entry
     from db.rows import iso_utc
+    from provenance.merkle import leaf_hash
 
     store, verdicts, _ = filled
     with store.engine.begin() as connection:
@@ -117,9 +119,11 @@ def test_rows_from_before_row_digests_are_compared_on_the_fields_their_events_ca
             stamp = connection.execute(
                 AuditEventRow.__table__.select().where(AuditEventRow.seq == seq)).first().created_at
             digest = event_hash(previous, event_id, kind, actor, subject_id, iso_utc(stamp), details)
-            connection.execute(text("UPDATE audit_events SET details = :d, prev_hash = :p, hash = :h WHERE seq = :s"),
+            leaf = leaf_hash(log_entry(seq, event_id, kind, subject_id, iso_utc(stamp), details, digest)).hex()
+            connection.execute(text("UPDATE audit_events SET details = :d, prev_hash = :p, hash = :h, leaf_hash = :l "
+                                    "WHERE seq = :s"),
                                {"d": json.dumps(details, sort_keys=True, separators=(",", ":")), "p": previous,
-                                "h": digest, "s": seq})
+                                "h": digest, "l": leaf, "s": seq})
             previous = digest
         connection.execute(text("UPDATE audit_head SET hash = :h"), {"h": previous})
     report = verify(store)

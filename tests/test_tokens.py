@@ -9,9 +9,6 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from api.cli import main
-from db.audit import list_events, verify
-from db.rows import ApiTokenRow
-from db.store import Store
 from db.api_tokens import (
     ADMIN_TOKEN_FILE,
     SCOPES,
@@ -25,6 +22,9 @@ from db.api_tokens import (
     require_scope,
     revoke_token,
 )
+from db.audit import list_events, verify
+from db.rows import ApiTokenRow
+from db.store import Store
 
 pytest_plugins = ["pg"]
 

@@ -4,8 +4,16 @@ import numpy as np
 import pytest
 
 from watermark.prf import splitmix64
-from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, gram_identities, hash_identity, identities, \
-    pair_identities, token_identities
+from watermark.units import (
+    GRAM_TAG,
+    PAIR_TAG,
+    TOKEN_TAG,
+    gram_identities,
+    hash_identity,
+    identities,
+    pair_identities,
+    token_identities,
+)
 
 
 def chain(tag: int, values: list[int]) -> int:

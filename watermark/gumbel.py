@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from watermark.greenlist import kernels
+from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.keyed_words import fmix64, keyed_word_values, keyed_words, one_minus_r_values, uniform_parts
 from watermark.prf import mix64, vocab_mix_table
-from watermark.keyed_sampling import KeyedSamplingWatermark
 from watermark.sampling_common import ngram_units
 from watermark.sampling_specs import GumbelSpec
 

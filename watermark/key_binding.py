@@ -1,4 +1,4 @@
-"""A key is bound to the spec it watermarks with (issue #17, ARCHITECTURE.md "The PRF contract, tightened").
+"""A key is bound to the spec it watermarks with (issue #17).
 
 Whoever may score text under a key with a spec of their choice learns the key's colours through
 that spec: ``selfhash, h=1`` seeds predict ``h=4`` colours, and stepping ``gamma`` locates a unit's

@@ -9,7 +9,7 @@ import re
 import secrets
 from dataclasses import asdict, dataclass
 
-SECRET_BYTES = 32  # a 256-bit PRF key (ARCHITECTURE.md, "The PRF contract")
+SECRET_BYTES = 32  # a 256-bit PRF key: no shorter than HMAC-SHA256's output (RFC 2104, section 3)
 FINGERPRINT_HEX = 16  # 64 bits: tells keys apart, says nothing usable about the secret
 KEY_ID_RULE = "[a-z0-9][a-z0-9_-]{0,31}"
 KEY_ID_RE = re.compile(KEY_ID_RULE)

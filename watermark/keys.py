@@ -76,8 +76,8 @@ from watermark.keyring_seal import (
     parse_master_key,
     seal,
 )
-from watermark.public_key import public_half_secret, require_two_part_spec
 from watermark.paths import PRIVATE_MODE, fsync_dir, provmark_home, write_private_atomic
+from watermark.public_key import public_half_secret, require_two_part_spec
 
 KEYRING_FILE = "keyring.json"
 LOCK_FILE = "keyring.lock"

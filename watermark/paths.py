@@ -1,8 +1,8 @@
 """Where provmark keeps its state on disk.
 
 ``PROVMARK_HOME`` (default ``~/.local/share/provmark``) holds the keyring, the database and the
-converted model/tokenizer cache (``models/``); ``write_private_atomic`` replaces a 0600 file in one step. ``PROVMARK_MODELS_DIR`` moves only the cache, so
-tests can give every test its own keyring while sharing one converted model.
+converted model/tokenizer cache (``models/``); ``write_private_atomic`` replaces a 0600 file in one step.
+``PROVMARK_MODELS_DIR`` moves only the cache, so tests can give every test its own keyring while sharing one converted model.
 """
 
 from __future__ import annotations

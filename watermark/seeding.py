@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from functools import lru_cache
 from collections import OrderedDict
+from functools import lru_cache
 
 import numpy as np
 import torch

@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from watermark.keyed_words import keyed_word_values, keyed_words
 from watermark.keyed_sampling import KeyedSamplingWatermark
+from watermark.keyed_words import keyed_word_values, keyed_words
 from watermark.sampling_common import ngram_units
 from watermark.sampling_specs import SynthIDSpec
 

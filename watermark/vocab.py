@@ -23,6 +23,11 @@ from pathlib import Path
 
 from watermark.paths import models_dir
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: conversion_lock does not serialise builders there
+    fcntl = None
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tokenizers come from local files only
 
 # The package and file that carry the embedded default (see the Makefile's install target).
@@ -114,9 +119,7 @@ def conversion_lock(folder: Path) -> Iterator[None]:
     """Hold an exclusive file lock beside ``folder`` so only one process builds it at a time."""
     lock_path = folder.parent / f".{folder.name}.lock"
     with open(lock_path, "a+") as handle:
-        try:
-            import fcntl  # POSIX only; elsewhere concurrent builders are not serialised
-        except ImportError:
+        if fcntl is None:  # not POSIX: concurrent builders are not serialised
             yield
             return
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -158,7 +161,7 @@ def publish(staging: Path, folder: Path, last: tuple[str, ...] = ()) -> None:
 
 def read_gguf_tokenizer(gguf_path: Path):
     """Build the fast tokenizer stored in a GGUF file (parses its metadata: a few seconds)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (transformers is heavy: loaded with a tokenizer)
 
     return AutoTokenizer.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
@@ -167,7 +170,7 @@ def read_gguf_tokenizer(gguf_path: Path):
 
 def read_gguf_config(gguf_path: Path):
     """The model config stored in a GGUF file, without its quantization marker."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (transformers is heavy: loaded with a tokenizer)
 
     config = AutoConfig.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
@@ -216,7 +219,7 @@ def load_vocabulary(model: str | Path | None = None) -> Vocabulary:
 
 @functools.lru_cache(maxsize=16)
 def _load_folder(folder: Path, model_id: str) -> Vocabulary:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (transformers is heavy: loaded with a tokenizer)
 
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):

@@ -19,3 +19,36 @@ def usage(parser: argparse.ArgumentParser) -> int:
     """A group called without an action: its usage on stderr, exit status 2."""
     parser.print_help(sys.stderr)
     return 2
+
+
+def warn_deprecated(old: str, current: str) -> None:
+    """One line on stderr: ``old`` still works for this release; ``current`` is its spelling from now on."""
+    print(f"provmark: warning: {old} is deprecated and goes in the next release; use {current}", file=sys.stderr)
+
+
+class Spelling(argparse.Action):
+    """An option under its current name and an old one that still works for one release: both store (or, with
+    ``append=True``, append) to the same destination; the old one warns on stderr (``warn_deprecated``)."""
+
+    def __init__(self, option_strings, dest, *, current: str, append: bool = False, **kwargs) -> None:
+        self.current, self.append = current, append
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string != self.current:
+            warn_deprecated(option_string, self.current)
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+class DeprecatedFlag(argparse.Action):
+    """A flag that still works for one release (``store_true``), with a warning naming what replaces it."""
+
+    def __init__(self, option_strings, dest, *, current: str, **kwargs) -> None:
+        self.current = current
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        warn_deprecated(option_string, self.current)
+        setattr(namespace, self.dest, True)

@@ -2,6 +2,7 @@
 
   provmark db upgrade                         apply schema migrations (idempotent)
   provmark audit verify [--json]              check the audit hash chain; exit 1 if it was tampered with
+  provmark audit head | prove | check-proof | log-key    the transparency log (api/cli/audit_log.py)
   provmark tokens create --scopes S [--name N] print a new API token once (only its hash is stored)
   provmark tokens list [--json]               token ids, names, scopes, times (never tokens)
   provmark tokens revoke ID                   revoke a token for good
@@ -12,8 +13,11 @@ The database is ``PROVMARK_DATABASE_URL`` or SQLite at ``$PROVMARK_HOME/provmark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 
+from api.cli import audit_log
 from api.cli.actions import add_action, usage
 from api.cli.errors import CLIError
 from db.api_tokens import SCOPES, TokenError, create_token, list_tokens, revoke_token
@@ -27,11 +31,13 @@ TOKEN_COLUMNS = ("TOKEN ID", "NAME", "SCOPES", "CREATED (UTC)", "REVOKED (UTC)")
 
 def register(subparsers) -> None:
     db = _group(subparsers, "db", "manage the detector database")
-    _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade)
+    _action(db, "upgrade", "apply pending schema migrations (safe to repeat)", _db_upgrade).add_argument(
+        "--json", action="store_true", help="machine-readable output")
 
-    audit = _group(subparsers, "audit", "inspect the audit log")
+    audit = _group(subparsers, "audit", "inspect the audit log and its transparency log")
     _action(audit, "verify", "check the audit hash chain, and the verdict and receipt rows against it",
             _audit_verify).add_argument("--json", action="store_true", help="machine-readable output")
+    audit_log.register(audit, _action)
 
     tokens = _group(subparsers, "tokens", "manage API tokens")
     create = _action(tokens, "create", "create an API token (printed once, stored hashed)", _tokens_create)
@@ -41,8 +47,9 @@ def register(subparsers) -> None:
     create.add_argument("--json", action="store_true", help="machine-readable output")
     _action(tokens, "list", "list API tokens (never the tokens themselves)", _tokens_list).add_argument(
         "--json", action="store_true", help="machine-readable output")
-    _action(tokens, "revoke", "revoke an API token for good", _tokens_revoke).add_argument(
-        "token_id", metavar="ID")
+    revoke = _action(tokens, "revoke", "revoke an API token for good", _tokens_revoke)
+    revoke.add_argument("token_id", metavar="ID")
+    revoke.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _group(subparsers, name: str, help_text: str):
@@ -55,6 +62,22 @@ def _group(subparsers, name: str, help_text: str):
 def _action(actions, name: str, help_text: str, handler) -> argparse.ArgumentParser:
     parser = add_action(actions, name, help_text, lambda args: _run(handler, args))
     return parser
+
+
+@contextlib.contextmanager
+def opened_store() -> Iterator[Store]:
+    """The CLI's store (``PROVMARK_DATABASE_URL`` or SQLite in ``PROVMARK_HOME``), migrated, closed after; its
+    errors (which never carry passwords) become CLIErrors."""
+    store = None
+    try:
+        store = Store()
+        store.upgrade()
+        yield store
+    except StoreError as error:
+        raise CLIError(str(error)) from None
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _run(handler, args) -> int:
@@ -71,6 +94,9 @@ def _run(handler, args) -> int:
 
 def _db_upgrade(store: Store, args) -> int:
     revision = store.upgrade()
+    if args.json:
+        print(json.dumps({"database": store.safe_url, "revision": revision}, indent=2))
+        return 0
     print(f"database {store.safe_url} is at revision {revision}")
     return 0
 
@@ -91,7 +117,9 @@ def _audit_verify(store: Store, args) -> int:
         print(f"audit chain OK: {report.events} events, head {report.head_hash}; {report.rows_checked} verdict and "
               f"receipt rows match their events" + (f" ({report.rows_partly_covered} written before row digests: "
                                                    "only the fields their events carried were compared)"
-                                                   if report.rows_partly_covered else ""))
+                                                   if report.rows_partly_covered else "")
+              + (f"; {report.tree_heads_checked} signed tree heads match the events" if report.tree_heads_checked
+                 else ""))
     else:
         print(f"audit chain BROKEN: {len(report.problems)} problem(s) in {report.events} events")
         for problem in report.problems:
@@ -131,5 +159,8 @@ def _tokens_list(store: Store, args) -> int:
 def _tokens_revoke(store: Store, args) -> int:
     store.upgrade()
     info = revoke_token(store, args.token_id, actor=CLI_ACTOR)
+    if args.json:
+        print(json.dumps(info.to_dict(), indent=2))
+        return 0
     print(f"token {info.token_id} ({info.name}) is revoked since {info.revoked_at}")
     return 0

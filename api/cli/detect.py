@@ -19,12 +19,18 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
+
+from api.cli.actions import DeprecatedFlag
 from api.cli.errors import CLIError
+from detector.batch_secrets import KeySecrets, SecretsKeyring
+from detector.calibration import Calibration, ShippedCalibrations
+from detector.service import Detector
 from watermark.config import SpecError
-from watermark.specs import parse_spec
 from watermark.key_binding import same_colours
 from watermark.key_info import KeyringError
 from watermark.public_key import MAX_DOCUMENT_BYTES, PublicKey, PublicKeyError
+from watermark.specs import parse_spec
 from watermark.stats import Z_THRESHOLD
 from watermark.vocab import ModelAssetError, load_vocabulary
 
@@ -49,9 +55,11 @@ def add_scoring_options(parser) -> None:
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--key", action="append", dest="keys", metavar="ID",
                       help="test this key (repeat for several); default: every detection key")
-    keys.add_argument("--all-keys", action="store_true", help="test every detection key of the keyring (default)")
-    parser.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the --key keys' own spec, else the default kgw spec); also "
-                        "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")
+    keys.add_argument("--all-keys", action=DeprecatedFlag, current="no --key (every detection key is the default)",
+                      help="deprecated for one release: leave --key out to test every detection key")
+    parser.add_argument("--watermark", metavar="SPEC",
+                        help="watermark spec (default: the --key keys' own spec, else the default kgw spec); also "
+                             "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")
     parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
     parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
     parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
@@ -64,8 +72,6 @@ def add_scoring_options(parser) -> None:
 
 
 def run(args) -> int:
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # scoring works on small tensors: a thread pool only adds contention
     try:
@@ -105,9 +111,6 @@ def _run(args) -> int:
 
 
 def _detector(model: str | None):
-    # local: torch loads only for the commands that score or generate
-    from detector.service import Detector
-
     try:
         vocab = load_vocabulary(model)
     except (ModelAssetError, OSError, ValueError) as exc:
@@ -118,10 +121,6 @@ def _detector(model: str | None):
 def _published_half_detector(args):
     """(Detector, spec, [key id]) testing only the published half in ``args.public_key``: a PublicKey document
     checked against the tokenizer in use, its calibration as the guard (``detector.calibration``)."""
-    from detector.batch_secrets import KeySecrets, SecretsKeyring
-    from detector.calibration import Calibration, ShippedCalibrations
-    from detector.service import Detector
-
     if args.keys or args.all_keys:
         raise CLIError("--public-key: the document names its key; pass no --key")
     try:

@@ -30,9 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from api.cli.detect import add_scoring_options, parse_record
 from api.cli.errors import CLIError
 from db.store import Store, StoreError
+from detector import batch, batch_store
 from watermark.vocab import ModelAssetError, load_vocabulary
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -46,6 +49,7 @@ def register(subparsers) -> None:
         description="Score many texts; one verdict per input record, in order (exit 0 whatever the verdicts).")
     parser.add_argument("input", metavar="IN", help="records to score (.jsonl or .parquet)")
     parser.add_argument("--out", required=True, metavar="OUT", help="verdicts (.jsonl or .parquet)")
+    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON on stdout")
     parser.add_argument("--store", action="store_true", help="also store the verdicts in the database")
     parser.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: every core)")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -56,9 +60,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    # local: torch loads only for the commands that score or generate
-    from detector import batch
-
     if args.workers is not None and args.workers < 1:
         raise CLIError("--workers: expected a positive integer")
     in_format, out_format = _format(args.input, "IN"), _format(args.out, "--out")
@@ -72,13 +73,13 @@ def run(args) -> int:
         raise CLIError(_located(str(exc), args.input)) from None
     store = _open_store() if args.store else None
     started = time.monotonic()
-    verdicts = _score(batch, prepared, args)
+    verdicts = _score(prepared, args)
     seconds = time.monotonic() - started
     rows = [({"id": r["id"]} if "id" in r else {}) | v for r, v in zip(records, verdicts)]
     temporary = _write_temporary(rows, args.out, out_format, write_now=store is None)
     try:
         if store is not None:
-            ids = _store(batch, store, prepared, verdicts)
+            ids = _store(store, prepared, verdicts)
             for row, verdict_id in zip(rows, ids):
                 row["verdict_id"] = verdict_id
             _write(rows, temporary, out_format)  # again, now with the verdict ids
@@ -87,20 +88,22 @@ def run(args) -> int:
         temporary.unlink(missing_ok=True)
         raise
     watermarked = sum(v["verdict"] == "watermarked" for v in verdicts)
+    if args.json:
+        print(json.dumps({"texts": len(verdicts), "seconds": round(seconds, 3), "watermarked": watermarked,
+                          "out": str(args.out), "stored": store is not None}, indent=2))
+        return 0
     print(f"provmark: scored {len(verdicts)} texts in {seconds:.1f} s ({len(verdicts) / max(seconds, 1e-9):.0f}/s); "
           f"{watermarked} watermarked; wrote {args.out}" + ("; stored every verdict" if store else ""),
           file=sys.stderr)
     return 0
 
 
-def _score(batch, prepared, args) -> list[dict]:
-    from tqdm import tqdm
-
+def _score(prepared, args) -> list[dict]:
     bar = tqdm(total=len(prepared), unit="text", desc="detect", disable=True if args.no_progress else None,
                file=sys.stderr)
     try:
         if args.ray is not None:
-            from detector import batch_ray  # local: Ray loads only for --ray
+            from detector import batch_ray  # noqa: PLC0415 (Ray, a heavy optional dependency, loads only for --ray)
 
             return batch_ray.run_ray(prepared, address=args.ray or None, workers=args.workers, progress=bar.update)
         return batch.run_local(prepared, workers=args.workers, progress=bar.update)
@@ -139,9 +142,9 @@ def _open_store():
     return store
 
 
-def _store(batch, store, prepared, verdicts) -> list[str]:
+def _store(store, prepared, verdicts) -> list[str]:
     try:
-        return batch.store_verdicts(store, prepared, verdicts)
+        return batch_store.store_verdicts(store, prepared, verdicts)
     except StoreError as exc:
         raise CLIError(f"nothing stored: {exc}") from None
 
@@ -169,8 +172,8 @@ def read_records(path: str, file_format: str) -> list[dict]:
 
 
 def _read_parquet(path: str) -> list[dict]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # noqa: PLC0415 (pyarrow: heavy, optional, loaded for Parquet only)
+    import pyarrow.parquet as pq  # noqa: PLC0415 (pyarrow: heavy, optional, loaded for Parquet only)
 
     try:
         table = pq.read_table(path)
@@ -216,8 +219,8 @@ def _write(rows: list[dict], path: Path, file_format: str) -> None:
 
 
 def _write_parquet(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # noqa: PLC0415 (pyarrow: heavy, optional, loaded for Parquet only)
+    import pyarrow.parquet as pq  # noqa: PLC0415 (pyarrow: heavy, optional, loaded for Parquet only)
 
     flat = [{k: (json.dumps(v, separators=(",", ":")) if k in NESTED_FIELDS else v) for k, v in row.items()}
             for row in rows]

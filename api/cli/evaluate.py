@@ -21,8 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import torch
+
 from api.cli.errors import CLIError
 from db.budget import DEFAULT_DAILY_TOKENS
+from generation.models import load_model
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
 from watermark.vocab import ModelAssetError
@@ -120,8 +123,7 @@ def _register_security(commands) -> None:
 
 
 def run_security(args) -> int:
-    # local: the attacks load torch and the model; the other commands should not
-    from evaluation import security, security_cli
+    from evaluation import security, security_cli  # noqa: PLC0415 (transformers loads for `eval security` only)
 
     try:
         oracle, stolen = security_cli.wanted_attacks(args.attack)
@@ -202,9 +204,7 @@ def _attacks(text: str, every: tuple[str, ...], fast: tuple[str, ...]) -> tuple[
 
 
 def run_robustness(args) -> int:
-    # local: the evaluation loads torch and the model; the other commands should not
-    from evaluation import attacks, harness, runner
-    from generation.models import load_model
+    from evaluation import attacks, harness, runner  # noqa: PLC0415 (transformers loads for `eval robustness` only)
 
     try:
         config = harness.EvalConfig(n=args.n, tokens=args.tokens, schemes=parse_schemes(args.schemes),
@@ -221,10 +221,8 @@ def run_robustness(args) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise CLIError(f"--threads: expected a positive integer, got {args.threads}")
-        import torch
-
         torch.set_num_threads(args.threads)
-    loaded, keyring = _load(args, load_model)
+    loaded, keyring = _load(args)
     if args.detect_workers is not None and args.detect_workers < 1:
         raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")
     results = runner.run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
@@ -236,7 +234,7 @@ def run_robustness(args) -> int:
     return 0
 
 
-def _load(args, load_model):
+def _load(args):
     keyring = Keyring()
     try:
         if args.key is not None and not any(k.key_id == args.key and k.usable_for_generation for k in keyring.list()):

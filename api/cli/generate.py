@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 
+from api.cli.errors import CLIError
 from api.cli.generate_options import (
     DECODING_CHOICES,
     DECODING_METAVARS,
@@ -52,7 +53,9 @@ def register(subparsers) -> None:
     mark = p.add_mutually_exclusive_group()
     mark.add_argument("--watermark", metavar="SPEC", help="watermark spec (default: the key's own spec; see `provmark keys list`)")
     mark.add_argument("--no-watermark", action="store_true", help="generate without a watermark")
-    p.add_argument("--key", metavar="ID", help="keyring key id (default: the active key)")
+    p.add_argument("--key", action="append", dest="keys", metavar="ID",
+                   help="keyring key id (default: the active key); the same option as detect's, given once here: "
+                        "a text is marked with one key")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
@@ -71,7 +74,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    # local: the run loads torch, the model and the engine; the other commands should not
-    from api.cli import generate_run
+    from api.cli import generate_run  # noqa: PLC0415 (transformers and the engine load for `generate` only)
 
+    if args.keys is not None and len(args.keys) > 1:
+        raise CLIError(f"--key: a text is marked with one key; got {len(args.keys)}")
+    args.key = args.keys[0] if args.keys else None
     return generate_run.run(args)

@@ -18,7 +18,7 @@ from api.cli.generate_options import (
     SAMPLER_OPTIONS,
     _dest,
 )
-from api.cli.keys import _audit
+from api.cli.keys.audit import KeyEvent, record_key_events
 from detector.calibrate import ensure_screened_active_key
 from generation.constraints.constraint import ConstraintError, ConstraintSpec
 from generation.decoding import DecodingParams
@@ -248,12 +248,12 @@ def _ensure_key(vocab, spec) -> None:
         if not any(k.status == ACTIVE for k in keyring.list()):
             info = keyring.create(spec=spec)
             print(f"provmark: created watermark key {info.key_id} (active, bound to {spec.format()})", file=sys.stderr)
-            _audit([("create", info)])
+            record_key_events([KeyEvent("create", info)])
         return
     info, calibration = ensure_screened_active_key(keyring, vocab)
     if calibration is not None:
         print(f"provmark: created watermark key {info.key_id} (active, calibration {calibration['id']})", file=sys.stderr)
-        _audit([("create", info), ("calibrate", info, calibration)])
+        record_key_events([KeyEvent("create", info), KeyEvent("calibrate", info, calibration)])
 
 
 def run(args) -> int:

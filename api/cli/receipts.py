@@ -12,22 +12,19 @@
 from __future__ import annotations
 
 import json
-import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 from api.cli.actions import add_action, usage
+from api.cli.db import opened_store
+from api.cli.documents import read_document
 from api.cli.errors import CLIError
 from api.provenance_keys import jwks_document
 from db.receipts import ReceiptError, ReceiptSigner, legacy_key_in, verify_receipt, verify_receipt_jws
 from db.rows import text_sha256
-from db.store import Store, StoreError
 from provenance.text_credentials import visible_text
 
 CLI_ACTOR = "cli"
-FETCH_TIMEOUT_S = 10.0
 MAX_DOCUMENT_BYTES = 1 << 20  # a JWKS or a receipt is a few KB
+MAX_TEXT_BYTES = 16 << 20  # far above any text the services accept
 
 
 def register(subparsers) -> None:
@@ -42,15 +39,16 @@ def register(subparsers) -> None:
                        help="the issuer's JWKS: a file, or its URL (e.g. http://host:8000/.well-known/jwks.json)")
     check.add_argument("--text", metavar="FILE", help="also check that this file holds the receipt's text")
     check.add_argument("--json", action="store_true", help="machine-readable output")
-    add_action(actions, "jwks", "print this home's JWKS (current and retired receipt keys)", _jwks)
+    add_action(actions, "jwks", "print this home's JWKS (current and retired receipt keys)", _jwks).add_argument(
+        "--json", action="store_true", help="accepted for uniformity: the JWKS is JSON either way")
     rotate = add_action(actions, "rotate-key", "start signing receipts with a new key (the old one stays in "
                                                "the JWKS)", _rotate)
     rotate.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _verify(args) -> int:
-    receipt = _receipt_of(_read_document(args.receipt))
-    jwks = _json_of(_read_document(args.jwks), "the JWKS")
+    receipt = _receipt_of(read_document(args.receipt, MAX_DOCUMENT_BYTES, "RECEIPT"))
+    jwks = _json_of(read_document(args.jwks, MAX_DOCUMENT_BYTES, "--jwks"), "the JWKS")
     problems: list[str] = []
     try:
         if isinstance(receipt, str):
@@ -87,17 +85,11 @@ def _jwks(args) -> int:
 
 
 def _rotate(args) -> int:
-    try:
-        store = Store()
-    except StoreError as error:
-        raise CLIError(str(error)) from None
-    try:
-        store.upgrade()
-        rotated = ReceiptSigner().rotate(store, CLI_ACTOR)
-    except (ReceiptError, StoreError) as error:
-        raise CLIError(str(error)) from None
-    finally:
-        store.close()
+    with opened_store() as store:
+        try:
+            rotated = ReceiptSigner().rotate(store, CLI_ACTOR)
+        except ReceiptError as error:
+            raise CLIError(str(error)) from None
     if args.json:
         print(json.dumps(rotated, indent=2))
     else:
@@ -106,30 +98,11 @@ def _rotate(args) -> int:
     return 0
 
 
-def _read_document(source: str) -> bytes:
-    """A file's bytes, standard input's (-), or an http(s) URL's body."""
-    if source == "-":
-        return sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1)[:MAX_DOCUMENT_BYTES]
-    if source.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(source, timeout=FETCH_TIMEOUT_S) as response:
-                return response.read(MAX_DOCUMENT_BYTES)
-        except (urllib.error.URLError, OSError, ValueError) as error:
-            raise CLIError(f"cannot fetch {source}: {getattr(error, 'reason', error)}") from None
-    try:
-        with open(source, "rb") as f:
-            return f.read(MAX_DOCUMENT_BYTES)
-    except OSError as error:
-        raise CLIError(f"cannot read {source}: {error.strerror or error}") from None
-
-
 def _read_text(path: str) -> str:
     try:
-        return Path(path).read_bytes().decode("utf-8")
-    except OSError as error:
-        raise CLIError(f"cannot read {path}: {error.strerror or error}") from None
+        return read_document(path, MAX_TEXT_BYTES, "--text").decode("utf-8")
     except UnicodeDecodeError:
-        raise CLIError(f"{path} is not UTF-8 text") from None
+        raise CLIError(f"--text: {path} is not UTF-8 text") from None
 
 
 def _json_of(data: bytes, what: str):

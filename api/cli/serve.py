@@ -5,8 +5,9 @@ a thread pool runs the app); each worker process loads the model once and runs o
 ``--workers`` above 1 multiplies memory (default 1) and ``--threads`` bounds the requests a worker
 runs at once (streams hold a thread each).
 detector (default 127.0.0.1:8001): gunicorn with ``--workers`` processes (no model weights).
-Both read their configuration from the PROVMARK_* environment variables (api/settings.py); on first start the first of them writes a bootstrap admin token to $PROVMARK_HOME/admin.token
-(shown once on a terminal, never in a log).
+Both read their configuration from the PROVMARK_* environment variables (api/settings.py); on first start the
+first of them writes a bootstrap admin token to $PROVMARK_HOME/admin.token (shown once on a terminal, never in a
+log).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def run(args) -> int:
         raise CLIError(f"--threads: expected at least 1, got {args.threads}")
     try:
         if args.service == "detector":
-            from api.detector.wsgi import run_detector_server  # local: Flask and the app load for "serve" only
+            from api.detector.wsgi import run_detector_server  # noqa: PLC0415 (Flask and the app load for `serve` only)
 
             run_detector_server(args.host, port, workers)
         else:
@@ -64,8 +65,7 @@ def run_generation_server(host: str, port: int, workers: int = 1, threads: int =
     prepare_metrics_dir(workers)  # /metrics sums over the workers
 
     def load():
-        # local: Flask and the app load for `serve` only
-        from api.generation.app import create_app
+        from api.generation.app import create_app  # noqa: PLC0415 (transformers, Flask and the app load in the worker)
 
         return asgi_app(create_app(), threads=threads)
 

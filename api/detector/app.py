@@ -12,7 +12,14 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
     GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
+    GET  /v1/c2pa/trust-anchors  no token; the PEM roots C2PA manifests chain to (api/provenance_keys.py)
+    GET  /v1/manifests/<id>, /v1/services/supportedAlgorithms, /v1/matches/byBinding, POST /v1/matches/byContent
+                              the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
+    GET  /v1/log/head         no token; the transparency log's newest signed tree head (routes_log.py)
+    GET  /v1/log/public-key   no token; the log's public key (JWK, PEM, checkpoint verifier key)
+    GET  /v1/log/proof/*      scopes ``audit`` and ``explain``; inclusion and consistency proof bundles
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
+    GET  /docs                no token; the OpenAPI document as a browsable page (api/api_page.py)
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share, overridden by
 the ``config`` dict given to ``create_app``, same names in lower case); the detector reads ``home``,
@@ -37,9 +44,19 @@ from typing import Any
 from flask import Flask, jsonify, request
 from sqlalchemy import text as sql_text
 
-from api.detector import routes_audit, routes_detect, routes_keys, routes_page, routes_verdicts
+from api.api_page import ENDPOINTS as API_PAGE_ENDPOINTS
+from api.api_page import install_api_page
+from api.detector import (
+    routes_audit,
+    routes_detect,
+    routes_keys,
+    routes_log,
+    routes_page,
+    routes_resolution,
+    routes_verdicts,
+)
 from api.detector.schemas import Health
-from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_deprecation_headers, install_error_handlers
 from api.metrics import count_verdict, install_metrics
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
@@ -56,9 +73,10 @@ SERVICE_NAME = "provmark-detector"
 API_VERSION = "1.0.0"
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
-# need no database (a published key half comes from the keyring)
+# need no database (a published key half comes from the keyring, receipt and log keys from their files)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
-                            "keys.jwks"})
+                            "keys.jwks", "keys.c2pa_trust_anchors", "resolution.supported_algorithms",
+                            "log.log_public_key"}) | API_PAGE_ENDPOINTS
 
 
 @dataclass(slots=True)
@@ -75,6 +93,7 @@ class DetectorServices:
     bootstrapped: bool = False
     usage: Any = None  # db.budget.UsageLedger of this process
     receipt_signer: Any = None  # db.receipts.ReceiptSigner, loaded on first use (api/detector/routes_keys.py)
+    c2pa_trust_anchors: str | None = None  # PEM, loaded on first use (api/detector/credential_layer.py)
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:
@@ -107,6 +126,7 @@ def create_app(config: dict | None = None) -> Flask:
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)
+    install_deprecation_headers(app)
     app.json.sort_keys = False
     app.extensions[EXTENSION] = services
     install_error_handlers(app)
@@ -115,6 +135,7 @@ def create_app(config: dict | None = None) -> Flask:
                   "Scores text for provmark watermarks, keeps verdicts and an audit trail.")
     _register_blueprints(app, api, services)
     _register_meta_routes(app, api, services)
+    install_api_page(app)
 
     if config.get("bootstrap", True):
         try:
@@ -156,7 +177,8 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:
-    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys):
+    for module in (routes_page, routes_detect, routes_verdicts, routes_audit, routes_keys, routes_resolution,
+                   routes_log):
         app.register_blueprint(module.blueprint(api, services))
 
 

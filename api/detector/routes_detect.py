@@ -1,5 +1,10 @@
 """POST /v1/detect: score a text, store the verdict (with its audit event) and link any receipt.
 
+Two layers: a text that carries a C2PA manifest (embedded, C2PA 2.4 Annex A.8) or comes with its manifest
+store (``manifest``) gets ``credentials`` beside the watermark verdict (``api.detector.credential_layer``);
+the watermark is scored on the visible text, the wrapper removed, so stripping a manifest changes nothing
+in the watermark verdict.
+
 Provenance: the receipt store is searched for the SHA-256 of the text exactly as received; when
 that finds nothing and normalisation is on, for the SHA-256 of the normalised text (the same
 normalisation the scorer applies: invisible characters, NFKC, homoglyphs, whitespace), so a
@@ -21,8 +26,9 @@ import math
 
 from flask import Blueprint, g, jsonify
 
+from api.detector.credential_layer import credential_layer, credentials_of
 from api.detector.schemas import DetectRequest, DetectResponse, Provenance
-from api.http import ApiError, ErrorResponse, parse_body
+from api.http import ApiError, ErrorResponse, deprecated, parse_body
 from db import budget
 from detector.calibration import null_record
 from detector.disclosure import EXPLAIN_SCOPE, recorded
@@ -58,21 +64,24 @@ def blueprint(api, services) -> Blueprint:
         budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
         daily = services.settings.detect_budget
         if budgeted and daily > 0:
-            _refuse_when_over_budget(services.usage, g.token.token_id, daily)
-        verdict = _run_detection(services, request_body, spec)
+            refuse_when_over_budget(services.usage, g.token.token_id, daily)
+        report = credentials_of(services, request_body.text, request_body.manifest)
+        text = report.visible_text if report is not None else request_body.text  # the watermark layer's text
+        verdict = _run_detection(services, request_body, spec, text)
         cost = budget.charge_for(verdict.num_tokens)
-        provenance = _find_provenance(services.store, request_body.text, request_body.normalize)
+        provenance = _find_provenance(services.store, text, request_body.normalize)
+        credentials = credential_layer(report, verdict)
         shown, coarse = verdict.views(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
-        record = _verdict_record(verdict, request_body, provenance, coarse)
-        verdict_id = services.store.record_verdict(record, g.token.caller, text=request_body.text)
+        record = _verdict_record(verdict, request_body, provenance, coarse, credentials)
+        verdict_id = services.store.record_verdict(record, g.token.caller, text=text)
         if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)
             services.usage.charge(g.token.caller, cost, daily)
-        return jsonify({"id": verdict_id, **shown, "provenance": provenance})
+        return jsonify({"id": verdict_id, **shown, "provenance": provenance, "credentials": credentials})
 
     return bp
 
 
-def _refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
+def refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:
     wait = usage.retry_after(token_id, daily_tokens)
     if wait > 0:
         raise ApiError(429, "detection_budget_exhausted",
@@ -91,7 +100,9 @@ def _parse_spec(raw: str | None) -> AnySpec | None:
                        details=[{"field": "watermark", "message": str(error)}]) from None
 
 
-def _run_detection(services, body: DetectRequest, spec: AnySpec | None):
+def _run_detection(services, body: DetectRequest, spec: AnySpec | None, text: str):
+    if body.all_keys:
+        deprecated("all_keys is deprecated; leave keys out to test every detection key")
     if body.all_keys and body.keys is not None:
         raise ApiError(422, "invalid_fields", "invalid fields: all_keys (give keys or all_keys=true, not both)",
                        details=[{"field": "all_keys", "message": "give either keys or all_keys=true, not both"}])
@@ -101,7 +112,7 @@ def _run_detection(services, body: DetectRequest, spec: AnySpec | None):
     try:
         with services.detect_lock:
             return services.detector.detect(
-                body.text, keys=body.keys, spec=spec, windows=body.windows, explain=body.explain,
+                text, keys=body.keys, spec=spec, windows=body.windows, explain=body.explain,
                 normalize=body.normalize, dedup=body.dedup, z_threshold=body.z_threshold, fpr=body.fpr,
                 forced_positions=body.forced_positions)
     except KeyNotFoundError as error:  # keyring messages name key ids, never secrets
@@ -132,10 +143,13 @@ def _find_provenance(store, text: str, try_normalized: bool) -> dict | None:
     return None
 
 
-def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coarse: dict) -> VerdictRecord:
+def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coarse: dict,
+                    credentials: dict | None) -> VerdictRecord:
     """The stored form: NaN (nothing scored) becomes 0.0 for z and the green fraction; with the detect-scope
     view (``coarse``: what a ``detect`` caller was shown, and all the ``audit`` scope alone reads back)."""
-    options = body.model_dump(exclude={"text"})
+    options = body.model_dump(exclude={"text", "manifest"})
+    if credentials is not None:
+        options["credentials"] = credentials
     options["disclosed"] = recorded(coarse)
     options["keys_tested"] = [k["key_id"] for k in verdict.keys if k.get("key_id")]
     options["null"] = null_record(verdict)

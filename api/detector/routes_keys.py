@@ -1,5 +1,6 @@
 """Public keys, no token: GET /v1/keys/<key_id>/public, the published half of a two-part key
-(``watermark.public_key``), and GET /.well-known/jwks.json, the keys that verify generation receipts.
+(``watermark.public_key``), GET /.well-known/jwks.json, the keys that verify generation receipts, and
+GET /v1/c2pa/trust-anchors, the roots C2PA manifests chain to.
 
 A two-part key's detection half exists to be published: anyone may fetch it and verify text offline
 (``provmark detect --public-key FILE``). A one-part key has nothing public, and answers as an unknown id does.
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
+from api.detector.credential_layer import trust_anchors
 from api.detector.schemas import PublicKeyDocument
 from api.http import ApiError, ErrorResponse
-from api.provenance_keys import add_jwks_route
+from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from db.receipts import ReceiptSigner
 from detector.two_part import published_document
 from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
@@ -40,6 +42,7 @@ def blueprint(api, services) -> Blueprint:
         return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())
 
     add_jwks_route(api, bp, lambda: _receipt_signer(services), before=services.auth.limit_anonymous)
+    add_trust_anchors_route(api, bp, lambda: trust_anchors(services), before=services.auth.limit_anonymous)
     return bp
 
 

@@ -18,6 +18,7 @@ from pydantic import (
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
 from watermark.config import MAX_SPEC_CHARS
+from watermark.stats import Z_THRESHOLD
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
 from watermark.key_info import KEY_ID_RULE
 
@@ -27,6 +28,8 @@ MAX_KEYS_PER_REQUEST = 32  # Holm over more keys than this is an operator mistak
 MAX_Z_THRESHOLD = 37.0  # the normal tail above ~38 underflows a double: no alpha left to test against
 MIN_FPR = 1e-300  # below this the matching z threshold is no longer a finite double
 MAX_SEQ = 2**62  # audit sequence numbers fit a signed 64-bit column with room to spare
+MAX_MANIFEST_B64 = 1_000_000  # a text's manifest store is a few KB; a megabyte of base64 is far beyond one
+BASE64_RULE = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # standard base64, padded
 
 KeyId = Annotated[StrictStr, Field(pattern=f"^{KEY_ID_RULE}$")]
 VerdictName = Literal["watermarked", "not_watermarked", "insufficient_text"]
@@ -39,7 +42,8 @@ class DetectRequest(StrictModel):
     text: StrictStr = Field(description="the text to score, as pasted (length limit: 413 above it)")
     keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
                                      description="key ids to test (default: every detection key)")
-    all_keys: StrictBool = Field(False, description="test every detection key of the keyring (the default)")
+    all_keys: StrictBool = Field(False, description="deprecated for one release: leave keys out to test every "
+                                                    "detection key")
     watermark: StrictStr | None = Field(None, min_length=1, max_length=max(MAX_SPEC_CHARS, MAX_HF_SPEC_CHARS),
                                         description="watermark spec string (default: the named keys' own spec, else the default kgw spec); "
                                                     "kgw:, hf:, gumbel:, synthid:, hf:synthid,... or vllm:gumbel,...")
@@ -47,10 +51,14 @@ class DetectRequest(StrictModel):
     explain: StrictBool = Field(False, description="per-token green/red flags; needs the explain scope")
     normalize: StrictBool = Field(True, description="undo homoglyphs, invisible characters, odd spaces first")
     dedup: StrictBool = Field(True, description="count each distinct (h+1)-gram once")
-    z_threshold: float = Field(4.0, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
+    z_threshold: float = Field(Z_THRESHOLD, gt=0.0, le=MAX_Z_THRESHOLD, allow_inf_nan=False, strict=True,
                                description="verdict threshold (ignored when fpr is given)")
     fpr: float | None = Field(None, ge=MIN_FPR, lt=1.0, allow_inf_nan=False, strict=True,
                               description="target false-positive rate; wins over z_threshold")
+    manifest: StrictStr | None = Field(None, min_length=4, max_length=MAX_MANIFEST_B64, pattern=BASE64_RULE,
+                                       description="the text's detached C2PA manifest store (a .c2pa file), base64; "
+                                                   "a manifest embedded in the text (C2PA 2.4 Annex A.8) is read "
+                                                   "without it")
     forced_positions: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_INDEX, strict=True)]] | None = Field(
         None, max_length=MAX_FORCED_POSITIONS,
         description="token indices where a constrained generator had fewer than two allowed tokens "
@@ -83,6 +91,43 @@ class Provenance(BaseModel):
     jws: str | None = Field(default=None, description="the receipt as a compact JWS (receipts since the JWS form)")
 
 
+class SoftBinding(BaseModel):
+    alg: str
+    key_id: str | None
+    spec_fingerprint: str | None
+
+
+class CredentialProvenance(BaseModel):
+    receipt_id: str | None
+    issuer: str | None
+    detector_url: str | None
+
+
+class Credentials(BaseModel):
+    """What a text's C2PA manifest says and whether it holds (``provenance.c2pa_reading``).
+
+    ``trusted``: valid and signed under a trust anchor of this service; ``hash_matches``: the text is
+    exactly the one signed; ``soft_binding_agrees``: the manifest's watermark (key and spec) is the one
+    this verdict found (None when the manifest names none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: Literal["embedded", "detached"]
+    manifest_id: str | None
+    validation_state: str
+    valid: bool
+    trusted: bool
+    hash_matches: bool | None
+    signature_valid: bool | None
+    failures: list[str]
+    model_id: str | None = None
+    digital_source_type: str | None = None
+    soft_binding: SoftBinding | None = None
+    provenance: CredentialProvenance | None = None
+    problem: str | None = None
+    soft_binding_agrees: bool | None = None
+
+
 class DetectResponse(BaseModel):
     """The verdict, the id it is stored under and the matching generation receipt, if any.
 
@@ -103,6 +148,9 @@ class DetectResponse(BaseModel):
     common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
     windows: dict[str, Any] | None
     provenance: Provenance | None
+    credentials: Credentials | None = Field(
+        None, description="the text's C2PA Content Credentials, when it carries a manifest or one was given: the "
+                          "second layer beside the watermark verdict")
     disclosure: str | None = Field(None, description="detect scope: the rule that coarsened the scores")
     num_tokens_scored: int | None = Field(None, description="explain scope")
     num_green_tokens: int | None = Field(None, description="explain scope (None for sampling specs)")
@@ -251,7 +299,8 @@ class AuditQuery(StrictModel):
 class AuditProblemItem(BaseModel):
     seq: int | None
     event_id: str | None
-    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged"]
+    problem: Literal["edited", "deleted", "reordered", "head_mismatch", "row_edited", "row_deleted", "row_unlogged",
+                     "leaf_mismatch", "tree_head_mismatch", "tree_head_signature"]
     message: str
 
 
@@ -266,6 +315,8 @@ class AuditReportBody(BaseModel):
     rows_checked: int = Field(description="verdict and receipt rows compared with their audit events")
     rows_partly_covered: int = Field(description="of those, rows whose event predates row digests: "
                                                  "only the fields it carried were compared")
+    tree_heads_checked: int = Field(0, description="kept signed tree heads of the transparency log compared with "
+                                                   "the events and checked under the log key")
     problems: list[AuditProblemItem]
 
 
@@ -276,3 +327,68 @@ class Health(BaseModel):
     service: str
     database: str
     model_id: str
+
+
+# ---- the transparency log (api/detector/routes_log.py; formats: provenance.tree_head, provenance.proof_bundle) ----
+
+MAX_LOG_SIZE = 2**63 - 1  # tree sizes are uint64 on the wire and BIGINT in the table
+
+
+class TreeHeadBody(BaseModel):
+    """A signed tree head: Ed25519 over the RFC 9162 TreeHeadDataV2 bytes, and the same head as a C2SP checkpoint."""
+
+    tree_size: int
+    timestamp: int = Field(description="milliseconds since the epoch, as signed")
+    root_hash: str = Field(description="base64")
+    root_hash_hex: str
+    signature: str = Field(description="base64 Ed25519 over TreeHeadDataV2 (51 bytes, docs/transparency-log.md)")
+    key_id: str = Field(description="the log key's RFC 7638 JWK thumbprint")
+    log_id: str = Field(description="base64 SHA-256 of the log key's DER SubjectPublicKeyInfo")
+    checkpoint: str = Field(description="the C2SP tlog-checkpoint signed note")
+
+
+class InclusionQuery(StrictModel):
+    id: str = Field(min_length=1, max_length=64, description="an event's seq, event id, or subject id (receipt, "
+                                                             "verdict, manifest or key id: its newest event)")
+    tree_size: int | None = Field(None, ge=1, le=MAX_LOG_SIZE, description="a kept head's size (default: the newest "
+                                                                          "kept head that contains the event)")
+
+
+class InclusionProofBody(BaseModel):
+    """An event's inclusion in the log: its exact entry bytes, its leaf index, the RFC 9162 path and the signed head."""
+
+    type: Literal["inclusion"]
+    entry: str = Field(description="base64 of the exact leaf entry bytes (leaf hash = SHA-256(0x00 || entry))")
+    entry_json: dict[str, Any]
+    leaf_index: int
+    tree_size: int
+    inclusion_path: list[str] = Field(description="base64 node hashes, from the leaf upwards")
+    tree_head: TreeHeadBody
+
+
+class ConsistencyQuery(StrictModel):
+    first: int = Field(ge=1, le=MAX_LOG_SIZE, description="a kept head's size")
+    second: int = Field(ge=1, le=MAX_LOG_SIZE, description="a kept head's size, at least first")
+
+
+class ConsistencyProofBody(BaseModel):
+    """That the log at the second head's size extends the log at the first's: the RFC 9162 path and both heads."""
+
+    type: Literal["consistency"]
+    first_size: int
+    second_size: int
+    consistency_path: list[str] = Field(description="base64 node hashes")
+    first_head: TreeHeadBody
+    second_head: TreeHeadBody
+
+
+class LogPublicKeyBody(BaseModel):
+    """The transparency log's Ed25519 public key, in every form a verifier may want."""
+
+    key_id: str = Field(description="RFC 7638 thumbprint; every head's key_id")
+    log_id: str
+    origin: str = Field(description="the checkpoint's origin line and the note key's name")
+    jwk: dict[str, Any] = Field(description="kty OKP, crv Ed25519, kid = key_id")
+    jwks: dict[str, Any]
+    pem: str
+    verifier_key: str = Field(description="the C2SP signed-note verifier key: name+keyhash+base64(0x01 || key)")

@@ -3,9 +3,9 @@
 Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
 GET /v1/models (OpenAI-compatible), GET /.well-known/jwks.json (no auth: the keys that verify receipts),
 GET /v1/receipts/public-key (no auth; the legacy form of the current key), GET /healthz (no auth),
-GET /openapi.json, GET /metrics (Prometheus, no token by default: api/metrics.py). The model loads
-once at start; one engine runs in a background thread (``api.generation.engine_worker``) and concurrent
-requests share its continuous batches.
+GET /openapi.json, GET /docs (the same document as a page: api/api_page.py), GET /metrics (Prometheus, no
+token by default: api/metrics.py). The model loads once at start; one engine runs in a background thread
+(``api.generation.engine_worker``) and concurrent requests share its continuous batches.
 
 Configuration: ``api.settings.Settings`` (the ``PROVMARK_*`` variables both services share; ``config`` keys
 override them, same names in lower case); generation reads ``home``, ``database_url``, ``model``,
@@ -27,20 +27,31 @@ from pathlib import Path
 from flask import Blueprint, Flask, jsonify
 from pydantic import BaseModel
 
+from api.api_page import install_api_page
 from api.generation import openai_compat, routes_native
+from api.generation.credentials import Credentials
 from api.generation.engine_worker import EngineWorker
 from api.generation.routes_common import GenerationService
 from api.generation.routes_models import TOKEN_ID_MARK
-from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_error_handlers
+from api.http import (
+    Auth,
+    OpenAPI,
+    RateLimiter,
+    deprecated,
+    install_body_limit,
+    install_deprecation_headers,
+    install_error_handlers,
+)
 from api.metrics import EngineCollector, install_metrics
+from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-from api.provenance_keys import add_jwks_route
 from db.receipts import ReceiptLinks, ReceiptSigner
 from db.store import Store
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
+from provenance.c2pa_credential import load_c2pa_credential
 from watermark.keys import Keyring
 from watermark.processor import warm_up
 
@@ -99,24 +110,45 @@ def create_app(config: dict | None = None) -> Flask:
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
-    service = GenerationService(worker, store, keyring, signer, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars,
-                                links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
+    credentials = Credentials(store, signer, load_c2pa_credential(settings.c2pa(), settings.home),
+                              model_id=engine.loaded.model_id,
+                              links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
+    service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
+                                max_prompt_chars=settings.max_text_chars)
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
+    install_deprecation_headers(app)
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
     install_error_handlers(app)
     _install_metrics(app, worker)
-    api = OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
+    api = _openapi()
     auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
-
-    for module in (routes_native, openai_compat):
-        app.register_blueprint(module.blueprint(api, auth))
-    app.register_blueprint(_meta_blueprint(api, service, engine.config.max_num_seqs))
+    for bp in _blueprints(api, auth, service, engine.config.max_num_seqs):
+        app.register_blueprint(bp)
+    install_api_page(app)
     return app
+
+
+def openapi_document() -> dict:
+    """The service's OpenAPI document without a model, an engine or a database (docs/gen_reference.py):
+    the same routes registered on blueprints that never serve. The served /openapi.json adds what only a
+    running process knows (its model names, its vocabulary's largest token id)."""
+    api = _openapi()
+    _blueprints(api, Auth(None), None, 0)
+    return api.document()
+
+
+def _openapi() -> OpenAPI:
+    return OpenAPI("provmark generation service", _version(), "Watermarked generation with signed receipts.")
+
+
+def _blueprints(api: OpenAPI, auth: Auth, service, max_num_seqs: int) -> list[Blueprint]:
+    """Every route of the service, in one list: create_app serves them, openapi_document documents them."""
+    return [*(module.blueprint(api, auth) for module in (routes_native, openai_compat)),
+            _meta_blueprint(api, service, max_num_seqs)]
 
 
 def _warm_up_watermark(engine) -> None:
@@ -153,11 +185,13 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
     @api.route(bp, "/v1/receipts/public-key", methods=["GET"], summary="The receipt-signing public key",
                responses={200: PublicKey}, tags=["receipts"])
     def public_key():
+        deprecated("GET /v1/receipts/public-key is deprecated; the JWKS at /.well-known/jwks.json has every key")
         signer = service.signer
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
 
     add_jwks_route(api, bp, lambda: service.signer)
+    add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem)
 
     @bp.get("/openapi.json")
     def openapi():

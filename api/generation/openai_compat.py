@@ -3,11 +3,11 @@
 Requests take OpenAI's fields (model, prompt / messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, stop, stream, stream_options.include_usage, logprobs / top_logprobs, seed,
 presence_penalty, frequency_penalty, logit_bias, user) plus provmark's own, sent by OpenAI clients
-through ``extra_body``: watermark, key_id, top_k, min_p, typical_p, min_tokens, repetition_penalty...
+through ``extra_body``: watermark, keys, c2pa, top_k, min_p, typical_p, min_tokens, repetition_penalty...
 Fields neither API knows are ignored, as OpenAI clients send extras. Answers and stream chunks are
 shaped as OpenAI's (``text_completion``, ``chat.completion``, ``chat.completion.chunk``, ``[DONE]``),
-with one extra field ``provmark``: the signed receipt and the watermark of the text (bodies and
-chunks are built in api/generation/routes_openai_shapes.py).
+with one extra field ``provmark``: the signed receipt, the watermark and the C2PA manifest of the text
+(bodies and chunks are built in api/generation/routes_openai_shapes.py).
 """
 
 from __future__ import annotations
@@ -180,8 +180,7 @@ def _sampler_values(req: OpenAIRequest, max_new_tokens: int, logprobs: int | Non
 
 
 def _run(service, req: OpenAIRequest, prompt_ids: list[int], params, rename: dict, chat: bool):
-    spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the key's own spec
-    mark = service.watermark(False if spec is None else spec, req.key_id)
+    mark = service.request_watermark(req)
     started = service.start(prompt_ids, params, mark, streaming=req.stream, rename=rename)
     actor = g.token.caller.actor
     shape = ChatShape(service, req, started) if chat else CompletionShape(service, req, started)
@@ -189,11 +188,12 @@ def _run(service, req: OpenAIRequest, prompt_ids: list[int], params, rename: dic
         return Response(_chunks(service, shape, started, actor, req), mimetype="text/event-stream",
                         headers=SSE_HEADERS)
     out = service.finish(started)
-    return jsonify(shape.whole(out, _provenance(service, out, started, actor)))
+    issued = service.issue(out, started, actor, req.c2pa)
+    return jsonify(shape.whole(out, _provenance(service, out, issued), issued.text))
 
 
-def _provenance(service, out, started, actor: str) -> dict:
-    return {"receipt": service.receipt(out, started, actor), "watermark": service.watermark_info(out)}
+def _provenance(service, out, issued) -> dict:
+    return {"receipt": issued.receipt, "watermark": service.watermark_info(out), "c2pa": issued.c2pa}
 
 
 def _chunks(service, shape, started, actor: str, req: OpenAIRequest):
@@ -207,8 +207,9 @@ def _chunks(service, shape, started, actor: str, req: OpenAIRequest):
         for out in outputs:
             if not out.text_delta and not out.finished:
                 continue
-            extra = {"provmark": _provenance(service, out, started, actor)} if out.finished else {}
-            chunk = shape.chunk(out, sent, **extra)
+            issued = service.issue(out, started, actor, req.c2pa) if out.finished else None
+            extra = {"provmark": _provenance(service, out, issued)} if issued is not None else {}
+            chunk = shape.chunk(out, sent, suffix=issued.stream_suffix if issued is not None else "", **extra)
             if include_usage:
                 chunk["usage"] = None
             sent = len(out.token_ids)

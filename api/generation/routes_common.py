@@ -2,8 +2,8 @@
 Watermark (with errors that name the field the caller sent), the engine worker, signed receipts, and
 server-sent events.
 
-A finished generation gets an Ed25519-signed receipt (``db.receipts``) stored with its
-``generation`` audit event in one transaction. Receipts require a key id and a spec fingerprint, so an
+A finished generation gets its C2PA manifest and its JWS receipt (``api.generation.credentials``), stored
+with their audit events in one transaction. Receipts require a key id and a spec fingerprint, so an
 unwatermarked generation (or one under a public hf spec, which has no key) is signed with the
 placeholders ``NO_KEY_ID`` / ``UNWATERMARKED_FINGERPRINT``.
 """
@@ -16,13 +16,13 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
-from api.http import ApiError
-from db.receipts import ReceiptLinks, ReceiptSigner, issue_receipt
-from db.rows import new_id, text_sha256
+from api.http import ApiError, deprecated, error_body
+from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams
 from generation.sample.sampling_stage import check_request
@@ -32,8 +32,7 @@ from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import generation_watermark
 
-NO_KEY_ID = "none"  # receipt key id of a generation no keyring key marked (placeholder: receipts need one)
-UNWATERMARKED_FINGERPRINT = "unwatermarked"  # receipt spec fingerprint when there is no watermark
+WATERMARK_OFF = "off"  # the request's watermark field: no watermark
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this (as vLLM does)
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's documented maximum for top_logprobs
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -72,13 +71,13 @@ class Started:
 class GenerationService:
     """The engine worker plus what a route needs around it; one per app."""
 
-    def __init__(self, worker: EngineWorker, store: Store, keyring, signer: ReceiptSigner, *,
-                 model_id: str, max_prompt_chars: int, links: ReceiptLinks | None = None) -> None:
+    def __init__(self, worker: EngineWorker, store: Store, keyring, credentials: Credentials, *,
+                 model_id: str, max_prompt_chars: int) -> None:
         self.worker = worker
         self.store = store
         self.keyring = keyring
-        self.signer = signer
-        self.links = links or ReceiptLinks()  # issuer and detector address every receipt names
+        self.credentials = credentials
+        self.signer = credentials.signer
         self.model_id = model_id
         self.model_names = frozenset({model_id, "default"})  # what the OpenAI `model` field may say
         self.started_at = int(time.time())  # OpenAI's model `created`
@@ -127,18 +126,39 @@ class GenerationService:
             raise error_from_value_error(exc, rename) from None
         return params
 
-    def watermark(self, spec, key_id: str | None):
-        """The request's Watermark: ``spec`` None/True -> the key's own spec, False -> none, else a spec
-        string; ``key_id`` None -> the active key. 422 for a bad spec or key id, 404 for an unknown key."""
+    def request_watermark(self, req):
+        """The Watermark a request asks for: ``watermark`` (a spec, "off", or absent for the key's own spec) and
+        ``keys`` (one key id; absent: the active key), with the spellings deprecated for one release (null or
+        false for "off", true for absent, ``key_id``) still taken and flagged (``api.http.deprecated``)."""
+        asked = "watermark" in req.model_fields_set
+        spec = req.watermark if asked else True
+        if spec is None or spec is False:
+            deprecated('watermark: null and false are deprecated; send "off"')
+        elif spec is True and asked:
+            deprecated("watermark: true is deprecated; leave watermark out for the key's own spec")
+        if spec == WATERMARK_OFF or spec is None:
+            spec = False
+        key_field, key_id = "keys", req.keys[0] if req.keys else None
+        if req.key_id is not None:
+            if req.keys is not None:
+                raise invalid_field("key_id", "give keys (key_id is its deprecated spelling), not both")
+            deprecated("key_id is deprecated; send keys: [id]")
+            key_field, key_id = "key_id", req.key_id
+        return self.watermark(spec, key_id, key_field)
+
+    def watermark(self, spec, key_id: str | None, key_field: str = "keys"):
+        """The request's Watermark: ``spec`` True -> the key's own spec, False -> none, else a spec string;
+        ``key_id`` None -> the active key. 422 for a bad spec or key id (naming ``key_field``), 404 for an
+        unknown key."""
         if spec is False:
             if key_id is not None:
-                raise invalid_field("key_id", "nothing to key: the request turns the watermark off")
+                raise invalid_field(key_field, "nothing to key: the request turns the watermark off")
             return None
         if key_id is not None:
             try:
                 validate_key_id(key_id)
             except InvalidKeyIdError as exc:  # its message does not echo the value (it may be a pasted secret)
-                raise invalid_field("key_id", str(exc)) from None
+                raise invalid_field(key_field, str(exc)) from None
         try:
             mark = generation_watermark(None if spec is True else spec, self.vocab_size, key_id=key_id,
                                         keyring=self.keyring)
@@ -149,9 +169,9 @@ class GenerationService:
         except KeyNotFoundError as exc:
             raise ApiError(404, "key_not_found", str(exc)) from None
         except KeySpecError as exc:
-            raise invalid_field("key_id", str(exc)) from None
+            raise invalid_field(key_field, str(exc)) from None
         except ValueError as exc:  # an hf spec with a key id
-            raise invalid_field("key_id", str(exc).removeprefix("key: ")) from None
+            raise invalid_field(key_field, str(exc).removeprefix("key: ")) from None
 
     # ------------------------------------------------------------------ running
     def start(self, prompt_ids: list[int], params: SamplingParams, watermark, *, streaming: bool,
@@ -177,17 +197,12 @@ class GenerationService:
         except GenerationFailed as exc:
             raise ApiError(500, "generation_failed", str(exc)) from None
 
-    def receipt(self, out, started: Started, actor: str) -> dict:
-        """Sign and store the receipt of a finished output (with its audit event, one transaction), and
-        remember the output's units for the spoof check (``api.generation.own_output``)."""
-        mark = out.watermark
-        self.output_memory.remember(mark, out.token_ids, self.engine.loaded.vocab, out.text, out.prompt_token_ids)
-        return issue_receipt(
-            self.store, self.signer, actor,
-            text_sha256=text_sha256(out.text), token_count=len(out.token_ids), model_id=self.model_id,
-            spec_fingerprint=mark.fingerprint if mark is not None else UNWATERMARKED_FINGERPRINT,
-            key_id=(mark.key_id if mark is not None else None) or NO_KEY_ID,
-            receipt_id=started.receipt_id, links=replace(self.links, spec=mark.spec if mark is not None else None))
+    def issue(self, out, started: Started, actor: str, c2pa_mode: str = DEFAULT_C2PA_MODE) -> Issued:
+        """Sign and store the finished output's C2PA manifest and receipt (with their audit events, one
+        transaction), and remember the output's units for the spoof check (``api.generation.own_output``)."""
+        self.output_memory.remember(out.watermark, out.token_ids, self.engine.loaded.vocab, out.text,
+                                    out.prompt_token_ids)
+        return self.credentials.issue(out, started.receipt_id, actor, c2pa_mode)
 
     # ------------------------------------------------------------------ output pieces
     @staticmethod
@@ -234,7 +249,7 @@ def sse_error(exc: Exception) -> str:
     else:
         code = "internal_error"
     message = str(exc) if isinstance(exc, (WorkerUnavailable, GenerationFailed)) else "internal error"
-    return sse({"error": {"code": code, "message": message}})
+    return sse(error_body(503 if code == "engine_unavailable" else 500, code, message))
 
 
 def stream_outputs(started: Started) -> Iterator:

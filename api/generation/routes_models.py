@@ -81,10 +81,18 @@ class SamplerFields(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_LIST, description="stop at any of these ids")
     ignore_eos: bool = Field(False, description="keep going past end-of-text")
     watermark: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SPEC_CHARS)] | bool | None = Field(
-        None, description="watermark spec string (grammar and bounds: docs/deploy.md, watermark/config.py; "
-                          "422 otherwise); false or null = no watermark; absent or true = the key's own spec")
-    key_id: KeyId | None = Field(None, description="keyring key id (default: the active key); needs a keyed "
-                                                   "watermark spec: with the watermark off or an hf: spec, 422")
+        None, description='a watermark spec string (grammar and bounds: the specs reference; 422 otherwise), or "off" '
+                          "for none; absent = the key's own spec. Deprecated for one release: false or null (none), "
+                          "true (the key's own spec)")
+    keys: list[KeyId] | None = Field(None, min_length=1, max_length=1,
+                                     description="the key that marks the text, as a list of one key id (the field "
+                                                 "detection takes several in; default: the active key); needs a keyed "
+                                                 "watermark: with the watermark off or an hf: spec, 422")
+    key_id: KeyId | None = Field(None, description="deprecated for one release: keys=[key_id]")
+    c2pa: Literal["detached", "inline", "embedded", "off"] = Field(
+        "detached", description="the text's C2PA manifest: detached (stored; its id and URL answered), inline "
+                                "(also its bytes, base64), embedded (carried inside the text, C2PA 2.4 Annex A.8), "
+                                "or off")
 
 
 def logit_bias_values(bias: dict[str, float] | None, field: str = "logit_bias") -> dict[int, float] | None:
@@ -133,11 +141,24 @@ class Receipt(BaseModel):
     jws: str
 
 
+class C2paInfo(BaseModel):
+    """Where a generated text's C2PA manifest is: ``manifest_url`` serves the manifest store
+    (application/c2pa); ``manifest_store`` is its bytes (base64) when the request asked ``c2pa: inline``;
+    ``embedded``: the text carries it (C2PA 2.4 Annex A.8)."""
+
+    manifest_id: str
+    manifest_url: str
+    embedded: bool
+    manifest_store: str | None = None
+
+
 class Provenance(BaseModel):
-    """The receipt and watermark of a generation (the ``provmark`` field of OpenAI-style answers)."""
+    """The receipt, watermark and C2PA manifest of a generation (the ``provmark`` field of OpenAI-style
+    answers)."""
 
     receipt: Receipt
     watermark: WatermarkInfo | None
+    c2pa: C2paInfo | None = None
 
 
 __all__ = [

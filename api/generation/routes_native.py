@@ -1,10 +1,12 @@
 """POST /v1/generate: provmark's own generation API, every sampler field under SamplingParams' names.
 
 Body: ``prompt`` (text or token ids) or ``messages`` (chat), the SamplingParams fields, ``watermark``
-(spec string; false/null = none; absent = the key's own spec) with ``key_id``, and ``stream``. Answer:
+(a spec string, "off" for none, absent for the key's own spec) with ``keys`` (one key id), and ``stream``. Answer:
 text, token ids, finish reason, usage, watermark, the signed receipt, and logprobs when asked.
-``stream: true`` answers with server-sent events: ``{"delta": ...}`` pieces, then one event with
-``finish_reason``, ``usage``, ``watermark`` and ``receipt``, then ``[DONE]``.
+``c2pa`` says how the text's C2PA manifest travels (``api.generation.credentials``); the answer's ``c2pa``
+says where it is. ``stream: true`` answers with server-sent events: ``{"delta": ...}`` pieces, then one
+event with ``finish_reason``, ``usage``, ``watermark``, ``receipt`` and ``c2pa`` (its delta ends with the
+manifest's wrapper when it is embedded), then ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from flask import Blueprint, Response, current_app, g, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.generation.credentials import Issued
 from api.generation.routes_common import (
     MAX_LOGPROBS,
     SSE_HEADERS,
@@ -28,6 +31,7 @@ from api.generation.routes_models import (
     MAX_NEW_TOKENS,
     MAX_TEMPERATURE,
     SEED_LIMIT,
+    C2paInfo,
     ChatMessage,
     LogitBias,
     NonEmptyText,
@@ -96,6 +100,7 @@ class GenerateResponse(BaseModel):
     usage: Usage
     watermark: WatermarkInfo | None
     receipt: Receipt
+    c2pa: C2paInfo | None = None
     logprobs: list[TokenLogprob] | None = None
 
 
@@ -119,27 +124,27 @@ def blueprint(api, auth) -> Blueprint:
         values["stop"] = stop_list(req.stop)
         values["logit_bias"] = logit_bias_values(req.logit_bias)
         params = service.sampling_params({k: v for k, v in values.items() if v is not None})
-        spec = req.watermark if "watermark" in req.model_fields_set else True  # absent: the key's own spec
-        mark = service.watermark(False if spec is None else spec, req.key_id)  # null: no watermark
+        mark = service.request_watermark(req)
         started = service.start(prompt_ids, params, mark, streaming=req.stream)
         actor = g.token.caller.actor
         if req.stream:
-            return Response(_events(service, started, actor), mimetype="text/event-stream", headers=SSE_HEADERS)
+            return Response(_events(service, started, actor, req.c2pa), mimetype="text/event-stream",
+                            headers=SSE_HEADERS)
         out = service.finish(started)
-        return jsonify(_body(service, out, started, service.receipt(out, started, actor), with_logprobs=True))
+        return jsonify(_body(service, out, started, service.issue(out, started, actor, req.c2pa), with_logprobs=True))
 
     return bp
 
-def _body(service, out, started, receipt: dict, with_logprobs: bool) -> dict:
-    body = {"id": started.receipt_id, "model": service.model_id, "text": out.text, "token_ids": out.token_ids,
+def _body(service, out, started, issued: Issued, with_logprobs: bool) -> dict:
+    body = {"id": started.receipt_id, "model": service.model_id, "text": issued.text, "token_ids": out.token_ids,
             "finish_reason": out.finish_reason, "usage": service.usage(out),
-            "watermark": service.watermark_info(out), "receipt": receipt}
+            "watermark": service.watermark_info(out), "receipt": issued.receipt, "c2pa": issued.c2pa}
     if with_logprobs and out.logprobs is not None:
         body["logprobs"] = service.token_logprobs(out)
     return body
 
 
-def _events(service, started, actor: str):
+def _events(service, started, actor: str, c2pa_mode: str):
     sent = 0  # tokens whose ids (and logprobs) went out already
     outputs = stream_outputs(started)
     try:
@@ -151,9 +156,10 @@ def _events(service, started, actor: str):
                 event["logprobs"] = service.token_logprobs(out, sent)
             sent = len(out.token_ids)
             if out.finished:
-                receipt = service.receipt(out, started, actor)
-                event.update({k: v for k, v in _body(service, out, started, receipt, False).items()
+                issued = service.issue(out, started, actor, c2pa_mode)
+                event.update({k: v for k, v in _body(service, out, started, issued, False).items()
                               if k not in ("text", "token_ids")})
+                event["delta"] = out.text_delta + issued.stream_suffix  # an embedded manifest ends the text
             yield sse(event)
         yield sse("[DONE]")
     except Exception as exc:

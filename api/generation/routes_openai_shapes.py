@@ -118,17 +118,17 @@ class CompletionShape:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in i["top_logprobs"]} for i in items],
                 "text_offset": offsets}
 
-    def whole(self, out, provenance: dict) -> dict:
-        choice = {"text": out.text, "index": 0, "logprobs": self.logprobs(out, 0), "finish_reason": out.finish_reason}
+    def whole(self, out, provenance: dict, text: str) -> dict:
+        choice = {"text": text, "index": 0, "logprobs": self.logprobs(out, 0), "finish_reason": out.finish_reason}
         return {**self.chunk_header(), "choices": [choice], "usage": self.service.usage(out), "provmark": provenance}
 
     def first_chunk(self) -> dict | None:
         return None
 
-    def chunk(self, out, start: int, **extra) -> dict:
-        choice = {"text": out.text_delta, "index": 0, "logprobs": self.logprobs(out, start, self.emitted),
+    def chunk(self, out, start: int, suffix: str = "", **extra) -> dict:
+        choice = {"text": out.text_delta + suffix, "index": 0, "logprobs": self.logprobs(out, start, self.emitted),
                   "finish_reason": out.finish_reason if out.finished else None}
-        self.emitted += len(out.text_delta)
+        self.emitted += len(out.text_delta) + len(suffix)
         return {**self.chunk_header(), "choices": [choice], **extra}
 
 
@@ -151,8 +151,8 @@ class ChatShape:
                                                "bytes": list(t["token"].encode())} for t in i["top_logprobs"]]}
                             for i in self.service.token_logprobs(out, start)], "refusal": None}
 
-    def whole(self, out, provenance: dict) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text, "refusal": None},
+    def whole(self, out, provenance: dict, text: str) -> dict:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                   "logprobs": self.logprobs(out, 0), "finish_reason": out.finish_reason}
         return {**self.chunk_header(), "object": "chat.completion", "choices": [choice],
                 "usage": self.service.usage(out), "provmark": provenance}
@@ -161,8 +161,9 @@ class ChatShape:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return {**self.chunk_header(), "choices": [choice]}
 
-    def chunk(self, out, start: int, **extra) -> dict:
-        delta = {"content": out.text_delta} if out.text_delta or not out.finished else {}
+    def chunk(self, out, start: int, suffix: str = "", **extra) -> dict:
+        content = out.text_delta + suffix
+        delta = {"content": content} if content or not out.finished else {}
         choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(out, start),
                   "finish_reason": out.finish_reason if out.finished else None}
         return {**self.chunk_header(), "choices": [choice], **extra}

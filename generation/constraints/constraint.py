@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import llguidance
 import torch
 
 from generation.constraints.masks import (
@@ -95,8 +96,6 @@ class ConstraintSpec:
             self.allowed_token_ids = sorted(set(ids))
         grammar = self.grammar()
         if grammar is not None:
-            import llguidance
-
             problem = llguidance.LLMatcher.validate_grammar(grammar)
             if problem:
                 raise ConstraintError(f"{self.kind}: {problem.strip()}")
@@ -120,8 +119,6 @@ class ConstraintSpec:
 
     def grammar(self) -> str | None:
         """llguidance grammar text for this spec; None for a token set (no grammar)."""
-        import llguidance
-
         if self.regex is not None:
             return llguidance.LLMatcher.grammar_from_regex(self.regex)
         if self.json_schema is not None:
@@ -264,7 +261,7 @@ class ConstraintCompiler:
 
     def _llg_tokenizer(self):
         if self._ll_tokenizer is None:
-            import llguidance.hf
+            import llguidance.hf  # noqa: PLC0415 (it imports transformers, heavy: loaded with a constraint)
 
             # n_vocab = the model's V: ids past the tokenizer's end are never allowed
             self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids))
@@ -294,8 +291,6 @@ class ConstraintCompiler:
         return GrammarConstraint(matcher, self.vocab_size, self.eos_token_ids)
 
     def _build(self, spec: ConstraintSpec):
-        import llguidance
-
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), spec.grammar(), log_level=0)
         if matcher.is_error():
             raise ConstraintError(f"{spec.kind}: {matcher.get_error().strip()}")

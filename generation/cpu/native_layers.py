@@ -23,9 +23,9 @@ from torch import nn
 
 from generation.cpu import native
 from generation.cpu.fused_linear import FusedMember
-from generation.kv_cache import SlotKVCache
 from generation.cpu.packed_linear import PackedLinear
 from generation.cpu.slot_attention import GROUP_KWARG, RowLengths
+from generation.kv_cache import SlotKVCache
 
 # Norm classes whose forward is exactly LlamaRMSNorm's (weight * normed, no 1 + weight, no offset).
 RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})

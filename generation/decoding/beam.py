@@ -113,8 +113,8 @@ def run_beam(engine: DecodingEngine, prompt_ids: list[int], params: SamplingPara
 
     Each output's ``cumulative_logprob`` is its raw score (sum of processed log-probabilities);
     ``decoding_stats`` holds ``beam_score`` (the length-penalised score beams are ranked by),
-    ``num_beams`` and ``steps`` (search steps run before it stopped). Honours max_new_tokens, min_new_tokens, EOS/ignore_eos, stop token ids, stop strings,
-    penalties, bans and logit bias; refuses sampling-only settings (see check_beam_params)."""
+    ``num_beams`` and ``steps`` (search steps run before it stopped). Honours max_new_tokens, min_new_tokens,
+    EOS/ignore_eos, stop token ids, stop strings, penalties, bans and logit bias; refuses sampling-only settings (see check_beam_params)."""
     if not 1 <= n <= config.num_beams:
         raise ValueError(f"n={n}: must be in [1, BeamConfig.num_beams={config.num_beams}]")
     check_beam_params(params)

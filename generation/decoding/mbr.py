@@ -85,7 +85,8 @@ def run_mbr(engine: DecodingEngine, prompt_ids: list[int], params: SamplingParam
             watermark: Watermark | None = None) -> list[RequestOutput]:
     """Sample ``config.num_candidates`` completions of ``prompt_ids`` and return ``[best]``: the one
     with the highest mean similarity to the others, with ``decoding_stats`` holding every candidate's
-    mean similarity (None for a candidate that failed its constraint, which takes no part) and ``usage.completion_tokens`` its own length (the candidates' total is in the stats).
+    mean similarity (None for a candidate that failed its constraint, which takes no part) and
+    ``usage.completion_tokens`` its own length (the candidates' total is in the stats).
 
     Every other SamplingParams setting (stops, penalties, constraints, logprobs) applies to each
     candidate as in ``engine.generate``. Raises ValueError for greedy params (N identical candidates)."""

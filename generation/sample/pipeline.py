@@ -12,7 +12,8 @@ bit-for-bit untouched:
 5. watermark stage   each watermarked row's WatermarkStage (watermark_stage.py): the KGW bias transforms
                      the logits; a sampler stage (Gumbel-max, SynthID tournament: sampling_stage.py)
                      chooses in stage 8, over the distribution stages 6-7 leave.
-                     A row's context (its last context_width tokens) is computed once per step (StepRows).
+                     A row's context (its last context_width tokens) is computed once per step (StepRows,
+                     step_rows.py).
 6. temperature       divide, clamped to the float range (sampling.apply_temperature_: the one clamp)
 7. truncation        top-k, top-p, min-p, typical, epsilon, eta; or mirostat
 8. sample            greedy argmax; a uniform from the row's own generator (inverse CDF); or the stage's choice
@@ -30,30 +31,25 @@ engine), ``ranking_logprobs`` (1-5 then log-softmax: beam search), ``penalise`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from generation.constraints.masks import ConstraintMasks
 from generation.sample import sampler as sampling
 from generation.sample.params import SamplerState
 from generation.sample.sampler import (
     LN2,
     apply_bans_,
     apply_penalties_,
-    apply_temperature_,
+    apply_temperatures_,
     draw_,
     head_rows,
     mirostat_,
     rows_where,
     truncate_,
 )
-from generation.sample.sampling_stage import check_request, is_sampling_mark, row_context
+from generation.sample.step_rows import RowSubset, StepRows, restore_dead_rows_
 from generation.sample.watermark_stage import stage_for
-from watermark.scheme import Watermark
-
-NEG_INF = float("-inf")
 
 
 @dataclass(slots=True)
@@ -62,55 +58,6 @@ class SampleOutput:
     logprobs: torch.Tensor | None  # FloatTensor[B], chosen token, pre-watermark; NaN for rows that did not ask
     top_logprobs: list[list[tuple[int, float]]] | None  # per row, [] for rows that did not ask
     ranking_logprobs: torch.Tensor | None = None  # [B, V] log-softmax after the watermark stage, when asked
-
-
-@dataclass(slots=True)
-class StepRows:
-    """What one step knows about its rows: each row's sampler state (parameters, history, generator),
-    watermark and context, and the step's constraint masks. Build with ``StepRows.of``."""
-
-    states: list[SamplerState]
-    watermarks: list[Watermark | None]
-    contexts: list[list[int]]  # a watermarked row's last context_width tokens (at least 1); [] elsewhere
-    constraint: ConstraintMasks | None = None
-    # rows whose sampling watermark sits this position out (short or repeated context): the plain draw;
-    # None when no row has a sampling watermark
-    unmarked: list[bool] | None = None
-    allowed_counts: list[int | None] | None = None  # from the constraint mask, per row
-    _masked: torch.Tensor | None = field(default=None, repr=False)  # constrained rows after stage 1
-
-    @classmethod
-    def of(cls, states: Sequence[SamplerState], watermarks: Sequence[Watermark | None] | None = None,
-           constraint: ConstraintMasks | None = None,
-           histories: Sequence[Sequence[int]] | None = None) -> StepRows:
-        """Rows for one step. ``histories`` overrides the token history a row's watermark context is
-        read from (a drafted position past its state's history); by default the state's own."""
-        states = list(states)
-        marks = list(watermarks) if watermarks is not None else [None] * len(states)
-        if len(marks) != len(states) or (histories is not None and len(histories) != len(states)):
-            raise ValueError(f"StepRows: {len(states)} states, {len(marks)} watermarks"
-                             + (f", {len(histories)} histories" if histories is not None else ""))
-        contexts: list[list[int]] = []
-        unmarked: list[bool] | None = None
-        for i, mark in enumerate(marks):
-            if mark is None:
-                contexts.append([])
-                continue
-            history = histories[i] if histories is not None else states[i].history
-            if is_sampling_mark(mark):  # the sampler is the watermark: greedy fails closed here too
-                check_request(mark, states[i].params)
-                context, marked = row_context(mark, states[i], history)
-                contexts.append(context)
-                unmarked = unmarked if unmarked is not None else [False] * len(marks)
-                unmarked[i] = not marked
-                continue
-            width = max(mark.context_width, 1)  # the stage only reads the last context_width tokens
-            contexts.append(list(history[max(0, len(history) - width):]))
-        return cls(states, marks, contexts, constraint, unmarked=unmarked)
-
-    @property
-    def params(self):
-        return [st.params for st in self.states]
 
 
 class LogitsPipeline:
@@ -127,10 +74,7 @@ class LogitsPipeline:
         if logits.dim() != 2 or logits.shape[0] != len(rows.states) or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows.states)} rows x vocab {self.vocab_size}")
         scores = logits.to(torch.float32, copy=True)
-        if rows.constraint is not None:
-            rows.allowed_counts = rows.constraint.apply_(scores)
-            if rows.constraint.rows:  # what a row stripped bare by stages 2-5 falls back to
-                rows._masked = scores.index_select(0, self._index(rows.constraint.rows))
+        rows.apply_constraint_(scores)
         apply_penalties_(scores, rows.states)
         apply_bans_(scores, rows.states)
         return scores
@@ -138,9 +82,7 @@ class LogitsPipeline:
     # ---- stage 5 ----
     def watermark_(self, scores: torch.Tensor, rows: StepRows) -> torch.Tensor:
         """Stage 5 in place on penalised scores (and the dead-row fallbacks); returns scores."""
-        constrained = rows.constraint.rows if rows.constraint is not None else []
-        if constrained:
-            _restore_dead_rows_(scores, constrained, rows._masked)
+        rows.restore_constrained_(scores)
         marks = rows.watermarks
         if not any(m is not None for m in marks):
             return scores
@@ -152,7 +94,7 @@ class LogitsPipeline:
                 [m if s is stage else None for m, s in zip(marks, stages)]
             stage.transform_(scores, rows.contexts, served)
         if before is not None:
-            _restore_dead_rows_(scores, hard, before)
+            restore_dead_rows_(scores, hard, before)
         return scores
 
     def ranking_logprobs(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
@@ -170,8 +112,7 @@ class LogitsPipeline:
         return scores.softmax(-1)
 
     def _temperature_and_truncation_(self, scores: torch.Tensor, params) -> None:
-        if any(p.temperature != 1.0 for p in params):
-            apply_temperature_(scores, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+        apply_temperatures_(scores, params)
         truncate_(scores, params)
 
     # ---- stage 8 (with 6-7) ----
@@ -213,41 +154,59 @@ class LogitsPipeline:
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
-    def _sample_rows(self, scores: torch.Tensor, rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-        picked = [states[i] for i in rows.tolist()]
+    def _sample_rows(self, scores: torch.Tensor, sampled: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
+        """Stages 6-8 for the plainly sampled rows (batch indices ``sampled``): their tokens, in that order."""
+        batch = sampled.tolist()
+        picked = [states[i] for i in batch]
         heads = head_rows([st.params for st in picked], self.vocab_size) if sampling.TOP_K_HEAD else []
-        if not heads:
-            return self._sample_full_rows(scores, rows, picked)
-        chosen = torch.empty(len(picked), dtype=torch.long, device=scores.device)
-        head_global = rows[torch.tensor(heads, device=rows.device)]
-        head_scores = scores if head_global.numel() == scores.shape[0] else scores.index_select(0, head_global)
-        served, tokens = sampling.sample_heads(head_scores, [picked[j].params for j in heads],
-                                               [picked[j].generator for j in heads])
-        served = [heads[j] for j in served]
-        if served:
-            chosen[torch.tensor(served, device=scores.device)] = tokens
-        rest = sorted(set(range(len(picked))) - set(served))
-        if rest:
-            rest_at = torch.tensor(rest, device=scores.device)
-            chosen[rest_at] = self._sample_full_rows(scores, rows[rest_at], [picked[j] for j in rest])
-        return chosen
+        if not heads:  # no row has a top-k head: straight to the whole rows, nothing to split
+            return self._sample_full_rows(scores, sampled, picked)
+        subset = RowSubset(batch, sampled, picked)
+
+        def on_heads(head_scores: torch.Tensor, heads: list[int]):
+            served, tokens = sampling.sample_heads(head_scores, [picked[j].params for j in heads],
+                                                   [picked[j].generator for j in heads])
+            return [heads[j] for j in served], tokens
+
+        def on_rest(rest: list[int]) -> torch.Tensor:
+            return self._sample_full_rows(scores, subset.batch_index(rest), [picked[j] for j in rest])
+
+        return self._heads_then_rest(scores, subset, heads, on_heads, on_rest)
 
     def _sample_full_rows(self, scores: torch.Tensor, rows: torch.Tensor, picked: list[SamplerState]) -> torch.Tensor:
-        """Temperature, truncation or mirostat, and the draw over whole rows of the vocabulary."""
+        """Temperature, truncation or mirostat, and the draw over whole rows (batch indices ``rows``)."""
         sub, miro = self._shaped(scores, rows, picked)
         chosen = draw_(sub.softmax(-1), [st.generator for st in picked])
         if miro is not None:
             _record_surprise(miro, chosen, picked)
         return chosen
 
+    def _heads_then_rest(self, scores: torch.Tensor, subset: RowSubset, heads: list[int], on_heads, on_rest
+                         ) -> torch.Tensor:
+        """One token per row of ``subset``, in its order. The local rows ``heads`` (top-k rows) go to
+        ``on_heads(their scores, heads) -> (served, tokens)``, which serves those whose head holds every token
+        the full path keeps (sampling.sample_heads: the same tokens, far faster); the rest, to
+        ``on_rest(rest) -> tokens`` over whole rows of the vocabulary."""
+        if not heads:
+            return on_rest(list(range(len(subset))))
+        chosen = torch.empty(len(subset), dtype=torch.long, device=scores.device)
+        # every row a head (the vLLM plugin's usual step): no [B, V] copy
+        head_scores = scores if len(heads) == scores.shape[0] else scores.index_select(0, subset.batch_index(heads))
+        served, tokens = on_heads(head_scores, heads)
+        if served:
+            chosen[torch.tensor(served, device=scores.device)] = tokens
+        rest = sorted(set(range(len(subset))) - set(served))
+        if rest:
+            chosen[torch.tensor(rest, device=scores.device)] = on_rest(rest)
+        return chosen
+
     @staticmethod
     def _shaped(scores: torch.Tensor, rows: torch.Tensor, picked: list[SamplerState]):
-        """Stages 6-7 over whole rows: (the rows, a copy unless every row is picked; the mirostat rows
-        with their pre-truncation log-softmax, for the surprise as the paper's code, or None)."""
+        """Stages 6-7 over whole rows (batch indices ``rows``): (the rows, a copy unless every row is picked; the
+        mirostat rows with their pre-truncation log-softmax, for the surprise as the paper's code, or None)."""
         params = [st.params for st in picked]
         sub = scores.index_select(0, rows) if rows.numel() < scores.shape[0] else scores
-        if any(p.temperature != 1.0 for p in params):
-            apply_temperature_(sub, torch.tensor([p.temperature for p in params], device=sub.device)[:, None])
+        apply_temperatures_(sub, params)
         plain = rows_where([p.mirostat_mode == 0 for p in params], sub.device)
         if plain is not None:
             sampling.on_rows_(sub, plain, lambda s: truncate_(s, [params[i] for i in plain.tolist()]))
@@ -260,47 +219,46 @@ class LogitsPipeline:
         return sub, (miro, miro_logp)
 
     def _stage_choices(self, scores: torch.Tensor, rows: StepRows, staged: list[bool], tokens: torch.Tensor) -> None:
-        """Sampled rows whose watermark stage chooses: stages 6-7 here, then the stage's own choice. Rows
-        with top-k whose stage takes candidates get 6-7 on their head only (sampling.head_distributions:
-        the same survivors, far faster than a full-vocabulary top-p sort)."""
-        at = [i for i, s in enumerate(staged) if s]
-        picked = [rows.states[i] for i in at]
-        marks = [rows.watermarks[i] for i in at]
-        chosen = torch.empty(len(at), dtype=torch.long, device=scores.device)
-        heads = [j for j in head_rows([st.params for st in picked], self.vocab_size)
-                 if getattr(stage_for(marks[j]), "takes_candidates", False)] if sampling.TOP_K_HEAD else []
-        served: list[int] = []
-        if heads:
-            head_at = [at[j] for j in heads]  # every row a head (the vLLM plugin's usual step): no [B, V] copy
-            head_scores = scores if head_at == list(range(scores.shape[0])) else scores.index_select(0, self._index(head_at))
-            got, probs, ids = sampling.head_distributions(head_scores, [picked[j].params for j in heads])
-            served = [heads[g] for g in got]
-            if served:
-                chosen[self._index(served)] = self._choose_by_stage(probs, ids, served, rows, at, picked, marks)
-        rest = [j for j in range(len(at)) if j not in set(served)]
-        if rest:  # a choosing stage owns its rows' randomness
-            rest_picked = [picked[j] for j in rest]
-            sub, miro = self._shaped(scores, self._index([at[j] for j in rest]), rest_picked)
-            got = self._choose_by_stage(sub.softmax(-1), None, rest, rows, at, picked, marks)
-            if miro is not None:  # mirostat's mu follows the surprise of the token the stage chose
-                _record_surprise(miro, got, rest_picked)
-            chosen[self._index(rest)] = got
-        tokens[self._index(at)] = chosen
+        """Sampled rows whose watermark stage chooses: stages 6-7 here, then the stage's own choice (a choosing
+        stage owns its rows' randomness). Rows with top-k whose stage takes candidates get 6-7 on their head only
+        (sampling.head_distributions: the same survivors, far faster than a full-vocabulary top-p sort)."""
+        batch = [i for i, s in enumerate(staged) if s]
+        subset = RowSubset(batch, self._index(batch), [rows.states[i] for i in batch])
 
-    def _choose_by_stage(self, probs, candidates, local: list[int], rows: StepRows, at, picked, marks) -> torch.Tensor:
-        """Each stage's tokens for rows ``local`` (row j of ``probs`` is staged row local[j]); ``candidates``
-        [R, C] the token ids of probs' columns (None: the whole vocabulary)."""
+        def on_heads(head_scores: torch.Tensor, heads: list[int]):
+            got, probs, ids = sampling.head_distributions(head_scores, [subset.states[j].params for j in heads])
+            served = [heads[g] for g in got]
+            return served, self._choose_by_stage(probs, ids, rows, subset, served) if served else None
+
+        def on_rest(rest: list[int]) -> torch.Tensor:
+            picked = [subset.states[j] for j in rest]
+            sub, miro = self._shaped(scores, subset.batch_index(rest), picked)
+            chosen = self._choose_by_stage(sub.softmax(-1), None, rows, subset, rest)
+            if miro is not None:  # mirostat's mu follows the surprise of the token the stage chose
+                _record_surprise(miro, chosen, picked)
+            return chosen
+
+        heads = [j for j in head_rows(subset.params, self.vocab_size)
+                 if getattr(stage_for(rows.watermarks[batch[j]]), "takes_candidates", False)] \
+            if sampling.TOP_K_HEAD else []
+        tokens[subset.index] = self._heads_then_rest(scores, subset, heads, on_heads, on_rest)
+
+    def _choose_by_stage(self, probs: torch.Tensor, candidates: torch.Tensor | None, rows: StepRows,
+                         subset: RowSubset, local: list[int]) -> torch.Tensor:
+        """Each stage's tokens for the local rows ``local`` of ``subset`` (row j of ``probs`` is local row
+        local[j]); ``candidates`` [R, C]: the token ids of probs' columns (None: the whole vocabulary)."""
         got = torch.empty(len(local), dtype=torch.long, device=probs.device)
         groups: dict[int, tuple[object, list[int]]] = {}
-        for j, staged_row in enumerate(local):
-            stage = stage_for(marks[staged_row])
+        for j, row in enumerate(local):
+            stage = stage_for(rows.watermarks[subset.batch[row]])
             groups.setdefault(id(stage), (stage, []))[1].append(j)
         for stage, members in groups.values():
             index = torch.tensor(members, dtype=torch.long, device=probs.device)
             whole = len(members) == probs.shape[0]
             served = probs if whole else probs.index_select(0, index)
-            args = ([rows.contexts[at[local[j]]] for j in members], [marks[local[j]] for j in members],
-                    [picked[local[j]].generator for j in members])
+            batch = [subset.batch[local[j]] for j in members]
+            args = ([rows.contexts[i] for i in batch], [rows.watermarks[i] for i in batch],
+                    [subset.states[local[j]].generator for j in members])
             if candidates is None:
                 got[index] = stage.choose(served, *args)
             else:
@@ -338,14 +296,3 @@ def _record_surprise(miro, chosen: torch.Tensor, picked: list[SamplerState]) -> 
     surprise = (-logp.gather(1, chosen[rows][:, None])[:, 0] / LN2).tolist()
     for j, s in zip(rows.tolist(), surprise):
         picked[j].pending_surprise = (int(chosen[j]), s)
-
-
-def _restore_dead_rows_(scores: torch.Tensor, rows: list[int], source: torch.Tensor) -> None:
-    """Rows of ``scores`` (batch indices ``rows``) with no finite logit left take their values from
-    ``source`` (row j of source is batch row rows[j])."""
-    index = torch.tensor(rows, dtype=torch.long, device=scores.device)
-    dead = scores.index_select(0, index).amax(-1) == NEG_INF
-    if not bool(dead.any()):
-        return
-    local = dead.nonzero()[:, 0]
-    scores[index[local]] = source.index_select(0, local.to(source.device)).to(scores.dtype)

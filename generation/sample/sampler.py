@@ -110,6 +110,13 @@ def apply_temperature_(scores: torch.Tensor, temperature: torch.Tensor) -> torch
     return _no_overflow_(scores.div_(temperature))
 
 
+def apply_temperatures_(scores: torch.Tensor, params: list[SamplingParams]) -> None:
+    """Stage 6 in place: row i of ``scores`` divided by ``params[i].temperature`` (``apply_temperature_``); left
+    untouched when every row's temperature is 1."""
+    if any(p.temperature != 1.0 for p in params):
+        apply_temperature_(scores, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+
+
 # ---- stage 4: truncation, each on [R, V] with per-row parameter columns ----
 
 def top_k_(scores: torch.Tensor, k: torch.Tensor, presorted: bool = False) -> None:
@@ -323,8 +330,7 @@ def head_distributions(scores: torch.Tensor, params: list[SamplingParams]
     head's probabilities [S, H] and token ids [S, H], in ascending token-id order)."""
     k = torch.tensor([p.top_k for p in params], device=scores.device)[:, None]
     values, ids = top_head(scores, int(k.max()) + HEAD_SPARE)  # == scores.topk(...), faster
-    if any(p.temperature != 1.0 for p in params):
-        apply_temperature_(values, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
+    apply_temperatures_(values, params)
     fits = (values[:, -1] < values.gather(1, k - 1)[:, 0]).tolist()  # the token after the head is below the k-th
     served = [j for j, f in enumerate(fits) if f]
     if not served:

@@ -22,14 +22,14 @@ from generation.sample.sampling_stage import check_spec
 from generation.sample.top_head import set_top_head_backend
 from generation.sample.watermark_stage import KGWBiasStage
 from generation.vllm.sampling_rows import SamplingChoices, SamplingRow
-from watermark.greenlist import set_bias_backend
 from watermark.config import SpecError, WatermarkSpec
-from watermark.specs import AnySpec, is_sampling, parse_spec
+from watermark.greenlist import set_bias_backend
 from watermark.gumbel import set_survivors_backend
-from watermark.synthid import set_tournament_backend
 from watermark.key_info import KeyringError, validate_key_id
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, generation_watermark
+from watermark.specs import AnySpec, is_sampling, parse_spec
+from watermark.synthid import set_tournament_backend
 
 # SamplingParams.extra_args names (also what vLLM's OpenAI server takes as `vllm_xargs`).
 WATERMARK_ARG = "provmark_watermark"  # a spec string; absent/None/True -> the default spec; False/"off" -> none

@@ -28,7 +28,7 @@ KEY_ID = "vllm-test"
 NEW_TOKENS = 200
 Z_MIN = 4.0  # one-sided p ~ 3.2e-5: the detector's own default threshold
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-# vLLM on a 2-core CPU (docs in FACTS.md): a bounded KV cache, no core held back for the front end
+# vLLM on a 2-core CPU: a bounded KV cache (GiB), no core held back for the front end (vLLM's CPU installation guide)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1"}
 
 

@@ -156,6 +156,52 @@
     setHidden(line, false);
   }
 
+  // The second layer: what the text's C2PA manifest says, beside the watermark verdict.
+  function renderCredentials(d) {
+    const block = $("credentials-block");
+    const facts = $("credentials-facts");
+    facts.replaceChildren();
+    const c = d.credentials;
+    if (!c) {
+      $("credentials-summary").textContent = "No C2PA Content Credentials in or with this text.";
+      setHidden(block, false);
+      return;
+    }
+    const where = c.source === "embedded" ? "embedded in the text" : "in the manifest file";
+    let summary;
+    if (c.trusted) summary = "Trusted: signed by a certificate this service trusts, and the text is exactly the one signed.";
+    else if (c.valid) summary = "Valid, but signed by a certificate this service does not trust.";
+    else if (c.hash_matches === false) summary = "Invalid: the text was changed after it was signed.";
+    else summary = "Invalid: " + (c.problem || (c.failures || []).join(", ") || "the manifest does not verify") + ".";
+    $("credentials-summary").textContent = summary + " (C2PA manifest " + where + ")";
+    const rows = [
+      ["Manifest", c.manifest_id || "–"],
+      ["Text matches the signed hash", c.hash_matches === null ? "–" : c.hash_matches ? "yes" : "no"],
+      ["Signature", c.signature_valid === null ? "–" : c.signature_valid ? "valid" : "invalid"],
+      ["Model", c.model_id || "–"],
+      ["Issuer", c.provenance && c.provenance.issuer ? c.provenance.issuer : "–"],
+      ["Watermark it names", c.soft_binding ? (c.soft_binding.key_id || "–") + " (" + c.soft_binding.alg + ")" : "none"],
+      ["Agrees with the watermark verdict", c.soft_binding_agrees === null ? "–" : c.soft_binding_agrees ? "yes" : "no"],
+    ];
+    for (const [name, value] of rows) {
+      const dt = document.createElement("dt");
+      dt.textContent = name;
+      const dd = document.createElement("dd");
+      dd.textContent = value;
+      facts.append(dt, dd);
+    }
+    setHidden(block, false);
+  }
+
+  async function manifestBase64() {
+    const file = $("manifest").files[0];
+    if (!file) return null;
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    let binary = "";
+    for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+    return btoa(binary);
+  }
+
   function render(text, d) {
     setHidden($("error"), true);
     const badge = $("verdict");
@@ -171,6 +217,7 @@
     $("key-id").textContent = d.key_id || "–";
     $("verdict-id").textContent = d.id;
     renderProvenance(d);
+    renderCredentials(d);
     renderPassage(text, d);
     setHidden($("result"), false);
     scrollToWindow();
@@ -194,10 +241,13 @@
     setHidden($("result"), true); // never leave an old verdict next to a new text
     setHidden($("error"), true);
     try {
+      const request = { text, windows: $("opt-windows").checked, explain };
+      const manifest = await manifestBase64();
+      if (manifest) request.manifest = manifest;
       const response = await fetch("/v1/detect", {
         method: "POST",
         headers,
-        body: JSON.stringify({ text, windows: $("opt-windows").checked, explain }),
+        body: JSON.stringify(request),
         credentials: "omit",
         cache: "no-store",
       });
@@ -228,6 +278,7 @@
   });
   $("clear").addEventListener("click", () => {
     textBox.value = "";
+    $("manifest").value = "";
     $("char-count").textContent = "0";
     setHidden($("result"), true);
     setHidden($("error"), true);

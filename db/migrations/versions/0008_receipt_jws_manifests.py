@@ -14,7 +14,7 @@ from alembic import op
 from db.rows import UTCDateTime
 
 revision = "0008_receipt_jws_manifests"
-down_revision = "0006_verdict_shown_view"  # TEMP until 0007 merges
+down_revision = "0007_transparency_log"
 branch_labels = None
 depends_on = None
 

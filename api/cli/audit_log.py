@@ -1,0 +1,162 @@
+"""``provmark audit head | prove | check-proof | log-key``: the transparency log from the command line.
+
+  provmark audit head [--json]                       sign and keep a tree head over every event so far
+  provmark audit prove ID [--tree-size N] [--out F]  inclusion proof of an event (seq, event id or subject id)
+  provmark audit prove --consistency FIRST SECOND    consistency proof between two kept head sizes
+  provmark audit check-proof FILE --log-key KEY      check a proof offline (KEY: PEM, base64, JWK(S) file or URL)
+  provmark audit log-key [--jwk | --pem] [--json]    the log's public key
+
+A proof that fails exits 1 with the reason; bad input exits 2 (``provmark: ...`` on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from api.cli.actions import add_action
+from api.cli.documents import is_file, is_url, read_document
+from api.cli.errors import CLIError
+from db.store import Store
+from db.transparency import LogError, consistency_proof, inclusion_proof, keep_tree_head
+from provenance.log_key import LogKeyError, read_public_key
+from provenance.log_signer import LogKeyFileError, LogSigner
+from provenance.proof_bundle import ProofError, bundle_key_id, check_bundle
+
+MAX_KEY_BYTES = 1 << 20  # a JWKS is a few KiB; more is not a key document
+MAX_BUNDLE_BYTES = 1 << 20  # a bundle holds at most 2 heads and 64 hashes
+
+
+def register(audit_actions, store_action) -> None:
+    """Add the log actions to the ``audit`` group; ``store_action`` wraps a handler given an open Store."""
+    head = store_action(audit_actions, "head", "sign and keep a tree head of the transparency log, and print it",
+                        _head)
+    head.add_argument("--json", action="store_true", help="machine-readable output")
+
+    prove = store_action(audit_actions, "prove", "a proof bundle: an event's inclusion in the log, or the "
+                         "consistency of two kept tree heads", _prove)
+    prove.add_argument("reference", nargs="?", metavar="ID",
+                       help="the event: its seq, event id, or subject id (receipt, verdict, manifest or key id)")
+    prove.add_argument("--tree-size", type=int, metavar="N", help="prove against the kept head of this size "
+                       "(default: the newest kept head that contains the event, else one signed now)")
+    prove.add_argument("--consistency", nargs=2, type=int, metavar=("FIRST", "SECOND"),
+                       help="prove that the kept head of size SECOND extends the one of size FIRST")
+    prove.add_argument("--out", type=Path, metavar="FILE", help="write the bundle to FILE instead of stdout")
+    prove.add_argument("--json", action="store_true", help="also print the bundle when writing it with --out")
+
+    check = add_action(audit_actions, "check-proof", "check a proof bundle offline against the log's public key",
+                       _check_proof)
+    check.add_argument("bundle", metavar="FILE", help="the bundle (- for stdin)")
+    check.add_argument("--log-key", required=True, metavar="KEY",
+                       help="the log's public key: PEM or raw base64 text or file, a verifier key, a JWK or "
+                            "JWKS file, or an http(s) URL serving a JWKS or /v1/log/public-key")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+
+    key = add_action(audit_actions, "log-key", "print the transparency log's public key", _log_key)
+    form = key.add_mutually_exclusive_group()
+    form.add_argument("--jwk", action="store_true", help="as a JWK (kid: its RFC 7638 thumbprint)")
+    form.add_argument("--pem", action="store_true", help="as PEM (SubjectPublicKeyInfo)")
+    key.add_argument("--json", action="store_true", help="every form, as one JSON document")
+
+
+def _signer() -> LogSigner:
+    try:
+        return LogSigner()
+    except LogKeyFileError as error:
+        raise CLIError(str(error)) from None
+
+
+def _head(store: Store, args) -> int:
+    store.upgrade()
+    try:
+        head = keep_tree_head(store, _signer())
+    except LogError as error:
+        raise CLIError(str(error)) from None
+    if args.json:
+        print(json.dumps(head.to_dict(), indent=2))
+        return 0
+    print(f"tree head of size {head.tree_size}, timestamp {head.timestamp} ms, signed by key {head.key_id}")
+    print(f"root {head.root_hash.hex()}")
+    print(head.checkpoint, end="")
+    return 0
+
+
+def _prove(store: Store, args) -> int:
+    if (args.reference is None) == (args.consistency is None):
+        raise CLIError("give an event ID to prove its inclusion, or --consistency FIRST SECOND (not both)")
+    if args.consistency is not None and args.tree_size is not None:
+        raise CLIError("--tree-size is for inclusion proofs; --consistency names both sizes")
+    if args.tree_size is not None and args.tree_size < 1:
+        raise CLIError("--tree-size must be at least 1")
+    store.upgrade()
+    try:
+        if args.consistency is not None:
+            bundle = consistency_proof(store, *args.consistency)
+            summary = (f"consistency proof from size {bundle['first_size']} to size {bundle['second_size']} "
+                       f"({len(bundle['consistency_path'])} hashes)")
+        else:
+            bundle = inclusion_proof(store, _signer(), args.reference, args.tree_size)
+            summary = (f"inclusion proof of event {bundle['entry_json']['seq']} (leaf {bundle['leaf_index']} of "
+                       f"{bundle['tree_size']})")
+    except LogError as error:
+        raise CLIError(str(error)) from None
+    text = json.dumps(bundle, indent=2)
+    if args.out is None:
+        print(text)
+        return 0
+    try:
+        args.out.write_text(text + "\n")
+    except OSError as error:
+        raise CLIError(f"cannot write {args.out}: {error.strerror or error}") from None
+    print(text if args.json else f"wrote the {summary} to {args.out}")
+    return 0
+
+
+def _check_proof(args) -> int:
+    bundle = _read_bundle(args.bundle)
+    try:
+        key = read_public_key(_key_text(args.log_key), key_id=bundle_key_id(bundle))
+    except LogKeyError as error:
+        raise CLIError(f"--log-key: {error}") from None
+    try:
+        proven = check_bundle(bundle, key)
+    except ProofError as error:
+        print(json.dumps({"ok": False, "reason": str(error)}) if args.json else f"FAILED: {error}")
+        return 1
+    print(json.dumps({"ok": True, "proves": proven}) if args.json else f"OK: {proven}")
+    return 0
+
+
+def _log_key(args) -> int:
+    document = _signer().public_document()
+    if args.json:
+        print(json.dumps(document, indent=2))
+    elif args.jwk:
+        print(json.dumps(document["jwk"], indent=2))
+    elif args.pem:
+        print(document["pem"], end="")
+    else:
+        print(f"key id        {document['key_id']}\nlog id        {document['log_id']}\n"
+              f"origin        {document['origin']}\nverifier key  {document['verifier_key']}")
+        print(document["pem"], end="")
+    return 0
+
+
+def _read_bundle(name: str):
+    raw = read_document(name, MAX_BUNDLE_BYTES, "the proof bundle")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise CLIError(f"{name} is not JSON: a proof bundle is the JSON `provmark audit prove` writes") from None
+
+
+def _key_text(value: str) -> str:
+    """The key document KEY names: fetched from a URL, read from a file, or KEY itself."""
+    if not (is_url(value) or is_file(value)):
+        return value
+    raw = read_document(value, MAX_KEY_BYTES, "--log-key")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CLIError(f"--log-key: {value} is not text (PEM, base64 or JSON)") from None
+

@@ -1,0 +1,115 @@
+"""The transparency log over the audit events (``db.transparency``; formats in docs/transparency-log.md).
+
+    GET /v1/log/head                        no token: the newest signed tree head; a new one is signed and kept
+                                            when the log grew and the newest is older than HEAD_REFRESH_S
+    GET /v1/log/public-key                  no token: the log key as JWK (and JWKS), PEM and note verifier key
+    GET /v1/log/proof/inclusion?id=&tree_size=      scopes ``audit`` and ``explain``: an event's inclusion bundle
+    GET /v1/log/proof/consistency?first=&second=    scopes ``audit`` and ``explain``: a consistency bundle
+
+Proofs need ``explain`` as well as ``audit`` for the reason /v1/audit hides event hashes from ``audit``
+alone (routes_audit): a bundle carries a detection event's chain hash and row digest in its entry, and
+its path starts with a neighbouring event's leaf hash, each of which would let a caller who chose the
+text test guesses of the exact green count.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from flask import Blueprint, jsonify
+
+from api.detector.routes_verdicts import reads_exact
+from api.detector.schemas import (
+    ConsistencyProofBody,
+    ConsistencyQuery,
+    InclusionProofBody,
+    InclusionQuery,
+    LogPublicKeyBody,
+    TreeHeadBody,
+)
+from api.http import ApiError, ErrorResponse, parse_query
+from db.transparency import (
+    LogError,
+    LogNotFound,
+    consistency_proof,
+    inclusion_proof,
+    keep_tree_head,
+)
+from provenance.log_signer import LogKeyFileError, LogSigner
+
+HEAD_REFRESH_S = 1.0  # at most one new head per second per worker, however often /v1/log/head is asked
+PROOF_ERRORS = {404: ErrorResponse, 409: ErrorResponse}
+
+
+class _SignerOnce:
+    """The state folder's log signer, opened (or created) on first use."""
+
+    def __init__(self, home) -> None:
+        self._home, self._signer, self._lock = home, None, threading.Lock()
+
+    def __call__(self) -> LogSigner:
+        if self._signer is None:
+            with self._lock:
+                if self._signer is None:
+                    try:
+                        self._signer = LogSigner(self._home)
+                    except LogKeyFileError:  # its message names the file: for the operator's log, not callers
+                        raise ApiError(503, "log_key_unavailable", "the transparency log's key cannot be opened; "
+                                                                   "the operator is told why") from None
+        return self._signer
+
+
+def _answering(action):
+    """``action()``, with the log's refusals as JSON 4xx."""
+    try:
+        return action()
+    except LogNotFound as error:
+        raise ApiError(404, "not_found", str(error)) from None
+    except LogError as error:
+        raise ApiError(409, "log_conflict", str(error)) from None
+
+
+def _require_exact() -> None:
+    if not reads_exact():
+        raise ApiError(403, "forbidden", "proofs carry exact event hashes: they need the explain scope as well as "
+                                         "audit (see /v1/audit)")
+
+
+def blueprint(api, services) -> Blueprint:
+    bp = Blueprint("log", __name__)
+    store, signer = services.store, _SignerOnce(services.settings.home)
+
+    @api.route(bp, "/v1/log/head", methods=["GET"], summary="The newest signed tree head of the transparency log",
+               responses={200: TreeHeadBody, 409: ErrorResponse, 429: ErrorResponse}, tags=["log"])
+    def log_head():
+        services.auth.limit_anonymous()
+        head = _answering(lambda: keep_tree_head(store, signer(), reuse_within_s=HEAD_REFRESH_S))
+        return jsonify(head.to_dict())
+
+    @api.route(bp, "/v1/log/public-key", methods=["GET"], summary="The transparency log's public key",
+               responses={200: LogPublicKeyBody, 429: ErrorResponse}, tags=["log"])
+    def log_public_key():
+        services.auth.limit_anonymous()
+        return jsonify(signer().public_document())
+
+    @api.route(bp, "/v1/log/proof/inclusion", methods=["GET"], summary="An audit event's inclusion proof",
+               query=InclusionQuery, responses={200: InclusionProofBody, **PROOF_ERRORS}, scope="audit", tags=["log"])
+    @services.auth.require("audit")
+    def log_inclusion_proof():
+        _require_exact()
+        query: InclusionQuery = parse_query(InclusionQuery)
+        return jsonify(_answering(lambda: inclusion_proof(store, signer(), query.id, query.tree_size)))
+
+    @api.route(bp, "/v1/log/proof/consistency", methods=["GET"], summary="A consistency proof between two kept heads",
+               query=ConsistencyQuery, responses={200: ConsistencyProofBody, **PROOF_ERRORS},
+               scope="audit", tags=["log"])
+    @services.auth.require("audit")
+    def log_consistency_proof():
+        _require_exact()
+        query: ConsistencyQuery = parse_query(ConsistencyQuery)
+        if query.first > query.second:  # each size is valid alone; no proof leads from a larger tree to a smaller one
+            raise ApiError(404, "not_found", f"no consistency proof leads from size {query.first} down to size "
+                                             f"{query.second}: first must not exceed second")
+        return jsonify(_answering(lambda: consistency_proof(store, query.first, query.second)))
+
+    return bp

@@ -1,9 +1,10 @@
-"""What a keyed verdict's false-positive rate promises, and on what condition (docs/detection.md, "The false-positive promise").
+"""What a keyed verdict's false-positive rate promises, and on what condition (docs/detection.md, "The
+false-positive promise").
 
 The stated rate alpha (P(Z >= 4) by default) is a promise about human text judged under the ONE key a deployment
 runs. On one collection of texts (a code base, a standard library, a documentation set) a fixed key's null is
-shifted by the units the collection's texts share and no shipped table knows (docs/detection.md, "What is
-left"). How far, per kind of text, was measured over held-out collections in several languages
+shifted by the units the collection's texts share and no shipped table knows (docs/detection.md, "Why a
+fixed key shifts the null"). How far, per kind of text, was measured over held-out collections in several languages
 (docs/research/key-shift-collections.md). Every keyed kgw verdict carries one of two promises:
 
 * ``measured``: the key was calibrated on the deployment's own texts of the verdict's kind

@@ -102,9 +102,12 @@ def margin_for(scheme: str, kind: str, promise: str) -> float:
     return table[FAMILY.get(scheme, "selfhash")][kind]
 
 
-def tokens_factor(margin: float, z_threshold: float) -> float:
+def tokens_factor(margin: float, z_threshold: float) -> float | None:
     """About how many times the tokens a watermarked text needs to reach the threshold with the margin as without:
-    z grows as sqrt(T) at a fixed green fraction."""
+    z grows as sqrt(T) at a fixed green fraction. None for a threshold at or below 0 (a false-positive rate of 1/2
+    or more), where no number of tokens is needed without the margin."""
+    if z_threshold <= 0.0:
+        return None
     return ((z_threshold + margin) / z_threshold) ** 2
 
 
@@ -123,9 +126,13 @@ class Promise:
         if found is None:
             found = _stated[key] = {"promise": self.promise, "kind": self.kind, "margin": self.margin, "raised": raised,
                                     "z_needed": round(z_threshold + self.margin, 4),
-                                    "tokens_factor": round(tokens_factor(self.margin, z_threshold), 4),
+                                    "tokens_factor": _rounded(tokens_factor(self.margin, z_threshold)),
                                     "condition": CONDITION[self.promise]}
         return dict(found)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 _stated: dict[tuple, dict] = {}  # (promise, raised, z threshold) -> its dict: a handful per process

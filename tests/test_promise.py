@@ -131,6 +131,12 @@ def test_every_keyed_verdict_states_its_promise_and_what_it_costs(vocab):
     assert public.promise is None  # a public spec's null is every key's: no fixed-key promise to state
 
 
+def test_a_rate_of_one_half_or_more_states_no_tokens_factor(vocab):
+    # z threshold 0 at fpr 1/2 (below 0 above it): no tokens are needed without the margin, so no factor is stated
+    stated = Detector(vocab=vocab, keyring=OneKey()).detect(PROSE, spec=SPEC, fpr=0.5).promise
+    assert stated["tokens_factor"] is None and stated["z_needed"] == pytest.approx(stated["margin"], abs=1e-3)
+
+
 def test_the_evaluation_holds_each_prefix_to_the_promise_its_verdict_carries(vocab):
     detector = Detector(vocab=vocab, keyring=OneKey())
     mark = detector.watermarks(parse_spec(SPEC), ["k"])[0]

@@ -39,6 +39,11 @@ assert set(VerdictName.__args__) == set(VERDICTS)
 class DetectRequest(StrictModel):
     """POST /v1/detect: the text and how to score it."""
 
+    # keys together with all_keys=true is refused (422): the document says so, so that a client built from it
+    # (and the schema fuzzer) never sends the pair
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"not": {
+        "required": ["keys", "all_keys"], "properties": {"keys": {"type": "array"}, "all_keys": {"const": True}}}})
+
     text: StrictStr = Field(description="the text to score, as pasted (length limit: 413 above it)")
     keys: list[KeyId] | None = Field(None, min_length=1, max_length=MAX_KEYS_PER_REQUEST,
                                      description="key ids to test (default: every detection key)")

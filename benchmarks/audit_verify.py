@@ -13,7 +13,6 @@ Writes benchmarks/results/audit_verify.json.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import tempfile
@@ -25,10 +24,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from db.audit import GENESIS_HASH, HEAD_ROW_ID, canonical_json, event_hash, verify  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from db.audit import GENESIS_HASH, HEAD_ROW_ID, canonical_json, event_hash, log_entry, verify  # noqa: E402
 from db.audit_rows import row_digest  # noqa: E402
 from db.rows import AuditEventRow, AuditHeadRow, VerdictRow, iso_utc  # noqa: E402
 from db.store import Store  # noqa: E402
+from provenance.merkle import leaf_hash  # noqa: E402
 
 CHUNK = 20_000
 SPEC = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256"
@@ -52,10 +53,11 @@ def build(store: Store, n: int) -> None:
                            "spec_fingerprint": row.spec_fingerprint, "row_sha256": row_digest(row)}
                 event_id = f"e-{seq:09d}"
                 digest = event_hash(previous, event_id, "detection", "bench", row.id, iso_utc(at), details)
+                entry = log_entry(seq, event_id, "detection", row.id, iso_utc(at), details, digest)
                 verdicts.append({c.name: getattr(row, c.name) for c in VerdictRow.__table__.columns})
                 events.append({"seq": seq, "event_id": event_id, "kind": "detection", "actor": "bench",
                                "subject_id": row.id, "created_at": at, "details": canonical_json(details).decode(),
-                               "prev_hash": previous, "hash": digest})
+                               "prev_hash": previous, "hash": digest, "leaf_hash": leaf_hash(entry).hex()})
                 previous = digest
             with store.write() as session:
                 session.execute(VerdictRow.__table__.insert(), verdicts)
@@ -88,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
               "build_seconds": round(built, 1), "database_mb": round(size / 2**20, 1),
               "peak_rss_mb_before_verify": round(rss_before / 1024), "peak_rss_mb_after_verify": round(rss_after / 1024),
               "backend": "sqlite", "python": sys.version.split()[0]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -25,7 +24,7 @@ import c2pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import percentiles  # noqa: E402
+from benchmarks.common import percentiles, write_result  # noqa: E402
 from provenance.c2pa_credential import load_c2pa_credential  # noqa: E402
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, manifest_definition, sign_text  # noqa: E402
 from provenance.c2pa_native import (  # noqa: E402
@@ -109,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"python": platform.python_version(), "c2pa_rs": c2pa.sdk_version(),
                         "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

@@ -28,8 +28,8 @@ def parse_args(doc: str, argv: list[str] | None, threads: int, **integers: int) 
     return args
 
 
-def time_call(fn, repeats: int, warmup: int = 2) -> dict:
-    """Median and min wall time of ``fn()`` in milliseconds after ``warmup`` untimed calls."""
+def wall_times_ms(fn, repeats: int, warmup: int) -> list[float]:
+    """The wall times of ``repeats`` calls of ``fn()`` in milliseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     samples = []
@@ -37,19 +37,18 @@ def time_call(fn, repeats: int, warmup: int = 2) -> dict:
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def time_call(fn, repeats: int, warmup: int = 2) -> dict:
+    """Median and min wall time of ``fn()`` in milliseconds after ``warmup`` untimed calls."""
+    samples = wall_times_ms(fn, repeats, warmup)
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "repeats": repeats}
 
 
 def percentiles(fn, repeats: int, warmup: int = 5) -> dict:
     """p50, p95 and min wall time of ``fn()`` in milliseconds after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
+    samples = sorted(wall_times_ms(fn, repeats, warmup))
     return {"p50_ms": round(statistics.median(samples), 4), "p95_ms": round(samples[int(0.95 * (repeats - 1))], 4),
             "min_ms": round(samples[0], 4), "repeats": repeats}
 
@@ -72,3 +71,10 @@ def write_json(name: str, payload: dict, out: str | None = None) -> Path:
     path.write_text(text + "\n")
     print(text)
     return path
+
+
+def write_result(path: str, result: dict) -> None:
+    """``result`` as indented JSON to ``path`` (its folder made) and to standard output."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))

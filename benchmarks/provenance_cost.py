@@ -19,7 +19,6 @@ Writes benchmarks/results/provenance_cost.json. Run on an otherwise idle machine
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from api.detector import routes_detect  # noqa: E402
 from api.detector.app import create_app as create_detector  # noqa: E402
 from api.generation.credentials import Credentials  # noqa: E402
-from benchmarks.common import percentiles  # noqa: E402
+from benchmarks.common import percentiles, write_result  # noqa: E402
 from db.receipts import SIGNED_FIELDS, ReceiptLinks, ReceiptSigner, store_receipt  # noqa: E402
 from db.rows import iso_utc, new_id, text_sha256, utc_now  # noqa: E402
 from db.store import Store  # noqa: E402
@@ -140,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                   "detector_layer": detector_layer(Path(folder) / "detect", args.rounds)}
         if args.http:
             result["generation_request"] = over_http(Path(folder) / "http", args.requests)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(str(args.out), result)
     return 0
 
 

@@ -14,6 +14,7 @@ from joserfc import jws as jose_jws
 from joserfc.errors import BadSignatureError
 from joserfc.jwk import KeySet
 
+from api.cli.main import main
 from api.provenance_keys import jwks_document
 from db.audit import verify
 from db.receipts import (
@@ -134,7 +135,14 @@ def run_cli(*args, stdin: str | None = None):
                           input=stdin, timeout=120)
 
 
-def test_the_cli_verifies_a_receipt_offline_and_says_why_when_it_does_not(signer, provmark_home, tmp_path):
+def run_main(capsys, *args) -> subprocess.CompletedProcess:
+    """The same command in this process (the subprocess runs above show the real entry point works)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
+def test_the_cli_verifies_a_receipt_offline_and_says_why_when_it_does_not(signer, provmark_home, tmp_path, capsys):
     receipt = sign_receipt(signer, **FIELDS, links=LINKS)
     (tmp_path / "response.json").write_text(json.dumps({"text": TEXT, "receipt": receipt}))
     (tmp_path / "text.txt").write_text(TEXT)
@@ -147,14 +155,14 @@ def test_the_cli_verifies_a_receipt_offline_and_says_why_when_it_does_not(signer
     assert ok.returncode == 0 and "verifies (jws)" in ok.stdout and "text matches" in ok.stdout, ok.stdout + ok.stderr
     bare = run_cli("receipts", "verify", "-", "--jwks", str(tmp_path / "jwks.json"), "--json", stdin=receipt["jws"])
     assert bare.returncode == 0 and json.loads(bare.stdout)["receipt"]["iss"] == "https://gen.example"
-    wrong_text = run_cli("receipts", "verify", str(tmp_path / "response.json"), "--jwks",
+    wrong_text = run_main(capsys, "receipts", "verify", str(tmp_path / "response.json"), "--jwks",
                          str(tmp_path / "jwks.json"), "--text", str(tmp_path / "other.txt"))
     assert wrong_text.returncode == 1 and "does not hold the receipt's text" in wrong_text.stdout
     other_jwks = tmp_path / "other-jwks.json"
     other_jwks.write_text(json.dumps(jwks_document(ReceiptSigner(tmp_path / "elsewhere"))))
-    wrong_key = run_cli("receipts", "verify", str(tmp_path / "response.json"), "--jwks", str(other_jwks))
+    wrong_key = run_main(capsys, "receipts", "verify", str(tmp_path / "response.json"), "--jwks", str(other_jwks))
     assert wrong_key.returncode == 1 and "not in the JWKS" in wrong_key.stdout
-    garbage = run_cli("receipts", "verify", str(tmp_path / "text.txt"), "--jwks", str(tmp_path / "jwks.json"))
+    garbage = run_main(capsys, "receipts", "verify", str(tmp_path / "text.txt"), "--jwks", str(tmp_path / "jwks.json"))
     assert garbage.returncode == 1 and "not a compact JWS" in garbage.stdout
-    missing = run_cli("receipts", "verify", str(tmp_path / "nope.json"), "--jwks", str(tmp_path / "jwks.json"))
+    missing = run_main(capsys, "receipts", "verify", str(tmp_path / "nope.json"), "--jwks", str(tmp_path / "jwks.json"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr

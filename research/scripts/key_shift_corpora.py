@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
+from detector import human_corpora
+
 CODE_CHARS = 20_000  # of one source file, as research/scripts/fresh_keys.py's code corpus
 MIN_CODE_CHARS = 1_000
 DOCUMENT_WORDS = (300, 700)
@@ -171,7 +173,6 @@ def held_out_gensim(kind: str) -> Iterator[str]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from detector import human_corpora
 
     held = human_corpora.documents(("encyclopedia", "news"), human_corpora.HELD_OUT)
     if kind == "encyclopedia_paragraphs":

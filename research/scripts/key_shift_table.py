@@ -24,7 +24,9 @@ from scipy import special
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from detector import promise  # noqa: E402
+from detector.calibrate import token_ids_of  # noqa: E402
 from watermark.stats import Z_THRESHOLD  # noqa: E402
+from watermark.vocab import load_vocabulary  # noqa: E402
 
 GAMMA = 0.25
 SPECS = ("selfhash", "lefthash_h1", "unigram")
@@ -145,8 +147,6 @@ def codeish_fractions(corpora: Path, name: str) -> np.ndarray:
     cache = corpora / "features" / f"{name}.npy"
     if cache.exists():
         return np.load(cache)
-    from detector.calibrate import token_ids_of
-    from watermark.vocab import load_vocabulary
 
     vocab = load_vocabulary()
     texts = [json.loads(line)["text"] for line in (corpora / f"{name}.jsonl").read_text().splitlines() if line.strip()]

@@ -22,6 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from db.output_grams import MIN_MATCHED, GramIndex, output_grams, text_grams
+from detector import human_corpora
+from detector.normalize import normalize
+from evaluation.corpus import held_out_documents, prompt_documents
+from watermark.vocab import encode, load_vocabulary
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,11 +50,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from db.output_grams import MIN_MATCHED, GramIndex, output_grams, text_grams
-    from detector import human_corpora
-    from detector.normalize import normalize
-    from evaluation.corpus import held_out_documents, prompt_documents
-    from watermark.vocab import encode, load_vocabulary
 
     vocab, key = load_vocabulary(), 0x5EC0_0D5E
     found = [json.loads(line)["value"] for line in cache.read_text(encoding="utf-8").split("\n") if line.strip()]

@@ -29,6 +29,24 @@ import numpy as np
 from scipy import special
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from detector import promise  # noqa: E402
+from detector.calibrate import ensure_screened_active_key  # noqa: E402
+from detector.normalize import normalize as normalize_text  # noqa: E402
+from detector.service import Detector  # noqa: E402
+from detector.tokenizing import tokenize  # noqa: E402
+from evaluation.corpus import prompt_documents  # noqa: E402
+from evaluation.generations import request_seed  # noqa: E402
+from evaluation.harness import EvalConfig  # noqa: E402
+from evaluation.metrics import tokens_to_detect  # noqa: E402
+from evaluation.prefix import prefix_p_values  # noqa: E402
+from generation.engine import Engine  # noqa: E402
+from generation.models import load_model  # noqa: E402
+from generation.sample.sampler import SamplingParams  # noqa: E402
+from watermark.keys import Keyring  # noqa: E402
+from watermark.scheme import generation_watermark  # noqa: E402
+from watermark.specs import parse_spec  # noqa: E402
+from watermark.stats import p_value_normal  # noqa: E402
+from watermark.vocab import load_vocabulary  # noqa: E402
 
 LANGUAGES = ("Python", "JavaScript", "C", "Go", "Rust", "Java", "Bash", "SQL")
 TASKS = ("reverses a linked list", "parses a CSV file and sums the second column", "checks whether a string is a palindrome",
@@ -44,9 +62,6 @@ def code_tasks(n: int) -> list[str]:
 
 
 def prose_tasks(n: int) -> list[str]:
-    from evaluation.corpus import prompt_documents
-    from evaluation.harness import EvalConfig
-
     template = EvalConfig().prompt_template
     return [template.format(sentence=d.first_sentence) for d in prompt_documents(n)]
 
@@ -56,13 +71,6 @@ MEASURED_BOTH = SimpleNamespace(domains={"yours": {"kinds": {"prose": {"n": 100}
 
 
 def measure(detector, vocab, mark, texts: list[str], length: int, fpr: float, with_promise: str | None) -> dict:
-    from detector import promise
-    from detector.normalize import normalize as normalize_text
-    from detector.tokenizing import tokenize
-    from evaluation.metrics import tokens_to_detect
-    from evaluation.prefix import prefix_p_values
-    from watermark.stats import p_value_normal
-
     common = detector.common_units_for(mark.spec)
     calibration = MEASURED_BOTH if with_promise == "measured" else detector.calibrations_for([mark])[0]
     at_length, needed, kinds, z, z_head = [], [], [], [], []
@@ -98,16 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     home = args.home or tempfile.mkdtemp(prefix="provmark-promise-power-")
     os.environ["PROVMARK_HOME"] = home
-    from detector.calibrate import ensure_screened_active_key
-    from detector.service import Detector
-    from evaluation.generations import request_seed
-    from generation.engine import Engine
-    from generation.models import load_model
-    from generation.sample.sampler import SamplingParams
-    from watermark.keys import Keyring
-    from watermark.scheme import generation_watermark
-    from watermark.specs import parse_spec
-    from watermark.vocab import load_vocabulary
 
     vocab = load_vocabulary()
     keyring = Keyring()

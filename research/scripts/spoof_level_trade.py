@@ -19,6 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from detector import common_units
+from detector.spoof_check import OutputCounts, SpoofNull, spoof_check
+from evaluation import attack_measures as measure
+from evaluation.attacks import AttackContext, get_attack
+from evaluation.security_attacks import AttackConfig, AttackRun
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -35,11 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--run: no results.json in {args.run}", file=sys.stderr)
         return 2
 
-    from detector import common_units
-    from detector.spoof_check import OutputCounts, SpoofNull, spoof_check
-    from evaluation import attack_measures as measure
-    from evaluation.attacks import AttackContext, get_attack
-    from evaluation.security_attacks import AttackConfig, AttackRun
 
     try:
         config = AttackConfig(attacks=("stealing", "spoofing", "scrubbing"),

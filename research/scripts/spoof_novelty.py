@@ -29,6 +29,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from detector import common_units  # noqa: E402
+from detector.spoof_check import OutputCounts, counted_units, spoof_statistic  # noqa: E402
+from evaluation import attack_measures as measure  # noqa: E402
+from evaluation.security_attacks import AttackConfig, AttackRun  # noqa: E402
 
 ALPHA = 1e-3
 
@@ -48,10 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     from scipy.stats import norm
     from tqdm import tqdm
 
-    from detector import common_units
-    from detector.spoof_check import OutputCounts, counted_units, spoof_statistic
-    from evaluation import attack_measures as measure
-    from evaluation.security_attacks import AttackConfig, AttackRun
 
     run_dir = Path(args.run)
     saved = json.loads((run_dir / "results.json").read_text())["config"]

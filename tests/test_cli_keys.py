@@ -175,3 +175,11 @@ def test_key_actions_write_audit_events_that_verify(provmark_home, capsys):
     assert verify(store).ok
     records = {r["key_id"]: r["status"] for r in store.list_key_records()}
     assert records == {"alpha": "retired", "beta": "active"}
+
+
+def test_a_new_keys_spec_is_checked_and_explained_the_same_way_by_create_and_rotate(home, run):
+    for action in ("create", "rotate"):
+        code, _, err = run("keys", action, "--watermark", "kgw:scheme=nope", "--no-calibrate")
+        assert code == 2 and err.startswith("provmark: --watermark: "), (action, err)  # the option's current name
+        code, _, err = run("keys", action, "--watermark", "kgw:scheme=unigram", "--no-calibrate")
+        assert code == 0 and "insufficient_text" in err, (action, err)  # unigram cannot judge code: said either way

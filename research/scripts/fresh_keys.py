@@ -37,6 +37,8 @@ from scipy.stats import binom, norm
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from api.cli.detect import parse_record
+from api.cli.errors import CLIError
 from watermark.stats import Z_THRESHOLD, p_value_normal
 
 SPECS = "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
@@ -53,14 +55,13 @@ def run(args: list[str], home: Path) -> str:
 
 
 def read_lines(path: Path) -> list[str]:
+    """The non-empty lines of a JSONL corpus, each checked as ``provmark detect-batch`` checks a record."""
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise SystemExit(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise SystemExit(f"{path}:{number}: no \"text\" string")
+            parse_record(line, str(path), number)
+        except CLIError as exc:
+            raise SystemExit(str(exc)) from None
     return lines
 
 

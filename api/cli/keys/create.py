@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from api.cli.keys.audit import KeyEvent
 from api.cli.keys.output import describe_calibration, print_json
-from api.cli.keys.screening import add_screening_options, bound_spec_of, check_two_part, screened
-from detector.promise import spec_note
+from api.cli.keys.screening import add_screening_options, new_key_spec, screened
 from watermark.key_info import STANDBY
 from watermark.keys import Keyring
 
@@ -22,11 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(keyring: Keyring, args) -> list[KeyEvent]:
-    spec = bound_spec_of(args)
-    check_two_part(args, spec)
-    note = spec_note(spec)  # a scheme that cannot judge a kind of text (unigram on code): said where it is picked
-    if note:
-        print(f"provmark: {note}", file=sys.stderr)
+    spec = new_key_spec(args)
     info, summary = screened(keyring, args, lambda secret: keyring.create(args.key_id, secret=secret, spec=spec,
                                                                           public_half=args.public_half))
     if args.json:

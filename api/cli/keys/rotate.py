@@ -8,7 +8,7 @@ import argparse
 from api.cli.errors import CLIError
 from api.cli.keys.audit import KeyEvent
 from api.cli.keys.output import calibration_column, describe_calibration, format_table, print_json
-from api.cli.keys.screening import add_screening_options, bound_spec_of, check_two_part, screened
+from api.cli.keys.screening import add_screening_options, new_key_spec, screened
 from watermark.keys import Keyring
 
 NAME = "rotate"
@@ -28,8 +28,7 @@ def run(keyring: Keyring, args) -> list[KeyEvent]:
                            f"`provmark keys calibrate {args.new_id} --corpus PATH`")
         info, summary = keyring.rotate(args.new_id), None
     else:
-        spec = bound_spec_of(args)
-        check_two_part(args, spec)
+        spec = new_key_spec(args)
         info, summary = screened(keyring, args, lambda secret: keyring.rotate(args.new_id, secret=secret, spec=spec,
                                                                               public_half=args.public_half))
     after = keyring.list()

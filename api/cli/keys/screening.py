@@ -14,6 +14,7 @@ from api.cli.keys.corpus import read_collections
 from detector import calibrate as measuring
 from detector.calibration import CalibrationStore
 from detector.common_units import for_spec, from_collections
+from detector.promise import spec_note
 from detector.your_units import YourUnits, scoring_table
 from watermark.config import SpecError
 from watermark.key_binding import spec_to_bind
@@ -29,7 +30,7 @@ def add_screening_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watermark", "--spec", dest="spec", action=Spelling, current="--watermark",
                         metavar="SPEC", default=None,
                         help="the spec the new key watermarks with (kgw:..., gumbel:..., synthid:... or "
-                             "vllm:gumbel,...); the detector scores the key only under it (default: the default spec)")
+                             "vllm:gumbel,...); the detector scores the key only under it (default: kgw:, the default spec)")
     parser.add_argument("--public-half", action="store_true",
                         help="a two-part key (kgw specs): its detection half can be published (`keys export-public`) "
                              "so anyone verifies text; the private half stays here and catches spoofs made with it")
@@ -124,11 +125,22 @@ def show_progress(args) -> bool:
 
 
 def bound_spec_of(args):
-    """The spec a new key is bound to: ``--spec`` or the default spec; a clear error for a bad one."""
+    """The spec a new key is bound to: ``--watermark`` or the default spec; a clear error for a bad one."""
     try:
         return parse_spec(spec_to_bind(args.spec))
     except SpecError as exc:
-        raise CLIError(f"--spec: {exc}") from None
+        raise CLIError(f"--watermark: {exc}") from None
+
+
+def new_key_spec(args):
+    """The spec a new key (``create``, ``rotate``) is bound to, checked before anything is screened or written;
+    a scheme that cannot judge a kind of text (unigram on code) is said on standard error where it is picked."""
+    spec = bound_spec_of(args)
+    check_two_part(args, spec)
+    note = spec_note(spec)
+    if note:
+        print(f"provmark: {note}", file=sys.stderr)
+    return spec
 
 
 def check_two_part(args, spec) -> None:

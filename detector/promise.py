@@ -30,16 +30,15 @@ margin has to cover, so CODE_SHARE sits low.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from watermark.text_kind import CODE, CODE_SHARE, KINDS, PROSE, codeish_fraction, codeish_table, kind_of_fraction
+
+__all__ = ["CODE", "CODE_SHARE", "KINDS", "PROSE", "codeish_fraction", "codeish_table", "kind_of_fraction"]
+
 MEASURED, BOUNDED = "measured", "bounded"
-PROSE, CODE = "prose", "code"
-KINDS = (PROSE, CODE)
-CODE_CHARACTERS = frozenset("{}[]()<>;=_#$@\\|&*/`%^~")
-CODE_SHARE = 0.06  # of a text's tokens code-like (codeish_fraction): the text is judged as code
 MIN_MEASURED_TEXTS = 30  # of the deployment's texts of one kind, scored under the key: that kind is measured
 # margins in z, by the scheme's family and the kind of text (research/scripts/key_shift_fit.py, 2026-11-28: the smallest that
 # leave at most 0.2 % of cells of 200 texts beyond a doubled rate, over 27 fit collections of 11 languages' code,
@@ -53,42 +52,6 @@ MEASURED_MARGIN = {"selfhash": {PROSE: 0.10, CODE: 0.20}, "lefthash": {PROSE: 0.
 FAMILY = {"selfhash": "selfhash", "minhash": "selfhash", "lefthash": "lefthash", "unigram": "unigram"}
 CONDITION = {MEASURED: "measured on your texts (keys calibrate --corpus)",
              BOUNDED: "bounded for text from a collection nobody measured"}
-
-_tables: dict[str, np.ndarray] = {}
-_lock = threading.Lock()
-
-
-def _codeish(piece: str) -> bool:
-    return any(c in CODE_CHARACTERS for c in piece) or ("\n" in piece and piece.endswith(("  ", "\t")))
-
-
-def codeish_table(vocab) -> np.ndarray:
-    """Uint8 [V]: 1 for the tokens of ``vocab`` whose text carries code punctuation or ends a line with indentation
-    (built once per tokenizer, about 0.2 s)."""
-    found = _tables.get(vocab.fingerprint)
-    if found is None:
-        with _lock:
-            found = _tables.get(vocab.fingerprint)
-            if found is None:
-                pieces = vocab.tokenizer.backend_tokenizer.decode_batch([[i] for i in range(vocab.vocab_size)],
-                                                                        skip_special_tokens=False)
-                found = _tables[vocab.fingerprint] = np.fromiter(map(_codeish, pieces), dtype=np.uint8,
-                                                                 count=len(pieces))
-    return found
-
-
-def codeish_fraction(vocab, ids: np.ndarray) -> float:
-    """The share of the token ids ``ids`` (int array) that ``codeish_table`` marks; 0 for no tokens."""
-    if ids.shape[0] == 0:
-        return 0.0
-    table = _tables.get(vocab.fingerprint)
-    if table is None:
-        table = codeish_table(vocab)
-    return np.count_nonzero(table.take(ids, mode="clip")) / ids.shape[0]
-
-
-def kind_of_fraction(fraction: float) -> str:
-    return CODE if fraction >= CODE_SHARE else PROSE
 
 
 def text_kind(vocab, ids: np.ndarray) -> str:

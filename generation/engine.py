@@ -50,6 +50,7 @@ from watermark.greenlist import set_bias_backend
 from watermark.gumbel import set_survivors_backend
 from watermark.scheme import Watermark
 from watermark.synthid import set_tournament_backend
+from watermark.text_kind import table_for
 
 LONG_JOB_PROMPTS = 16  # generate() shows a progress bar from this many prompts on (use_tqdm=None)
 
@@ -88,7 +89,8 @@ class Engine:
             set_top_head_backend(native.top_head)  # top-k heads: sampled top-k rows, SynthID's tournament
             set_tournament_backend(native.synthid_tournament)  # SynthID's layers over a head, same bits
         self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
-        self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device)
+        self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device,
+                                       table_for(self.tokenizer, self.vocab_size, model.vocab.fingerprint))
         self.eos_token_ids = self._eos_ids(model)
         self._compiler: ConstraintCompiler | None = None  # made on first constrained request (~0.5 s)
         self._compiler_lock = threading.Lock()

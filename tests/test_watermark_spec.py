@@ -4,7 +4,9 @@ import pytest
 
 from watermark.config import SpecError, WatermarkSpec
 
-DEFAULT = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256"
+DEFAULT = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,code_delta=3.5,prf=hmac-sha256"
+# a spec string that leaves code_delta out has none (the specs keys were bound to before it existed)
+PLAIN = "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256"
 HF_DEFAULT = "hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1"
 
 
@@ -16,6 +18,7 @@ def test_default_spec_is_the_authors_recommendation():
 
 @pytest.mark.parametrize("text", [
     DEFAULT,
+    PLAIN,
     DEFAULT + ",hard",
     "kgw:scheme=lefthash,h=1,gamma=0.5,delta=1.5,prf=sha3-256",
     "kgw:scheme=minhash,h=3,gamma=0.1,delta=4.0,prf=hmac-sha256",
@@ -30,8 +33,8 @@ def test_format_parse_round_trip(text):
 
 
 def test_fields_left_out_take_defaults_and_order_does_not_matter():
-    assert WatermarkSpec.parse("kgw:") == WatermarkSpec.default()
-    assert WatermarkSpec.parse("kgw:delta=2.0,scheme=selfhash, gamma=0.25 ,h=4") == WatermarkSpec.default()
+    assert WatermarkSpec.parse("kgw:") == WatermarkSpec.parse(PLAIN) == WatermarkSpec.default().with_(code_delta=None)
+    assert WatermarkSpec.parse("kgw:delta=2.0,scheme=selfhash, gamma=0.25 ,h=4,code_delta=3.5") == WatermarkSpec.default()
     assert WatermarkSpec.parse("kgw:scheme=unigram").context_width == 0
     assert WatermarkSpec.parse("kgw:hard").hard is True
     assert WatermarkSpec.parse("hf:") == WatermarkSpec.parse(HF_DEFAULT)

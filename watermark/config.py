@@ -2,10 +2,13 @@
 
 Two families share one type:
 
-* ``kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,prf=hmac-sha256[,hard]`` — our keyed
+* ``kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0[,code_delta=3.5],prf=hmac-sha256[,hard]`` — our keyed
   red/green-list watermark (Kirchenbauer et al. 2023). The defaults follow the authors'
   recommendation in "On the Reliability of Watermarks for LLMs" (selfhash, h = 4, gamma = 0.25,
-  delta = 2.0).
+  delta = 2.0). ``code_delta`` is the bias while the sequence being generated reads as code
+  (``watermark.text_kind``); left out, code gets ``delta`` too. The default spec sets it
+  (``DEFAULT_CODE_DELTA``, docs/schemes.md): code from a small model has so little entropy that
+  delta = 2 leaves a quarter of 200-token answers undetected. Detection never reads either bias.
 * ``hf:seeding_scheme=lefthash,greenlist_ratio=0.25,bias=2.0,hashing_key=15485863,context_width=1``
   — transformers' ``WatermarkingConfig``, with transformers' own parameter names, so text
   watermarked by ``model.generate(watermarking_config=...)`` can be detected here.
@@ -33,6 +36,7 @@ HF_DEFAULT_HASHING_KEY = 15485863  # transformers' default: the millionth prime
 #                                           ``hard`` for that); above it exp(delta) overflows float math
 #   hashing_key (hf)   0..2**63-1           transformers multiplies it with int64 token ids, as we do
 MAX_DELTA = 100.0
+DEFAULT_CODE_DELTA = 3.5  # the default spec's bias on code (docs/schemes.md, "Code")
 MAX_SPEC_CHARS = 256  # the longest spec written out in full is under 120 characters
 MAX_HASHING_KEY = 2**63 - 1
 
@@ -48,6 +52,7 @@ class WatermarkSpec:
     context_width: int = 4
     gamma: float = 0.25
     delta: float = 2.0
+    code_delta: float | None = None  # kgw: the bias while the output reads as code; None = delta
     hard: bool = False
     prf: str = "hmac-sha256"
     hashing_key: int = HF_DEFAULT_HASHING_KEY  # hf only: transformers' public integer key
@@ -70,6 +75,13 @@ class WatermarkSpec:
         if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and 0 <= self.delta <= MAX_DELTA):
             raise SpecError(f"delta: expected a number in [0, {MAX_DELTA:g}] (use 'hard' for a hard green list), "
                             f"got {self.delta!r}")
+        if self.code_delta is not None:
+            if self.kind != "kgw":
+                raise SpecError("code_delta: only kgw specs take it (transformers' watermark has one bias)")
+            if not (isinstance(self.code_delta, (int, float)) and not isinstance(self.code_delta, bool)
+                    and math.isfinite(self.code_delta) and 0 <= self.code_delta <= MAX_DELTA):
+                raise SpecError(f"code_delta: expected a number in [0, {MAX_DELTA:g}], got {self.code_delta!r}")
+            object.__setattr__(self, "code_delta", float(self.code_delta))
         if self.kind == "kgw" and self.prf not in PRFS:
             raise SpecError(f"prf: expected one of {', '.join(PRFS)}, got {self.prf!r}")
         if self.kind == "hf" and self.hard:
@@ -83,7 +95,9 @@ class WatermarkSpec:
     # ---- constructors -------------------------------------------------------------------
     @classmethod
     def default(cls) -> "WatermarkSpec":
-        return cls()
+        """The spec new keys get: the dataclass defaults plus ``DEFAULT_CODE_DELTA`` (a spec string that leaves
+        ``code_delta`` out has none, so the specs keys were bound to before it existed read as they did)."""
+        return cls(code_delta=DEFAULT_CODE_DELTA)
 
     @classmethod
     def parse(cls, text: "str | WatermarkSpec") -> "WatermarkSpec":
@@ -118,10 +132,12 @@ class WatermarkSpec:
                 values["gamma"] = _parse_float(name, raw)
             elif name == "delta":
                 values["delta"] = _parse_float(name, raw)
+            elif name == "code_delta":
+                values["code_delta"] = _parse_float(name, raw)
             elif name == "prf":
                 values["prf"] = raw.lower()
             else:
-                raise SpecError(f"{name}: unknown field for kgw (known: scheme, h, gamma, delta, prf, hard)")
+                raise SpecError(f"{name}: unknown field for kgw (known: scheme, h, gamma, delta, code_delta, prf, hard)")
         if values.get("scheme") == "unigram":
             values.setdefault("context_width", 0)
         return cls(kind="kgw", **values)
@@ -152,17 +168,25 @@ class WatermarkSpec:
             return (f"hf:seeding_scheme={self.scheme},greenlist_ratio={self.gamma!r},bias={self.delta!r},"
                     f"hashing_key={self.hashing_key},context_width={self.context_width}")
         text = (f"kgw:scheme={self.scheme},h={self.context_width},gamma={self.gamma!r},"
-                f"delta={self.delta!r},prf={self.prf}")
+                f"delta={self.delta!r}" + (f",code_delta={self.code_delta!r}" if self.code_delta is not None else "")
+                + f",prf={self.prf}")
         return text + (",hard" if self.hard else "")
 
     __str__ = format
 
     def fingerprint(self, vocab_size: int) -> str:
-        """A stable 128-bit hex digest of the canonical spec and the vocabulary size V."""
+        """A stable 128-bit hex digest of the canonical spec (without ``code_delta``) and the vocabulary size V."""
         if not isinstance(vocab_size, int) or vocab_size <= 0:
             raise SpecError(f"vocab_size: expected a positive integer, got {vocab_size!r}")
-        digest = hashlib.sha256(f"provmark-spec/v1|{self.format()}|V={vocab_size}".encode()).hexdigest()
+        # code_delta is left out: it only says how hard code is pushed, so a spec with it and one without share their
+        # fingerprint, and the calibrations stored under it (keys bound before code_delta existed keep theirs)
+        canonical = replace(self, code_delta=None).format()
+        digest = hashlib.sha256(f"provmark-spec/v1|{canonical}|V={vocab_size}".encode()).hexdigest()
         return digest[:32]
+
+    def delta_for(self, code: bool) -> float:
+        """The soft bias for a row whose output reads as code (``code``) or not."""
+        return self.code_delta if code and self.code_delta is not None else self.delta
 
     @property
     def needs_key(self) -> bool:

@@ -14,8 +14,11 @@ its random values: kind, h and PRF (and the layer count for synthid), not ``dedu
 
 from __future__ import annotations
 
+from watermark.config import WatermarkSpec
 from watermark.key_info import KeyInfo, KeySpecError
 from watermark.specs import AnySpec, is_sampling, parse_spec
+
+LEGACY_DEFAULT = WatermarkSpec()  # the default spec before code_delta (the dataclass defaults)
 
 
 def spec_to_bind(spec: AnySpec | str | None) -> str:
@@ -27,7 +30,10 @@ def spec_to_bind(spec: AnySpec | str | None) -> str:
 
 
 def bound_spec(info: KeyInfo) -> AnySpec:
-    """The spec ``info``'s key watermarks with (the default spec for keys made before specs were recorded)."""
+    """The spec ``info``'s key watermarks with. Keys made before specs were recorded watermark with the default spec
+    as it was then, without ``code_delta``: their spec, fingerprint and stored calibrations stay what they were."""
+    if info.spec is None:
+        return LEGACY_DEFAULT
     return parse_spec(info.spec)
 
 

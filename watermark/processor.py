@@ -19,10 +19,10 @@ WARM_UP_ROWS = 2  # torch.compile specialises batch sizes 0 and 1; 2 gives the k
 
 class WatermarkProcessor:
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]],
-              rows: Sequence[Watermark | None]) -> torch.Tensor:
+              rows: Sequence[Watermark | None], code: Sequence[bool] | None = None) -> torch.Tensor:
         """Bias ``logits`` [B, V] in place: row i by ``rows[i]`` given its token history
-        (prompt and generated ids so far). Rows with None, or with a history shorter than the
-        watermark's context width, are left untouched."""
+        (prompt and generated ids so far), at the spec's code_delta where ``code[i]`` is set. Rows with None,
+        or with a history shorter than the watermark's context width, are left untouched."""
         if len(histories) != logits.shape[0] or len(rows) != logits.shape[0]:
             raise ValueError("histories and rows must have one entry per logits row")
         groups: dict[tuple, tuple[Watermark, list[int]]] = {}
@@ -31,11 +31,17 @@ class WatermarkProcessor:
                 groups.setdefault(wm.batch_key, (wm, []))[1].append(i)
         for wm, idx in groups.values():
             if len(idx) == logits.shape[0]:
-                wm.bias(logits, [list(h) for h in histories])
+                if code is None:
+                    wm.bias(logits, [list(h) for h in histories])
+                else:
+                    wm.bias(logits, [list(h) for h in histories], list(code))
                 continue
             index = torch.tensor(idx, device=logits.device)
             part = logits.index_select(0, index)
-            wm.bias(part, [list(histories[i]) for i in idx])
+            if code is None:
+                wm.bias(part, [list(histories[i]) for i in idx])
+            else:
+                wm.bias(part, [list(histories[i]) for i in idx], [code[i] for i in idx])
             logits.index_copy_(0, index, part)
         return logits
 

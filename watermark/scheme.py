@@ -123,10 +123,11 @@ class Watermark:
             return mask
         return green(self._tables, self.spec.gamma, contexts, None)
 
-    def bias(self, logits: torch.Tensor, histories: list[list[int]]) -> torch.Tensor:
+    def bias(self, logits: torch.Tensor, histories: list[list[int]], code: list[bool] | None = None) -> torch.Tensor:
         """Bias rows of ``logits`` [B, V] whose histories are long enough; in place, returned.
 
-        Soft: +delta on green logits. Hard: red logits to -inf."""
+        Soft: +delta on green logits (+code_delta on rows whose ``code`` flag is set, when the spec has one).
+        Hard: red logits to -inf."""
         h = self.context_width
         if self._hf is not None:
             for row, history in enumerate(histories):
@@ -139,11 +140,29 @@ class Watermark:
                                 dtype=torch.int64, device=logits.device).reshape(len(ready), h)
         target = logits if len(ready) == logits.shape[0] else logits[ready]
         bias_logits(target, self._tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
+        self._code_extra(target, contexts, ready, code)
         if self._public_tables is not None:  # a two-part key: the public half's list gets its own delta
             bias_logits(target, self._public_tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
         if target is not logits:
             logits[ready] = target
         return logits
+
+    def _code_extra(self, target: torch.Tensor, contexts: torch.Tensor, ready: list[int], code: list[bool] | None) -> None:
+        """Rows of ``target`` (the ``ready`` rows) flagged ``code`` get code_delta - delta more on green: the soft
+        bias is a sum, so they end at code_delta (the same green list, one more pass over those rows)."""
+        extra = (self.spec.code_delta or 0.0) - self.spec.delta
+        if code is None or self.spec.hard or self.spec.code_delta is None or extra == 0.0:
+            return
+        rows = [j for j, i in enumerate(ready) if code[i]]
+        if not rows:
+            return
+        if len(rows) == len(ready):
+            bias_logits(target, self._tables, self.spec.gamma, extra, False, contexts)
+            return
+        index = torch.tensor(rows, device=target.device)
+        part = target.index_select(0, index)
+        bias_logits(part, self._tables, self.spec.gamma, extra, False, contexts.index_select(0, index))
+        target.index_copy_(0, index, part)
 
     # ---- detection ----------------------------------------------------------------------------
     def green_flags(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:

@@ -168,7 +168,7 @@ class SamplerState:
     __slots__ = (
         "params", "eos_token_ids", "generator", "history", "prompt_len", "counts", "mirostat_mu",
         "pending_surprise", "_seen", "_seen_ids", "_count_tensors", "_ngrams", "_bad_single",
-        "_bad_multi", "_bias", "_min_new_bans", "watermark_memory",
+        "_bad_multi", "_bias", "_min_new_bans", "watermark_memory", "kind_count",
     )
 
     def __init__(self, params: SamplingParams, prompt_ids: list[int], eos_token_ids: set[int]):
@@ -179,6 +179,7 @@ class SamplerState:
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         self.history: list[int] = [int(t) for t in prompt_ids]
         self.prompt_len = len(self.history)
+        self.kind_count = (self.prompt_len, 0)  # (history counted up to, codeish generated tokens): LogitsPipeline
         self.counts: dict[int, int] = {}  # generated tokens only (OpenAI penalties)
         self.mirostat_mu = 2.0 * params.mirostat_tau  # the paper's initial "maximum surprise"
         self.pending_surprise: tuple[int, float] | None = None  # (token, surprise in bits) from sample()

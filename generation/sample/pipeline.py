@@ -50,6 +50,7 @@ from generation.sample.sampler import (
 )
 from generation.sample.step_rows import RowSubset, StepRows, restore_dead_rows_
 from generation.sample.watermark_stage import stage_for
+from watermark.text_kind import generated_as_code
 
 
 @dataclass(slots=True)
@@ -64,9 +65,12 @@ class LogitsPipeline:
     """Turns logits [B, V] into one token per row, each row under its own SamplingParams, state and
     watermark (see the module docstring for the stages)."""
 
-    def __init__(self, vocab_size: int, device) -> None:
+    def __init__(self, vocab_size: int, device, kind_table=None) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        # uint8 [V] of the tokens that read as code (watermark.text_kind.table_for): specs with a code_delta get it
+        # on rows whose output reads as code; None: no row is read as code
+        self.kind_table = kind_table
 
     # ---- stages 1-4 ----
     def penalise(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
@@ -89,13 +93,26 @@ class LogitsPipeline:
         hard = [i for i, m in enumerate(marks) if m is not None and getattr(m.spec, "hard", False)]
         before = scores.index_select(0, self._index(hard)) if hard else None
         stages = [stage_for(m) if m is not None else None for m in marks]
+        code = self.code_rows(rows)
         for stage in dict.fromkeys(s for s in stages if s is not None):
             served = marks if all(s is stage or s is None for s in stages) else \
                 [m if s is stage else None for m, s in zip(marks, stages)]
-            stage.transform_(scores, rows.contexts, served)
+            if code is not None and getattr(stage, "reads_kind", False):
+                stage.transform_(scores, rows.contexts, served, code)
+            else:
+                stage.transform_(scores, rows.contexts, served)
         if before is not None:
             restore_dead_rows_(scores, hard, before)
         return scores
+
+    def code_rows(self, rows: StepRows) -> list[bool] | None:
+        """Per row, whether its output so far reads as code (``watermark.text_kind.generated_as_code``); None where
+        no row's spec has a code_delta or the pipeline has no kind table."""
+        table = self.kind_table
+        if table is None or not any(m is not None and getattr(m.spec, "code_delta", None) is not None
+                                    for m in rows.watermarks):
+            return None
+        return [mark is not None and _reads_as_code(table, state) for state, mark in zip(rows.states, rows.watermarks)]
 
     def ranking_logprobs(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
         """log-softmax after stages 1-5 (temperature 1, no truncation): what beam search and best_of rank by."""
@@ -288,6 +305,16 @@ class LogitsPipeline:
                 values, ids = logp[j].topk(k)
                 top[r] = list(zip(ids.tolist(), values.tolist()))
         return SampleOutput(tokens, chosen, top)
+
+
+def _reads_as_code(table, state: SamplerState) -> bool:
+    """The running count of codeish generated tokens, kept on the state (each token looked up once)."""
+    upto, codeish = state.kind_count
+    history = state.history
+    if len(history) > upto:
+        codeish += int(table.take(history[upto:], mode="clip").sum())
+        state.kind_count = (len(history), codeish)
+    return generated_as_code(codeish, len(history) - state.prompt_len)
 
 
 def _record_surprise(miro, chosen: torch.Tensor, picked: list[SamplerState]) -> None:

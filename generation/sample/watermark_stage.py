@@ -26,8 +26,9 @@ class WatermarkStage(Protocol):
     chooses_tokens: bool  # True: ``choose`` replaces the draw for this stage's sampled rows
 
     def transform_(self, scores: torch.Tensor, contexts: Sequence[Sequence[int]],
-                   marks: Sequence[Watermark | None]) -> None:
-        """Change ``scores`` [B, V] in place for rows whose mark is not None (others untouched)."""
+                   marks: Sequence[Watermark | None], code: Sequence[bool] | None = None) -> None:
+        """Change ``scores`` [B, V] in place for rows whose mark is not None (others untouched); ``code``: the
+        rows whose output reads as code so far (``watermark.text_kind``), None when nobody asked."""
 
     def choose(self, probs: torch.Tensor, contexts: Sequence[Sequence[int]], marks: Sequence[Watermark],
                generators: Sequence[torch.Generator]) -> torch.Tensor:
@@ -39,13 +40,14 @@ class KGWBiasStage:
     logits to -inf (hard). Rows sharing a spec and key are biased in one vectorised call."""
 
     chooses_tokens = False
+    reads_kind = True  # takes each row's code flag (a spec's code_delta)
 
     def __init__(self) -> None:
         self._processor = WatermarkProcessor()
 
     def transform_(self, scores: torch.Tensor, contexts: Sequence[Sequence[int]],
-                   marks: Sequence[Watermark | None]) -> None:
-        self._processor.apply(scores, contexts, marks)
+                   marks: Sequence[Watermark | None], code: Sequence[bool] | None = None) -> None:
+        self._processor.apply(scores, contexts, marks, code)
 
     def choose(self, probs, contexts, marks, generators) -> torch.Tensor:
         raise TypeError("the KGW bias stage transforms logits; it does not choose tokens")

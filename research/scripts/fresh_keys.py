@@ -13,6 +13,7 @@ stored), and only the second halves are judged.
         [--specs "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"] [--out benchmarks/results/fresh_keys.json]
 
 Each corpus is a JSONL file of {"text": ...} lines (other fields are ignored), as ``provmark detect --jsonl`` reads.
+Each (spec, corpus, key) row is also appended to OUT with the suffix ``.rows.jsonl`` as soon as it is measured.
 
 Per key and corpus also what issue #41 judges: the verdicts' own p-values (the p-value a verdict gives where its
 promise or guard raised it, ``promise.raised`` / ``calibration.guarded``, else the binomial mid-p of its counts), as
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             corpora[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
         specs = args.specs.split(";")
         rows = []
+        partial = Path(args.out).with_suffix(".rows.jsonl")
+        partial.unlink(missing_ok=True)
         progress = tqdm(total=len(specs) * args.keys * (1 + len(corpora)), desc="keys create / detect", unit="run")
         for spec in specs:
             home = scratch / f"home-{len(rows)}"
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "judged_ratio": float(norm.sf(4.0 - judged.mean()) / norm.sf(4.0)),
                                  "promises": dict(Counter(f"{(v.get('promise') or {}).get('promise')}/"
                                                           f"{(v.get('promise') or {}).get('kind')}" for v in verdicts))})
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    with partial.open("a", encoding="utf-8") as rows_so_far:  # a long run's cells as they come
+                        rows_so_far.write(json.dumps(rows[-1]) + "\n")
                     progress.update()
         progress.close()
     for r in rows:

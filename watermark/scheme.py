@@ -126,7 +126,7 @@ class Watermark:
     def bias(self, logits: torch.Tensor, histories: list[list[int]], code: list[bool] | None = None) -> torch.Tensor:
         """Bias rows of ``logits`` [B, V] whose histories are long enough; in place, returned.
 
-        Soft: +delta on green logits (+code_delta on rows whose ``code`` flag is set, when the spec has one).
+        Soft: +delta on green logits (code_delta instead on rows whose ``code`` flag is set, when the spec has one).
         Hard: red logits to -inf."""
         h = self.context_width
         if self._hf is not None:
@@ -139,30 +139,34 @@ class Watermark:
         contexts = torch.tensor([list(histories[i][len(histories[i]) - h:]) if h else [] for i in ready],
                                 dtype=torch.int64, device=logits.device).reshape(len(ready), h)
         target = logits if len(ready) == logits.shape[0] else logits[ready]
-        bias_logits(target, self._tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
-        self._code_extra(target, contexts, ready, code)
+        self._bias_rows(target, contexts, self._code_rows(ready, code))
         if self._public_tables is not None:  # a two-part key: the public half's list gets its own delta
             bias_logits(target, self._public_tables, self.spec.gamma, self.spec.delta, self.spec.hard, contexts)
         if target is not logits:
             logits[ready] = target
         return logits
 
-    def _code_extra(self, target: torch.Tensor, contexts: torch.Tensor, ready: list[int], code: list[bool] | None) -> None:
-        """Rows of ``target`` (the ``ready`` rows) flagged ``code`` get code_delta - delta more on green: the soft
-        bias is a sum, so they end at code_delta (the same green list, one more pass over those rows)."""
-        extra = (self.spec.code_delta or 0.0) - self.spec.delta
-        if code is None or self.spec.hard or self.spec.code_delta is None or extra == 0.0:
+    def _code_rows(self, ready: list[int], code: list[bool] | None) -> list[int]:
+        """The rows of ``target`` (local indices into ``ready``) that take code_delta; [] when none does."""
+        if code is None or self.spec.hard or self.spec.code_delta is None or self.spec.code_delta == self.spec.delta:
+            return []
+        return [j for j, i in enumerate(ready) if code[i]]
+
+    def _bias_rows(self, target: torch.Tensor, contexts: torch.Tensor, code_rows: list[int]) -> None:
+        """One pass over every row at delta, or at code_delta when all are code; else the code rows and the rest as two
+        groups (each row biased once, at its own delta, on the same green list)."""
+        spec = self.spec
+        if not code_rows or len(code_rows) == target.shape[0]:
+            delta = spec.code_delta if code_rows else spec.delta
+            bias_logits(target, self._tables, spec.gamma, delta, spec.hard, contexts)
             return
-        rows = [j for j, i in enumerate(ready) if code[i]]
-        if not rows:
-            return
-        if len(rows) == len(ready):
-            bias_logits(target, self._tables, self.spec.gamma, extra, False, contexts)
-            return
-        index = torch.tensor(rows, device=target.device)
-        part = target.index_select(0, index)
-        bias_logits(part, self._tables, self.spec.gamma, extra, False, contexts.index_select(0, index))
-        target.index_copy_(0, index, part)
+        chosen = set(code_rows)
+        for rows, delta in ((code_rows, spec.code_delta), ([j for j in range(target.shape[0]) if j not in chosen],
+                                                          spec.delta)):
+            index = torch.tensor(rows, device=target.device)
+            part = target.index_select(0, index)
+            bias_logits(part, self._tables, spec.gamma, delta, False, contexts.index_select(0, index))
+            target.index_copy_(0, index, part)
 
     # ---- detection ----------------------------------------------------------------------------
     def green_flags(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:

@@ -18,7 +18,7 @@ fields it uses and ignores the rest.
     model            PROVMARK_MODEL             a local Hugging Face folder (the embedded SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
-    max_num_seqs     PROVMARK_MAX_NUM_SEQS      16 sequences per engine step                           generation
+    max_num_seqs     PROVMARK_MAX_NUM_SEQS      64 sequences per engine step (the KV pool: paged)       generation
     max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503                      generation
     issuer           PROVMARK_ISSUER            http://127.0.0.1:8000: the ``iss`` of receipts, where  generation
                                                 its JWKS is (/.well-known/jwks.json)
@@ -98,7 +98,7 @@ class Settings:
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
-    max_num_seqs: int = 16
+    max_num_seqs: int = 64
     max_pending: int = DEFAULT_MAX_PENDING
     issuer: str = DEFAULT_ISSUER
     detector_url: str = DEFAULT_DETECTOR_URL

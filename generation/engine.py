@@ -1,7 +1,7 @@
 """Engine: submit / step / generate / stream over an HF causal LM with our own cache and batching.
 
 Each ``step()`` reads as three verbs: the scheduler picks a batch (new prompts to prefill, or every
-running sequence for one decode token), the runner runs the model over the slot cache, and the
+running sequence for one decode token), the runner runs the model over the paged cache, and the
 post-processing samples, appends, checks stops and reports outputs. ``submit`` may be called from any
 thread; ``step`` is serialised by a lock (one thread drives the engine).
 
@@ -25,6 +25,7 @@ from collections.abc import Sequence as Seq
 import torch
 from tqdm import tqdm
 
+from generation.block_manager import BlockManager
 from generation.constraints.constraint import (
     ConstraintCompiler,
     ConstraintError,
@@ -32,7 +33,7 @@ from generation.constraints.constraint import (
     start_masks,
 )
 from generation.cpu import native
-from generation.kv_cache import CacheConfig
+from generation.kv_cache import DEFAULT_BLOCK_SIZE, CacheConfig, default_cache_tokens
 from generation.models import LoadedModel, load_model
 from generation.runner import ModelRunner
 from generation.sample import LogitsPipeline, StepRows
@@ -59,8 +60,10 @@ class Engine:
     """Continuous-batching generation engine.
 
     ``Engine(model=None)`` loads the embedded default model. ``max_num_seqs`` sequences run at once,
-    each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` optionally caps the
-    tokens held in the cache at once (excess sequences wait or are preempted and recomputed).
+    each up to ``max_model_len`` tokens (prompt + output); ``max_cache_tokens`` sizes the paged KV pool
+    (blocks of ``block_size`` tokens; default: every sequence at full length, capped by a share of the free
+    memory: generation/kv_cache.py); excess sequences wait or are preempted and recomputed. ``prefix_caching``
+    lets a prompt reuse the cached blocks of a prefix computed before (generation/block_manager.py).
     ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/cpu/packed_linear.py;
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
     runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
@@ -69,7 +72,8 @@ class Engine:
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
                  max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
-                 packed_weights: bool | None = None, native_kernels: bool | None = None) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, packed_weights: bool | None = None,
+                 native_kernels: bool | None = None) -> None:
         if model is None:
             model = load_model()
         self.loaded = model
@@ -78,9 +82,11 @@ class Engine:
         position_limit = getattr(model.model.config, "max_position_embeddings", None)
         if position_limit is not None and max_model_len > position_limit:
             raise ValueError(f"max_model_len={max_model_len}: the model's positions stop at {position_limit}")
+        if max_cache_tokens is None:
+            max_cache_tokens = default_cache_tokens(model.model, max_num_seqs, max_model_len)
         self.config = SchedulerConfig(max_num_seqs, max_model_len, max_cache_tokens, max_prefill_tokens)
-        self.runner = ModelRunner(model.model, CacheConfig(max_num_seqs, max_model_len), packed_weights,
-                                  native_kernels)
+        cache_config = CacheConfig.for_tokens(self.config.max_cache_tokens, max_model_len, block_size)
+        self.runner = ModelRunner(model.model, cache_config, packed_weights, native_kernels)
         if self.runner.native_attention:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only
@@ -88,7 +94,8 @@ class Engine:
             set_survivors_backend(native.gumbel_survivors)  # the Gumbel race's pruning pass, same integers
             set_top_head_backend(native.top_head)  # top-k heads: sampled top-k rows, SynthID's tournament
             set_tournament_backend(native.synthid_tournament)  # SynthID's layers over a head, same bits
-        self.scheduler = Scheduler(self.config, self.runner.cache.move_slot)
+        self.scheduler = Scheduler(self.config, BlockManager(cache_config.num_blocks, cache_config.block_size,
+                                                             prefix_caching))
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device,
                                        table_for(self.tokenizer, self.vocab_size, model.vocab.fingerprint))
         self.eos_token_ids = self._eos_ids(model)
@@ -223,19 +230,16 @@ class Engine:
         if batch.prefill_groups:
             rows, parts = [], []
             for group in batch.prefill_groups:
-                parts.append(self.runner.prefill(group[0].slot, [seq.all_ids for seq in group]))
+                parts.append(self.runner.prefill([seq.all_ids[seq.num_cached:] for seq in group],
+                                                 [seq.num_cached for seq in group],
+                                                 [seq.block_table for seq in group]))
                 rows.extend(group)
-            for seq in rows:
-                seq.num_cached = seq.num_tokens
+            self.scheduler.computed(rows)
             return rows, torch.cat(parts) if len(parts) > 1 else parts[0]
         rows = batch.decode
         last = torch.tensor([seq.all_ids[-1] for seq in rows], dtype=torch.long, device=self.runner.device)
-        positions = [seq.num_tokens - 1 for seq in rows]
-        pos = torch.tensor(positions, dtype=torch.long, device=self.runner.device)
-        longest = max(positions)
-        logits = self.runner.decode(last, pos, longest + 1, ragged=min(positions) != longest)
-        for seq in rows:
-            seq.num_cached = seq.num_tokens
+        logits = self.runner.decode(last, [seq.num_tokens - 1 for seq in rows], [seq.block_table for seq in rows])
+        self.scheduler.computed(rows)
         return rows, logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:

@@ -1,59 +1,89 @@
-"""KV cache preallocated on the model's device, one fixed slot of ``max_model_len`` tokens per sequence.
+"""Paged KV cache: a pool of fixed-size blocks per attention layer, reached through per-sequence block tables.
 
-Each attention layer owns two buffers ``[num_slots, kv_heads, max_model_len, head_dim]`` allocated once
-and written in place (gpt-fast style). The engine keeps running sequences in the slots ``0..n-1``
-(compacted when one leaves), so a decode step reads ``keys[:n, :, :kv_len]`` as a view: no gather,
-no copy. The HF model reaches the buffers through transformers' ``Cache`` interface: every attention
-module calls ``past_key_values.update(k, v, layer_idx)``; our layers write the new keys/values where the
-current ``ForwardPlan`` says and hand back what attention must see.
+Each attention layer owns two pools ``[num_blocks, kv_heads, block_size, head_dim]`` allocated once (zeros:
+the pages are only backed by memory once written). A sequence holds a list of block ids (its block table,
+kept by generation/block_manager.py); position p of that sequence lives at row ``p % block_size`` of block
+``table[p // block_size]``. Memory follows the tokens in use (whole blocks: at most ``block_size - 1`` rows
+of waste per sequence), not ``max_model_len`` per sequence, and blocks can be shared between sequences
+(prefix caching).
 
-Two plan shapes:
-- prefill: rows ``[row_start, row_start + B)`` get their first ``q_len`` positions written from the fresh
-  keys; nothing is cached before (new or recomputed sequences), so attention sees the fresh keys.
-- decode: one new token per row ``0..B-1`` at that row's own position; attention sees ``[:B, :, :kv_len]``.
+The HF model reaches the pools through transformers' ``Cache`` interface: every attention module calls
+``past_key_values.update(k, v, layer_idx)``; our layers write the new keys/values where the current
+``ForwardPlan`` says and hand back what attention must see:
+
+- prefill (``q_len`` new tokens per row after ``start`` cached ones): the real tokens are written into the
+  rows' blocks; with nothing cached before (``context_len == 0``) attention sees the fresh keys, else each
+  row's keys gathered from its blocks, ``[B, kv_heads, context_len, head_dim]``.
+- decode (one new token per row at its own position): written through the native writer (one call) or
+  ``index_put_``; attention sees the pools themselves when the native kernels read them through the block
+  tables (``plan.pooled``), else each row's keys gathered from its blocks, ``[B, kv_heads, kv_len, head_dim]``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+DEFAULT_BLOCK_SIZE = 16
+CACHE_MEMORY_SHARE = 0.25  # the default pool: at most this share of the memory available at start-up
+
 
 @dataclass(slots=True)
 class CacheConfig:
-    """Shape of the preallocated cache: how many sequences at once and how long each may grow."""
+    """Shape of the pool: how many blocks of how many tokens, and how long a sequence may grow."""
 
-    num_slots: int
+    num_blocks: int
     max_model_len: int
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_slots, int) or self.num_slots < 1:
-            raise ValueError(f"num_slots must be a positive int, got {self.num_slots!r}")
-        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
+        for name in ("num_blocks", "max_model_len", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CacheConfig.{name}={value!r}: must be a positive int")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"CacheConfig.block_size={self.block_size}: must be a power of two")
+        if self.max_model_len < 2:
+            raise ValueError(f"CacheConfig.max_model_len={self.max_model_len}: must be >= 2")
+
+    @classmethod
+    def for_tokens(cls, tokens: int, max_model_len: int, block_size: int = DEFAULT_BLOCK_SIZE) -> CacheConfig:
+        """A pool of at least ``tokens`` positions (whole blocks)."""
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"CacheConfig.block_size={block_size!r}: must be a positive int")
+        return cls(-(-tokens // block_size), max_model_len, block_size)
+
+    @property
+    def blocks_per_seq(self) -> int:
+        """Blocks one sequence of ``max_model_len`` tokens needs."""
+        return -(-self.max_model_len // self.block_size)
 
 
 @dataclass(slots=True)
 class ForwardPlan:
-    """Where the next forward pass writes into the cache (set by the runner before each forward)."""
+    """Where the next forward pass writes into the cache and what attention reads (set by the runner)."""
 
     is_prefill: bool
-    row_start: int  # first slot of the batch (rows are contiguous slots)
-    num_rows: int
-    q_len: int  # prefill: padded prompt length; decode: 1
-    kv_len: int  # decode: keys attention must see (max position + 1 over the batch)
-    flat_index: torch.Tensor | None = None  # decode: LongTensor[B * kv_heads], see SlotKVCache.decode_index
-    positions: torch.Tensor | None = None  # decode: LongTensor[B], each row's new position (native write)
+    tables: torch.Tensor  # int64 [B, W]: each row's block ids
+    kv_len: int  # keys attention sees (decode: max position + 1; prefill: context_len or q_len)
+    write_blocks: torch.Tensor | None  # int64 [N]: the block of each written token (None: the native writer)
+    write_offsets: torch.Tensor | None  # int64 [N]: its row within the block
+    write_rows: torch.Tensor | None = None  # prefill: int64 [N], (row, token) of each written token
+    write_cols: torch.Tensor | None = None
+    context_len: int = 0  # prefill: > 0 when some row had cached tokens (attention gathers from blocks)
+    positions: torch.Tensor | None = None  # decode: int64 [B], each row's new position
+    pooled: bool = False  # decode: attention reads the pools through the tables (native kernels)
 
 
-class SlotLayer(CacheLayerMixin):
-    """One attention layer's preallocated keys/values; ``update`` follows the shared plan."""
+class PagedLayer(CacheLayerMixin):
+    """One attention layer's key and value pools; ``update`` follows the shared plan."""
 
     is_sliding = False
 
-    def __init__(self, owner: SlotKVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, owner: PagedKVCache, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.owner = owner
         self.keys = keys
@@ -62,38 +92,50 @@ class SlotLayer(CacheLayerMixin):
         self.dtype, self.device = keys.dtype, keys.device
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Nothing to do: the buffers exist from the start."""
+        """Nothing to do: the pools exist from the start."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         plan = self.owner.plan
         if plan is None:
-            raise RuntimeError("SlotKVCache.update called without a ForwardPlan (use the engine's runner)")
-        rows = slice(plan.row_start, plan.row_start + plan.num_rows)
+            raise RuntimeError("PagedKVCache.update called without a ForwardPlan (use the engine's runner)")
         if plan.is_prefill:
-            self.keys[rows, :, : plan.q_len].copy_(key_states)
-            self.values[rows, :, : plan.q_len].copy_(value_states)
-            return key_states, value_states
-        # decode: each (row, head) writes its one new key at that row's own position: one call of the
-        # writer the runner handed over (generation/cpu/native.py's cache_write), else index_copy_ on a flat
-        # [slots * heads * positions, head_dim] view (far cheaper than advanced-index assignment)
-        if self.owner.position_writer is not None and plan.positions is not None:
-            self.owner.position_writer(self.keys, self.values, key_states, value_states, plan.positions)
+            keys = key_states.transpose(1, 2)[plan.write_rows, plan.write_cols]  # [N, kv_heads, head_dim]
+            values = value_states.transpose(1, 2)[plan.write_rows, plan.write_cols]
+            self.keys[plan.write_blocks, :, plan.write_offsets] = keys
+            self.values[plan.write_blocks, :, plan.write_offsets] = values
+            if plan.context_len == 0:
+                return key_states, value_states
+            return self.gather(plan.tables, plan.context_len)
+        writer = self.owner.position_writer
+        if writer is not None:
+            writer(self.keys, self.values, key_states, value_states, plan.tables, plan.positions)
         else:
-            head_dim = key_states.shape[-1]
-            self.keys.view(-1, head_dim).index_copy_(0, plan.flat_index, key_states.reshape(-1, head_dim))
-            self.values.view(-1, head_dim).index_copy_(0, plan.flat_index, value_states.reshape(-1, head_dim))
-        return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
+            self.keys[plan.write_blocks, :, plan.write_offsets] = key_states[:, :, 0]
+            self.values[plan.write_blocks, :, plan.write_offsets] = value_states[:, :, 0]
+        if plan.pooled:
+            return self.keys, self.values
+        return self.gather(plan.tables, plan.kv_len)
+
+    def gather(self, tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's first ``length`` keys and values, ``[B, kv_heads, length, head_dim]`` (a copy)."""
+        block_size = self.keys.shape[2]
+        used = tables[:, : -(-length // block_size)]
+        rows, blocks = used.shape
+        _, heads, _, dim = self.keys.shape
+        keys = self.keys[used].transpose(1, 2).reshape(rows, heads, blocks * block_size, dim)[:, :, :length]
+        values = self.values[used].transpose(1, 2).reshape(rows, heads, blocks * block_size, dim)[:, :, :length]
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         plan = self.owner.plan
         return (plan.kv_len if plan is not None else query_length), 0
 
     def get_seq_length(self) -> int:
-        plan = self.owner.plan
+        plan = self.owner.plan  # positions and the 4-D mask are passed: this only feeds cache_position
         return 0 if plan is None or plan.is_prefill else plan.kv_len - 1
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.owner.config.max_model_len
 
 
 def attention_shape(model_config, user: str) -> tuple[int, int, int]:
@@ -109,37 +151,48 @@ def attention_shape(model_config, user: str) -> tuple[int, int, int]:
     return text_config.num_hidden_layers, kv_heads, head_dim
 
 
-class SlotKVCache(Cache):
-    """transformers ``Cache`` over preallocated per-slot buffers (see module docstring)."""
+def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
+    """Raw key + value bytes one token occupies across all layers."""
+    layers, kv_heads, head_dim = attention_shape(model_config, "the paged cache")
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def default_cache_tokens(model: torch.nn.Module, max_num_seqs: int, max_model_len: int) -> int:
+    """Tokens the pool holds by default: every sequence at full length, capped by CACHE_MEMORY_SHARE of the
+    memory available now, but never under one full sequence."""
+    wanted = max_num_seqs * max_model_len
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return wanted
+    per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+    return max(max_model_len, min(wanted, int(available * CACHE_MEMORY_SHARE) // per_token))
+
+
+class PagedKVCache(Cache):
+    """transformers ``Cache`` over per-layer block pools (see module docstring)."""
 
     def __init__(self, config: CacheConfig, model_config, device: torch.device, dtype: torch.dtype) -> None:
-        num_layers, kv_heads, head_dim = attention_shape(model_config, "the slot cache")
+        num_layers, kv_heads, head_dim = attention_shape(model_config, "the paged cache")
         self.config = config
-        self.shape = (config.num_slots, kv_heads, config.max_model_len, head_dim)
+        self.shape = (config.num_blocks, kv_heads, config.block_size, head_dim)
         self.plan: ForwardPlan | None = None
-        # (keys, values, new_keys, new_values, positions) -> None: decode writes each row at its own position
-        # through it (native.cache_write, handed over by the runner); None = index_copy_
+        # (keys, values, new_keys, new_values, tables, positions) -> None: decode writes each row at its own
+        # position through it (paged_native.cache_write, handed over by the runner); None = index_put_
         self.position_writer = None
         layers = [
-            SlotLayer(self, torch.zeros(self.shape, dtype=dtype, device=device), torch.zeros(self.shape, dtype=dtype, device=device))
+            PagedLayer(self, torch.zeros(self.shape, dtype=dtype, device=device),
+                       torch.zeros(self.shape, dtype=dtype, device=device))
             for _ in range(num_layers)
         ]
         super().__init__(layers=layers)
 
-    def decode_index(self, positions: torch.Tensor) -> torch.Tensor:
-        """Flat row numbers of (slot i, head h, positions[i]) for slots 0..B-1, row-major like update's input."""
-        _, heads, max_len, _ = self.shape
-        slots = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        head_ids = torch.arange(heads, device=positions.device)[None, :]
-        return ((slots * heads + head_ids) * max_len + positions[:, None]).reshape(-1)
-
     @property
     def nbytes(self) -> int:
-        """Memory held by all key and value buffers."""
+        """Memory reserved by all key and value pools (backed by pages only once written)."""
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
 
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst`` (compaction)."""
-        for layer in self.layers:
-            layer.keys[dst, :, :length].copy_(layer.keys[src, :, :length])
-            layer.values[dst, :, :length].copy_(layer.values[src, :, :length])
+    @property
+    def block_nbytes(self) -> int:
+        """Memory of one block across all layers, keys and values."""
+        return self.nbytes // self.config.num_blocks

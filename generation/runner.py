@@ -1,4 +1,4 @@
-"""Model runner: one forward pass of an HF causal LM over our slot KV cache, returning last-token logits.
+"""Model runner: one forward pass of an HF causal LM over our paged KV cache, returning last-token logits.
 
 The HF model computes positions and masks itself unless given them; we pass per-row ``position_ids`` and
 a ready 4-D boolean mask (``[B, 1, q, kv]``, True = attend), which transformers' ``create_causal_mask``
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from generation.cpu import native
+from generation.cpu import native, paged_native
 from generation.cpu.native_layers import use_native_layers_, use_native_linears_
 from generation.cpu.packed_linear import packing_available
 from generation.cpu.packed_view import packed_view
@@ -21,7 +21,7 @@ from generation.cpu.slot_attention import (
     plan_row_groups,
     use_slot_attention_,
 )
-from generation.kv_cache import CacheConfig, ForwardPlan, SlotKVCache
+from generation.kv_cache import CacheConfig, ForwardPlan, PagedKVCache
 
 
 class ModelRunner:
@@ -56,64 +56,89 @@ class ModelRunner:
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
-        self.cache = SlotKVCache(cache_config, model.config, self.device, self.dtype)
-        self.cache.position_writer = native.cache_write if self.native_attention else None
-        max_len = cache_config.max_model_len
+        self.cache = PagedKVCache(cache_config, model.config, self.device, self.dtype)
+        self.cache.position_writer = paged_native.cache_write if self.native_attention else None
+        self.block_size = cache_config.block_size
         # preallocated position vector, sliced per step instead of re-created
-        self.positions = torch.arange(max_len, device=self.device)
+        self.positions = torch.arange(cache_config.max_model_len, device=self.device)
+
+    def _tables(self, tables: list[list[int]], blocks: int) -> torch.Tensor:
+        """Block tables as one int64 [B, blocks] tensor (rows padded with block 0, never read)."""
+        return torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], dtype=torch.long,
+                            device=self.device)
 
     @torch.inference_mode()
-    def prefill(self, row_start: int, prompts: list[list[int]]) -> torch.Tensor:
-        """Run prompts (new or recomputed sequences) into slots ``row_start..``; logits of each last token."""
+    def prefill(self, prompts: list[list[int]], starts: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """Run each row's tokens ``prompts[b]`` at positions ``starts[b]..`` (the first ``starts[b]`` already
+        cached in its blocks) into the blocks of ``tables[b]``; logits of each row's last token."""
         lengths = [len(p) for p in prompts]
-        q_len = max(lengths)
-        input_ids = torch.zeros((len(prompts), q_len), dtype=torch.long)
+        q_len, rows = max(lengths), len(prompts)
+        input_ids = torch.zeros((rows, q_len), dtype=torch.long)
         for i, p in enumerate(prompts):
             input_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         input_ids = input_ids.to(self.device)
         length_t = torch.tensor(lengths, device=self.device)
+        start_t = torch.tensor(starts, device=self.device)
+        ends = [s + n for s, n in zip(starts, lengths)]
+        context = max(ends) if any(starts) else 0
+        table_t = self._tables(tables, -(-max(ends) // self.block_size))
         pos = self.positions[:q_len]
-        causal = pos[None, :, None] >= pos[None, None, :]  # [1, q, kv]
-        real_key = pos[None, None, :] < length_t[:, None, None]  # [B, 1, kv]
-        mask = (causal & real_key)[:, None]  # padded query rows still see their real prefix: no empty rows
-        self.cache.plan = ForwardPlan(True, row_start, len(prompts), q_len, q_len)
+        real = pos[None, :] < length_t[:, None]  # [B, q]
+        write_rows, write_cols = real.nonzero(as_tuple=True)
+        absolute = start_t[:, None] + pos[None, :]  # [B, q] each token's position in its sequence
+        at = absolute[write_rows, write_cols]
+        write_blocks = table_t[write_rows, at // self.block_size]
+        if context:
+            keys = self.positions[:context]
+            # query t of row b sees its sequence's keys up to its own position (padded queries: the real ones)
+            mask = ((keys[None, None, :] <= absolute[:, :, None])
+                    & (keys[None, None, :] < (start_t + length_t)[:, None, None]))[:, None]
+        else:
+            causal = pos[None, :, None] >= pos[None, None, :]  # [1, q, kv]
+            real_key = pos[None, None, :] < length_t[:, None, None]  # [B, 1, kv]
+            mask = (causal & real_key)[:, None]  # padded query rows still see their real prefix: no empty rows
+        self.cache.plan = ForwardPlan(True, table_t, context or q_len, write_blocks, at % self.block_size,
+                                      write_rows, write_cols, context_len=context)
         try:
             hidden = self.decoder(
                 input_ids=input_ids,
                 attention_mask=mask,
-                position_ids=pos[None, :].expand(len(prompts), -1),
+                position_ids=absolute,
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state
         finally:
             self.cache.plan = None
-        last = hidden[torch.arange(len(prompts), device=self.device), length_t - 1]
+        last = hidden[torch.arange(rows, device=self.device), length_t - 1]
         return self.lm_head(last).float()
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, kv_len: int, ragged: bool = True) -> torch.Tensor:
-        """One token per slot ``0..B-1``: ``token_ids[B]`` at ``positions[B]``; logits ``[B, V]``.
-
-        ``ragged=False`` promises every position equals ``kv_len - 1`` (then no mask is built)."""
+    def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """One token per row: ``token_ids[B]`` at ``positions[B]`` of the sequence whose blocks are
+        ``tables[b]``; logits ``[B, V]``."""
         batch = token_ids.shape[0]
+        kv_len = max(positions) + 1
+        ragged = min(positions) + 1 != kv_len
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        table_t = self._tables(tables, -(-kv_len // self.block_size))
         mask, extra = None, {}  # no mask: every row sees all kv_len keys (transformers then makes none either)
-        if self.native_attention:  # each row's own key count, read exactly by the kernels
-            positions = positions.to(torch.int64).contiguous()
-            extra[GROUP_KWARG] = RowLengths(positions)
+        if self.native_attention:  # each row's own key count, read exactly by the kernels through the tables
+            extra[GROUP_KWARG] = RowLengths(pos, table_t)
         elif self.slot_attention:  # the row groups carry their own masks
-            extra[GROUP_KWARG] = plan_row_groups(positions.tolist(), self.positions, positions)
+            extra[GROUP_KWARG] = plan_row_groups(positions, self.positions, pos)
         elif ragged:
-            mask = (self.positions[:kv_len][None, :] <= positions[:, None])[:, None, None, :]
-        if self.cache.position_writer is not None:
-            plan = ForwardPlan(False, 0, batch, 1, kv_len, positions=positions)
+            mask = (self.positions[:kv_len][None, :] <= pos[:, None])[:, None, None, :]
+        if self.cache.position_writer is None:  # index_put_ writes: each row's block and row within it
+            blocks, offsets = table_t[torch.arange(batch, device=self.device), pos // self.block_size], pos % self.block_size
         else:
-            plan = ForwardPlan(False, 0, batch, 1, kv_len, self.cache.decode_index(positions))
-        self.cache.plan = plan
+            blocks = offsets = None
+        self.cache.plan = ForwardPlan(False, table_t, kv_len, blocks, offsets, positions=pos,
+                                      pooled=self.native_attention)
         try:
             hidden = self.decoder(
                 input_ids=token_ids[:, None],
                 attention_mask=mask,
-                position_ids=positions[:, None],
+                position_ids=pos[:, None],
                 past_key_values=self.cache,
                 use_cache=True,
                 **extra,

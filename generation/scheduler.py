@@ -1,21 +1,24 @@
-"""Continuous batching over the slot cache: waiting / running queues, admission, preemption.
+"""Continuous batching over the paged KV cache: waiting / running queues, admission, preemption.
 
-Running sequences always occupy slots ``0..n-1``, so a decode step reads the cache as one view.
-When a sequence leaves from the middle, the one in the last slot moves into its slot (the engine
-copies its cached keys/values). Admission needs a free slot and room in the token budget
-(``max_cache_tokens``, which bounds cached tokens and hence attention work). When the running
-sequences cannot all grow by one token within the budget, the one in the last slot (usually the
-newest) is preempted: its slot is freed and it goes back to the front of the waiting queue, to be
-recomputed from its tokens when admitted again. The budget holds at least one full sequence, so the
-sequence in slot 0 can always proceed: nothing ever fails for lack of cache.
+Each running sequence holds a block table (generation/block_manager.py); blocks are taken as it grows,
+``block_size`` tokens at a time. Admission needs a free place (``max_num_seqs``) and free blocks for the
+prompt plus one token, beyond the blocks the running sequences need for their next token (so admission
+does not force a preemption). With prefix caching, an admitted prompt first takes the cached blocks of its
+longest known prefix and only the rest is prefilled; a prompt whose next uncached full block another
+prompt admitted in the same step is about to compute waits one step and then finds it cached.
+
+When the running sequences cannot all grow by one token, the newest one is preempted: its blocks are
+freed and it goes back to the front of the waiting queue, to be recomputed from its tokens (its cached
+blocks, if still there, found again) when admitted again. The pool holds at least one full sequence, so the oldest sequence
+can always proceed: nothing ever fails for lack of cache.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from generation.block_manager import BlockManager
 from generation.sequence import Sequence, SequenceStatus
 
 # Prefill groups: padding a group of prompts to its longest costs compute; up to this fraction of
@@ -63,13 +66,13 @@ class Batch:
 
 
 class Scheduler:
-    """Decides each step's batch. ``relocate(src_slot, dst_slot, num_tokens)`` moves cached keys/values."""
+    """Decides each step's batch, taking and freeing blocks through ``blocks``."""
 
-    def __init__(self, config: SchedulerConfig, relocate: Callable[[int, int, int], None]) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
         self.config = config
-        self.relocate = relocate
+        self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # index == slot
+        self.running: list[Sequence] = []  # oldest first
         self.num_preemptions = 0
 
     @property
@@ -93,51 +96,73 @@ class Scheduler:
         return Batch([], list(self.running))
 
     def _admit(self) -> list[Sequence]:
-        cfg = self.config
+        cfg, blocks = self.config, self.blocks
         admitted: list[Sequence] = []
+        held: list[Sequence] = []
         # leave every running row room for one more token, so admission does not force a preemption
-        budget_left = cfg.max_cache_tokens - self.tokens_held - len(self.running)
+        reserve = sum(blocks.missing(seq, seq.num_tokens + 1) for seq in self.running)
+        # full prompt blocks that admitted sequences compute in this step: a prompt that would compute one of
+        # them too is held back a step, then shares them (many requests with one system prompt at once)
+        pending: set[bytes] = set()
         prefill_tokens = 0
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            need = seq.num_tokens + 1
-            if need > budget_left or (admitted and prefill_tokens + seq.num_tokens > cfg.max_prefill_tokens):
+            found = blocks.lookup(seq)
+            first_new = blocks.uncomputed_hash(seq, len(found))
+            if first_new is not None and first_new in pending:
+                held.append(self.waiting.popleft())
+                continue
+            tail = seq.num_tokens - len(found) * blocks.block_size
+            if blocks.cost(seq, found, seq.num_tokens + 1) > blocks.num_free - reserve or (
+                    admitted and prefill_tokens + tail > cfg.max_prefill_tokens):
                 break
             self.waiting.popleft()
-            seq.status, seq.slot = SequenceStatus.RUNNING, len(self.running)
+            blocks.admit(seq, found)
+            if first_new is not None:
+                pending.update(blocks.hashes(seq, (seq.num_tokens - 1) // blocks.block_size)[len(found):])
+            reserve += blocks.missing(seq, seq.num_tokens + 1)
+            seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            budget_left -= need
-            prefill_tokens += seq.num_tokens
-        if len(admitted) > 1:
-            # slots are interchangeable: longest first puts similar lengths side by side, so the
-            # prefill groups come out fewer and larger (12 -> 7 forwards for the benchmark's 16 prompts)
-            admitted.sort(key=lambda s: s.num_tokens, reverse=True)
-            base = len(self.running) - len(admitted)
-            for offset, seq in enumerate(admitted):
-                seq.slot = base + offset
-                self.running[base + offset] = seq
+            prefill_tokens += tail
+        self.waiting.extendleft(reversed(held))  # in their order, ahead of the rest
+        # longest first puts similar lengths side by side, so the prefill groups come out fewer and larger
+        # (12 -> 7 forwards for the benchmark's 16 prompts)
+        admitted.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
         return admitted
 
     @staticmethod
     def _group_for_prefill(seqs: list[Sequence]) -> list[list[Sequence]]:
-        """Contiguous runs (slots stay consecutive) whose padding waste stays under the slack."""
+        """Runs of similar lengths (tokens left to compute) whose padding waste stays under the slack."""
         groups: list[list[Sequence]] = [[seqs[0]]]
         for seq in seqs[1:]:
             group = groups[-1]
-            lengths = [s.num_tokens for s in group] + [seq.num_tokens]
+            lengths = [s.num_tokens - s.num_cached for s in group] + [seq.num_tokens - seq.num_cached]
             if max(lengths) * len(lengths) <= (1 + PREFILL_PADDING_SLACK) * sum(lengths):
                 group.append(seq)
             else:
                 groups.append([seq])
         return groups
 
+    def computed(self, rows: list[Sequence]) -> None:
+        """A step computed every token of these sequences but the newest: their full blocks become findable."""
+        for seq in rows:
+            seq.num_cached = seq.num_tokens
+            self.blocks.register(seq)
+
     def _make_room_to_grow(self) -> None:
-        while len(self.running) > 1 and self.tokens_held > self.config.max_cache_tokens:
-            self.preempt(self.running[-1])
+        """Blocks for every running sequence's next token, preempting the newest while they run short."""
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted below to make room for an older one
+            while not self.blocks.grow(seq, seq.num_tokens):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
 
     def preempt(self, seq: Sequence) -> None:
-        """Free a running sequence's slot; it waits at the front and is recomputed from its tokens."""
+        """Free a running sequence's blocks; it waits at the front and is recomputed from its tokens."""
         self._release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -153,11 +178,5 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def _release(self, seq: Sequence) -> None:
-        slot = seq.slot
-        last = self.running.pop()
-        if last is not seq:
-            # keep slots compact: the last sequence takes over the freed slot, with its cache
-            self.relocate(last.slot, slot, last.num_cached)
-            last.slot = slot
-            self.running[slot] = last
-        seq.slot, seq.num_cached = -1, 0
+        self.running.remove(seq)
+        self.blocks.release(seq)

@@ -1,4 +1,4 @@
-"""One request's life in the engine: its tokens, sampler state, cache slot, and the text it has shown.
+"""One request's life in the engine: its tokens, sampler state, cache blocks, and the text it has shown.
 
 Text is decoded incrementally and only emitted once stable: a window of a few tokens before the
 unread ones is decoded with them (so BPE merges and leading-space rules resolve), and text ending in
@@ -171,8 +171,10 @@ class Sequence:
     watermark: object | None = None  # watermark.scheme.Watermark
     arrival: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
-    slot: int = -1
-    num_cached: int = 0  # tokens whose keys/values are in the slot (all but the newest, between steps)
+    block_table: list[int] = field(default_factory=list)  # the paged cache's blocks holding its keys/values
+    num_cached: int = 0  # tokens whose keys/values are in its blocks (all but the newest, between steps)
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of its full blocks (prefix caching)
+    num_registered: int = 0  # leading blocks of block_table registered for prefix caching
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -188,6 +190,12 @@ class Sequence:
         if count < FORCED_BELOW:
             self.forced_positions.append(len(self.allowed_counts))
         self.allowed_counts.append(count)
+
+    @property
+    def cache_lookup(self) -> bool:
+        """Whether the prompt may reuse cached blocks: not for a seeded request, whose tokens must not
+        depend on what ran before it (a cached prefix matches a fresh one only up to float rounding)."""
+        return self.params.seed is None
 
     @property
     def num_tokens(self) -> int:

@@ -119,7 +119,9 @@ def test_preempted_constrained_rows_resume_without_readvancing(loaded, engine):
     params = SamplingParams(max_new_tokens=24, temperature=0.0, constraint=ConstraintSpec(regex=FACT_REGEX))
     roomy = engine.generate(prompts, params, use_tqdm=False)
     longest = max(len(p) for p in prompts) + 24
-    tight = Engine(loaded, max_num_seqs=3, max_model_len=longest + 1, max_cache_tokens=longest + 24)
+    # blocks of 4 tokens, no shared prefix blocks: the rows outgrow the pool within their few generated tokens
+    tight = Engine(loaded, max_num_seqs=3, max_model_len=longest + 1, max_cache_tokens=longest + 24, block_size=4,
+                   prefix_caching=False)
     outs = tight.generate(prompts, params, use_tqdm=False)
     assert tight.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy]

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from generation.cpu import native
+from generation.cpu import native, paged_native
 from generation.cpu.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
 from generation.cpu.packed_linear import packing_available
 from generation.kv_cache import CacheConfig
@@ -195,6 +195,13 @@ def test_packed_decode_linear_refuses_what_it_cannot_take():
         native.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 8).bfloat16())
 
 
+def scattered_tables(lengths: list[int], extra: int, num_blocks: int, block_size: int = 16) -> list[list[int]]:
+    """Block tables for sequences of these lengths (+ extra tokens), handed out from the top of the pool down,
+    so no row's blocks are contiguous or in order."""
+    free = list(range(num_blocks))
+    return [[free.pop() for _ in range(-(-(n + extra) // block_size))] for n in lengths]
+
+
 TINY = {"vocab_size": 128, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 128,
         "tie_word_embeddings": True}
@@ -206,7 +213,7 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
     model = LlamaForCausalLM(LlamaConfig(**TINY)).to(dtype).eval()
     if not packing_available(model):  # the native path runs on packed weights (oneDNN's self-check decides)
         pytest.skip(f"oneDNN has no packed {dtype} linear on this CPU: the engine runs {dtype} on torch ops")
-    runner = ModelRunner(model, CacheConfig(num_slots=6, max_model_len=128), native_kernels=True)
+    runner = ModelRunner(model, CacheConfig(num_blocks=64, max_model_len=128), native_kernels=True)
     view_modules = [type(m) for m in runner.decoder.modules()]
     assert view_modules.count(NativeAttention) == 2 and view_modules.count(NativeGatedMLP) == 2
     assert view_modules.count(NativeRMSNorm) == 5  # two per layer and the final norm
@@ -217,11 +224,12 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
     gen = torch.Generator().manual_seed(3)
     lengths = [40, 33, 20, 7, 5, 1]
     prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
-    runner.prefill(0, prompts)
+    tables = scattered_tables(lengths, 2, 64)
+    runner.prefill(prompts, [0] * len(prompts), tables)
     tokens = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
-    got = runner.decode(tokens, torch.tensor(lengths), max(lengths) + 1)
+    got = runner.decode(tokens, lengths, tables)
     followups = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
-    got2 = runner.decode(followups, torch.tensor(lengths) + 1, max(lengths) + 2)  # reads the keys it wrote
+    got2 = runner.decode(followups, [n + 1 for n in lengths], tables)  # reads the keys it wrote
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):
@@ -232,29 +240,30 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
 
 def test_attention_blocks_not_swapped_still_decode_through_the_kernels(monkeypatch):
     # an attention class outside ATTENTION_CLASSES keeps transformers' block: its cache update writes
-    # through native.cache_write and the attention interface calls native.decode_attention
+    # through paged_native.cache_write and the attention interface calls paged_native.decode_attention
     from generation.cpu import native_layers
 
     monkeypatch.setattr(native_layers, "ATTENTION_CLASSES", frozenset())
     calls = {"write": 0, "attend": 0}
     for name, key in (("cache_write", "write"), ("decode_attention", "attend")):
-        original = getattr(native, name)
+        original = getattr(paged_native, name)
 
         def counted(*args, _original=original, _key=key, **kwargs):
             calls[_key] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(native, name, counted)
+        monkeypatch.setattr(paged_native, name, counted)
     torch.manual_seed(1)
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    runner = ModelRunner(model, CacheConfig(num_slots=4, max_model_len=64), native_kernels=True)
+    runner = ModelRunner(model, CacheConfig(num_blocks=16, max_model_len=64), native_kernels=True)
     assert not any(isinstance(m, NativeAttention) for m in runner.decoder.modules())
     lengths = [20, 9, 3]
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
-    runner.prefill(0, prompts)
+    tables = scattered_tables(lengths, 1, 16)
+    runner.prefill(prompts, [0] * len(prompts), tables)
     tokens = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
-    got = runner.decode(tokens, torch.tensor(lengths), max(lengths) + 1)
+    got = runner.decode(tokens, lengths, tables)
     assert calls == {"write": TINY["num_hidden_layers"], "attend": TINY["num_hidden_layers"]}
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):
@@ -264,7 +273,7 @@ def test_attention_blocks_not_swapped_still_decode_through_the_kernels(monkeypat
 
 def test_runner_without_native_kernels_keeps_transformers_modules():
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    runner = ModelRunner(model, CacheConfig(num_slots=2, max_model_len=32), native_kernels=False)
+    runner = ModelRunner(model, CacheConfig(num_blocks=4, max_model_len=32), native_kernels=False)
     assert not runner.native_attention and runner.native_layers == 0
     assert not any(isinstance(m, (NativeAttention, NativeGatedMLP, NativeRMSNorm)) for m in runner.decoder.modules())
 

@@ -50,7 +50,7 @@ def test_grouped_decode_matches_plain_forward_per_row():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
     # native_kernels=False: the SDPA row-group path (with the kernels built, decode takes native.py's)
-    runner = ModelRunner(model, CacheConfig(num_slots=6, max_model_len=128), packed_weights=True,
+    runner = ModelRunner(model, CacheConfig(num_blocks=64, max_model_len=128), packed_weights=True,
                          native_kernels=False)
     if not runner.slot_attention:
         pytest.skip("packing (and so the engine's own view) is unavailable on this machine")
@@ -58,11 +58,13 @@ def test_grouped_decode_matches_plain_forward_per_row():
     gen = torch.Generator().manual_seed(3)
     lengths = [90, 84, 70, 12, 9, 5]  # long rows then short ones: the step runs as two groups
     prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
-    runner.prefill(0, prompts)
+    free = list(range(64))
+    tables = [[free.pop() for _ in range(-(-(n + 1) // 16))] for n in lengths]  # scattered, out of order
+    runner.prefill(prompts, [0] * len(prompts), tables)
     tokens = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
     positions = torch.tensor(lengths)
     assert len(plan_row_groups(lengths, runner.positions, positions)) == 2
-    got = runner.decode(tokens, positions, max(lengths) + 1, ragged=True)
+    got = runner.decode(tokens, lengths, tables)
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):
             want = model(torch.tensor([prompt + [int(tokens[row])]])).logits[0, -1]

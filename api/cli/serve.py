@@ -20,7 +20,7 @@ from api.serving import asgi_app, prepare_metrics_dir, run_gunicorn
 
 DEFAULTS = {"generation": {"port": 8000, "workers": 1}, "detector": {"port": 8001, "workers": 2}}
 DEFAULT_HOST = "127.0.0.1"
-GENERATION_THREADS = 64  # concurrent requests per worker: > max_num_seqs, so the engine batch can fill
+GENERATION_THREADS = 96  # concurrent requests per worker: > max_num_seqs, so the engine batch can fill
 GENERATION_GRACEFUL_TIMEOUT_S = 30  # lets running generations finish on SIGTERM
 GENERATION_WORKER_TIMEOUT_S = 120  # a worker whose main loop is silent this long is restarted (not per request)
 

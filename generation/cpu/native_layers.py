@@ -21,16 +21,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from generation.cpu import native
+from generation.cpu import native, paged_native
 from generation.cpu.fused_linear import FusedMember
 from generation.cpu.packed_linear import PackedLinear
 from generation.cpu.slot_attention import GROUP_KWARG, RowLengths
-from generation.kv_cache import SlotKVCache
+from generation.kv_cache import PagedKVCache
 
 # Norm classes whose forward is exactly LlamaRMSNorm's (weight * normed, no 1 + weight, no offset).
 RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 # Attention blocks that are exactly Llama's: q/k/v projections, rotary embedding by apply_rotary_pos_emb,
-# cache update, attention, o_proj (no q/k norms, no sliding window: the slot cache refuses those models).
+# cache update, attention, o_proj (no q/k norms, no sliding window: the paged cache refuses those models).
 # Only Llama's is listed: the swap has no start-up check (it needs a cache), tests/test_native.py covers it.
 ATTENTION_CLASSES = frozenset({"LlamaAttention"})
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' (ACT2FN["silu"])
@@ -95,15 +95,15 @@ class NativeAttention(nn.Module):
         past_key_values = kwargs.pop("cache", past_key_values)
         rows = kwargs.get(GROUP_KWARG)
         plan = getattr(past_key_values, "plan", None)
-        if (isinstance(rows, RowLengths) and isinstance(past_key_values, SlotKVCache) and plan is not None
-                and not plan.is_prefill and plan.row_start == 0 and hidden_states.shape[1] == 1
+        if (isinstance(rows, RowLengths) and isinstance(past_key_values, PagedKVCache) and plan is not None
+                and not plan.is_prefill and plan.pooled and hidden_states.shape[1] == 1
                 and _eligible(hidden_states, self.o_proj.weight.dtype)):
             qkv = self.q_proj.group.compute(hidden_states)
             if qkv is not None:
                 layer = past_key_values.layers[self.layer_idx]
                 cos, sin = position_embeddings
-                out = native.rope_cache_attention(qkv, cos, sin, layer.keys, layer.values, rows.positions,
-                                                  self.heads, self.scaling)
+                out = paged_native.rope_cache_attention(qkv, cos, sin, layer.keys, layer.values, rows.tables,
+                                                        rows.positions, self.heads, self.scaling)
                 return self.o_proj(out), None
         return self.original(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
 

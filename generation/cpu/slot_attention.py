@@ -1,15 +1,17 @@
-"""Decode attention over the slot cache that reads each row's keys only as far as its group needs.
+"""Decode attention that reads each row's keys only as far as its group needs.
 
 A decode step attends row i to ``positions[i] + 1`` cached keys, but one SDPA call over the batch has to
 read every row up to the longest one: with the benchmark's prompts of 10..200 tokens, over half the keys
 and values it streams from memory are masked out. Decode attention is memory-bound here (about 8 GB/s
-of cached keys and values on the 2-core box), so the runner splits the rows (contiguous slots) into at
+of cached keys and values on the 2-core box), so the runner splits the rows (contiguous in the batch) into at
 most two groups where that saves enough reading, and this attention function runs one SDPA call per
 group, each over its own key length. Query heads sharing a key/value head are packed as a 3-row query
 against that head (no ``repeat_kv`` copy, no ``enable_gqa`` path).
 
-Where the native kernel is built (generation/cpu/native.py, CPU float32/bfloat16) the runner passes each
-row's key count instead of groups (``RowLengths``), and the kernel reads exactly those keys, no SDPA.
+Where the native kernel is built (generation/cpu/paged_native.py, CPU float32/bfloat16) the runner passes
+each row's key count and block table instead of groups (``RowLengths``); the cache then hands attention
+its block pools and the kernel reads exactly each row's keys through its table, no SDPA. Otherwise the
+cache hands over each row's keys gathered from its blocks, and the groups slice those.
 
 It is registered with transformers' AttentionInterface under ``ATTENTION_NAME`` and used only by the
 engine's own view of the model (generation/cpu/packed_linear.py makes that view). Anything but a decode step
@@ -26,7 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from generation.cpu import native
+from generation.cpu import paged_native
 
 ATTENTION_NAME = "provmark_slot_sdpa"
 GROUP_KWARG = "provmark_row_groups"
@@ -47,10 +49,11 @@ class RowGroup:
 
 @dataclass(frozen=True, slots=True)
 class RowLengths:
-    """Row i's new token sits at ``positions[i]`` (int64 [B]) and attends to its first position + 1 keys;
-    for the native kernels."""
+    """Row i's new token sits at ``positions[i]`` (int64 [B]) and attends to its first position + 1 keys,
+    found through its block table ``tables[i]`` (int64 [B, W]) in the paged cache; for the native kernels."""
 
     positions: torch.Tensor
+    tables: torch.Tensor
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -101,7 +104,7 @@ def slot_sdpa_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if isinstance(groups, RowLengths):
-        return native.decode_attention(query, key, value, groups.lengths, scaling), None
+        return paged_native.decode_attention(query, key, value, groups.tables, groups.lengths, scaling), None
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)  # heads h = kv * groups + j

@@ -4,6 +4,7 @@
 //                                  rotary embedding, cache write, attention over each row's own keys;
 //   provmark_decode_attention      the attention alone (row b over the first lengths[b] keys of its slot);
 //   provmark_cache_write           each row's new key and value written at its own position of its slot;
+//   provmark_paged_*               the same three over the paged cache (rows found through block tables);
 //   provmark_rms_norm              RMSNorm as Llama-style decoders compute it;
 //   provmark_silu_mul              silu(gate) * up over the fused gate/up projection's output;
 //   provmark_pack_linear,
@@ -74,11 +75,33 @@ inline void store_row(const float* src, uint16_t* dst, int64_t n) {
     for (int64_t d = 0; d < n; ++d) dst[d] = float_to_bf16(src[d]);
 }
 
+// Where key/value row j of one (row, kv head) work item lives: a slot's rows at a fixed stride, or a paged
+// cache's rows through the row's block table (blocks of 2**shift rows, `block_stride` elements apart).
+template <typename T>
+struct StridedRows {
+    const T* k;
+    const T* v;
+    int64_t st;
+    const T* key(int64_t j) const { return k + j * st; }
+    const T* value(int64_t j) const { return v + j * st; }
+};
+
+template <typename T>
+struct PagedRows {
+    const T* k;
+    const T* v;
+    const int64_t* table;
+    int64_t block_stride, st, shift, mask;
+    int64_t at(int64_t j) const { return table[j >> shift] * block_stride + (j & mask) * st; }
+    const T* key(int64_t j) const { return k + at(j); }
+    const T* value(int64_t j) const { return v + at(j); }
+};
+
 // One (row, kv head) item: `group` query heads against `len` keys. Two passes over the keys: scores
 // (keys read once, every query head of the group scored against each key row while it is in L1), then
 // the softmax-weighted sum of the values (read once).
-template <typename T>
-void attend(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, int64_t group,
+template <typename T, typename A>
+void attend(const T* q, int64_t q_sh, const A& kv, int64_t len, int64_t group,
             int64_t dim, float scale, T* out, std::vector<float>& scratch) {
     scratch.resize(static_cast<size_t>(group * dim * 2 + dim + group * len + group));
     float* qf = scratch.data();           // [group, dim]
@@ -88,7 +111,7 @@ void attend(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int
     float* total = scores + group * len;  // [group]
     for (int64_t g = 0; g < group; ++g) load_row(q + g * q_sh, qf + g * dim, dim);
     for (int64_t j = 0; j < len; ++j) {
-        load_row(k + j * kv_st, row, dim);
+        load_row(kv.key(j), row, dim);
         for (int64_t g = 0; g < group; ++g) {
             const float* qg = qf + g * dim;
             float dot = 0.f;
@@ -110,7 +133,7 @@ void attend(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int
     }
     std::memset(acc, 0, static_cast<size_t>(group * dim) * sizeof(float));
     for (int64_t j = 0; j < len; ++j) {
-        load_row(v + j * kv_st, row, dim);
+        load_row(kv.value(j), row, dim);
         for (int64_t g = 0; g < group; ++g) {
             const float p = scores[g * len + j];
             float* a = acc + g * dim;
@@ -225,15 +248,15 @@ struct KeyDot<uint16_t, NV, G> {
 };
 #endif
 
-template <typename T, int NV, int G>
-void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, float scale,
+template <typename T, int NV, int G, typename A>
+void attend_fixed(const T* q, int64_t q_sh, const A& kv, int64_t len, float scale,
                   T* out, std::vector<float>& scratch) {
     scratch.resize(static_cast<size_t>(G * (len + 16)));
     float* scores = scratch.data();  // [G, len] (row stride len + 16 keeps the vector tails in bounds)
     const int64_t stride = len + 16;
     for (int64_t r = 0; r < PREFETCH_KEYS && r < len; ++r) {  // both passes' first rows
-        prefetch_row(k + r * kv_st, NV * 16 * sizeof(T));
-        prefetch_row(v + r * kv_st, NV * 16 * sizeof(T));
+        prefetch_row(kv.key(r), NV * 16 * sizeof(T));
+        prefetch_row(kv.value(r), NV * 16 * sizeof(T));
     }
     const KeyDot<T, NV, G> dot(q, q_sh);
     const __m512 scale_v = _mm512_set1_ps(scale);
@@ -247,8 +270,8 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
     int64_t j = 0;
     for (; j + 16 <= len; j += 16) {  // 16 keys at a time: one transposed reduction per query head
         for (int jj = 0; jj < 16; ++jj) {
-            if (j + jj + PREFETCH_KEYS < len) prefetch_row(k + (j + jj + PREFETCH_KEYS) * kv_st, NV * 16 * sizeof(T));
-            dot.partials(k + (j + jj) * kv_st, part + jj, 16);
+            if (j + jj + PREFETCH_KEYS < len) prefetch_row(kv.key(j + jj + PREFETCH_KEYS), NV * 16 * sizeof(T));
+            dot.partials(kv.key(j + jj), part + jj, 16);
         }
         for (int g = 0; g < G; ++g) {
             const __m512 sv = _mm512_mul_ps(reduce16(part + g * 16), scale_v);
@@ -257,7 +280,7 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
         }
     }
     for (; j < len; ++j) {
-        dot.partials(k + j * kv_st, part, 1);
+        dot.partials(kv.key(j), part, 1);
         for (int g = 0; g < G; ++g) {
             const float sc = _mm512_reduce_add_ps(part[g]) * scale;
             scores[g * stride + j] = sc;
@@ -285,8 +308,8 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
         for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
         __m512 vv[NV];
-        if (j + PREFETCH_KEYS < len) prefetch_row(v + (j + PREFETCH_KEYS) * kv_st, NV * 16 * sizeof(T));
-        load_vecs<NV>(v + j * kv_st, vv);
+        if (j + PREFETCH_KEYS < len) prefetch_row(kv.value(j + PREFETCH_KEYS), NV * 16 * sizeof(T));
+        load_vecs<NV>(kv.value(j), vv);
         for (int g = 0; g < G; ++g) {
             const __m512 p = _mm512_set1_ps(scores[g * stride + j]);
             for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
@@ -300,12 +323,12 @@ void attend_fixed(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_s
     }
 }
 
-template <typename T, int NV>
-bool attend_dispatch_group(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len,
+template <typename T, int NV, typename A>
+bool attend_dispatch_group(const T* q, int64_t q_sh, const A& kv, int64_t len,
                            int64_t group, float scale, T* out, std::vector<float>& scratch) {
     switch (group) {
 #define PROVMARK_GROUP(G) \
-    case G: attend_fixed<T, NV, G>(q, q_sh, k, v, kv_st, len, scale, out, scratch); return true;
+    case G: attend_fixed<T, NV, G>(q, q_sh, kv, len, scale, out, scratch); return true;
         PROVMARK_GROUP(1) PROVMARK_GROUP(2) PROVMARK_GROUP(3) PROVMARK_GROUP(4)
         PROVMARK_GROUP(5) PROVMARK_GROUP(6) PROVMARK_GROUP(7) PROVMARK_GROUP(8)
 #undef PROVMARK_GROUP
@@ -313,11 +336,11 @@ bool attend_dispatch_group(const T* q, int64_t q_sh, const T* k, const T* v, int
     }
 }
 
-template <typename T>
-bool attend_fast(const T* q, int64_t q_sh, const T* k, const T* v, int64_t kv_st, int64_t len, int64_t group,
+template <typename T, typename A>
+bool attend_fast(const T* q, int64_t q_sh, const A& kv, int64_t len, int64_t group,
                  int64_t dim, float scale, T* out, std::vector<float>& scratch) {
-    if (dim == 64) return attend_dispatch_group<T, 4>(q, q_sh, k, v, kv_st, len, group, scale, out, scratch);
-    if (dim == 128) return attend_dispatch_group<T, 8>(q, q_sh, k, v, kv_st, len, group, scale, out, scratch);
+    if (dim == 64) return attend_dispatch_group<T, 4>(q, q_sh, kv, len, group, scale, out, scratch);
+    if (dim == 128) return attend_dispatch_group<T, 8>(q, q_sh, kv, len, group, scale, out, scratch);
     return false;
 }
 
@@ -427,21 +450,18 @@ void rope_head(const T* x, const T* cos, const T* sin, T* y, int64_t dim) {
     }
 }
 
-template <typename T>
-bool attend_fast(const T*, int64_t, const T*, const T*, int64_t, int64_t, int64_t, int64_t, float, T*,
+template <typename T, typename A>
+bool attend_fast(const T*, int64_t, const A&, int64_t, int64_t, int64_t, float, T*,
                  std::vector<float>&) {
     return false;
 }
 #endif
 
-template <typename T>
-void run(const void* query, int64_t q_sb, int64_t q_sh, const void* keys, const void* values, int64_t kv_sb,
-         int64_t kv_sh, int64_t kv_st, const int64_t* lengths, void* output, int64_t batch, int64_t heads,
-         int64_t kv_heads, int64_t dim, float scale, int threads) {
-    const T* q = static_cast<const T*>(query);
-    const T* k = static_cast<const T*>(keys);
-    const T* v = static_cast<const T*>(values);
-    T* out = static_cast<T*>(output);
+// Attention of each (row, kv head) item over its lengths[b] keys, the items spread over OpenMP threads;
+// rows(b, h) says where that item's keys and values live (StridedRows or PagedRows).
+template <typename T, typename Rows>
+void run_items(const T* q, int64_t q_sb, int64_t q_sh, const Rows& rows, const int64_t* lengths, T* out,
+               int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int threads) {
     const int64_t group = heads / kv_heads;
     const int64_t items = batch * kv_heads;
 #pragma omp parallel num_threads(threads)
@@ -452,13 +472,57 @@ void run(const void* query, int64_t q_sb, int64_t q_sh, const void* keys, const 
             const int64_t b = item / kv_heads, h = item % kv_heads;
             const int64_t first = h * group;  // query heads h*group .. h*group+group-1 share kv head h
             const T* qi = q + b * q_sb + first * q_sh;
-            const T* ki = k + b * kv_sb + h * kv_sh;
-            const T* vi = v + b * kv_sb + h * kv_sh;
+            const auto kv = rows(b, h);
             T* oi = out + (b * heads + first) * dim;
-            if (!attend_fast<T>(qi, q_sh, ki, vi, kv_st, lengths[b], group, dim, scale, oi, scratch))
-                attend<T>(qi, q_sh, ki, vi, kv_st, lengths[b], group, dim, scale, oi, scratch);
+            if (!attend_fast<T>(qi, q_sh, kv, lengths[b], group, dim, scale, oi, scratch))
+                attend<T>(qi, q_sh, kv, lengths[b], group, dim, scale, oi, scratch);
         }
     }
+}
+
+template <typename T>
+void run(const void* query, int64_t q_sb, int64_t q_sh, const void* keys, const void* values, int64_t kv_sb,
+         int64_t kv_sh, int64_t kv_st, const int64_t* lengths, void* output, int64_t batch, int64_t heads,
+         int64_t kv_heads, int64_t dim, float scale, int threads) {
+    const T* k = static_cast<const T*>(keys);
+    const T* v = static_cast<const T*>(values);
+    auto rows = [=](int64_t b, int64_t h) {
+        return StridedRows<T>{k + b * kv_sb + h * kv_sh, v + b * kv_sb + h * kv_sh, kv_st};
+    };
+    run_items<T>(static_cast<const T*>(query), q_sb, q_sh, rows, lengths, static_cast<T*>(output), batch, heads,
+                 kv_heads, dim, scale, threads);
+}
+
+// The paged cache: keys/values [blocks, kv_heads, 2**shift, dim] (strides c_sb, c_sh, c_st); row b's
+// position p lives in block tables[b * table_stride + (p >> shift)].
+template <typename T>
+void run_paged(const void* query, int64_t q_sb, int64_t q_sh, const void* keys, const void* values, int64_t c_sb,
+               int64_t c_sh, int64_t c_st, int64_t shift, const int64_t* tables, int64_t table_stride,
+               const int64_t* lengths, void* output, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+               float scale, int threads) {
+    const T* k = static_cast<const T*>(keys);
+    const T* v = static_cast<const T*>(values);
+    const int64_t mask = (int64_t{1} << shift) - 1;
+    auto rows = [=](int64_t b, int64_t h) {
+        return PagedRows<T>{k + h * c_sh, v + h * c_sh, tables + b * table_stride, c_sb, c_st, shift, mask};
+    };
+    run_items<T>(static_cast<const T*>(query), q_sb, q_sh, rows, lengths, static_cast<T*>(output), batch, heads,
+                 kv_heads, dim, scale, threads);
+}
+
+// True when every row's blocks 0..(lengths[b] - 1) >> shift are in 0..num_blocks-1 and its length in
+// 1..table_stride << shift.
+inline bool tables_ok(const int64_t* tables, int64_t table_stride, int64_t shift, int64_t num_blocks,
+                      const int64_t* lengths, int64_t batch) {
+    if (shift < 0 || shift > 20 || table_stride < 1) return false;
+    for (int64_t b = 0; b < batch; ++b) {
+        if (lengths[b] < 1 || lengths[b] > (table_stride << shift)) return false;
+        for (int64_t i = 0; i <= (lengths[b] - 1) >> shift; ++i) {
+            const int64_t blk = tables[b * table_stride + i];
+            if (blk < 0 || blk >= num_blocks) return false;
+        }
+    }
+    return true;
 }
 
 // y = w * round(x / sqrt(mean(x^2) + eps)): the norm in fp32, rounded to T before the weight multiplies
@@ -730,6 +794,102 @@ int provmark_rope_cache_attention(int dtype, const void* qkv, int64_t qkv_sb, co
     return 0;
 }
 
+
+// The paged cache's decode step (generation/kv_cache.py): provmark_rope_cache_attention's work, with row
+// b's position p at row p & (2**shift - 1) of block tables[b * table_stride + (p >> shift)] of keys/values
+// [num_blocks, kv_heads, 2**shift, dim] (strides c_sb, c_sh, c_st). The same arithmetic in the same order
+// as the slot version: only the addresses differ. Returns -1 (nothing written) for bad arguments.
+int provmark_paged_rope_cache_attention(int dtype, const void* qkv, int64_t qkv_sb, const void* cos,
+                                        const void* sin, int64_t cs_sb, void* keys, void* values, int64_t c_sb,
+                                        int64_t c_sh, int64_t c_st, int64_t shift, int64_t num_blocks,
+                                        const int64_t* tables, int64_t table_stride, const int64_t* positions,
+                                        void* out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                                        float scale, int threads) {
+    if (batch < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 2 || dim % 2 != 0 || threads < 1) return -1;
+    std::vector<int64_t> lengths(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) lengths[static_cast<size_t>(b)] = positions[b] + 1;
+    if (!tables_ok(tables, table_stride, shift, num_blocks, lengths.data(), batch)) return -1;
+    const int64_t mask = (int64_t{1} << shift) - 1;
+    auto prepare = [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        const T* src = static_cast<const T*>(qkv);
+        const T* c = static_cast<const T*>(cos);
+        const T* s = static_cast<const T*>(sin);
+        T* k = static_cast<T*>(keys);
+        T* v = static_cast<T*>(values);
+        std::vector<T> q(static_cast<size_t>(batch * heads * dim));
+        for (int64_t b = 0; b < batch; ++b) {
+            const T* row = src + b * qkv_sb;
+            const T* cb = c + b * cs_sb;
+            const T* sb = s + b * cs_sb;
+            const int64_t p = positions[b];
+            const int64_t base = tables[b * table_stride + (p >> shift)] * c_sb + (p & mask) * c_st;
+            for (int64_t h = 0; h < heads; ++h) rope_head(row + h * dim, cb, sb, q.data() + (b * heads + h) * dim, dim);
+            for (int64_t h = 0; h < kv_heads; ++h) {
+                const int64_t at = base + h * c_sh;
+                rope_head(row + (heads + h) * dim, cb, sb, k + at, dim);
+                std::memcpy(v + at, row + (heads + kv_heads + h) * dim, static_cast<size_t>(dim) * sizeof(T));
+            }
+        }
+        run_paged<T>(q.data(), heads * dim, dim, k, v, c_sb, c_sh, c_st, shift, tables, table_stride,
+                     lengths.data(), out, batch, heads, kv_heads, dim, scale, threads);
+    };
+    if (dtype == 0)
+        prepare(static_cast<float*>(nullptr));
+    else if (dtype == 1)
+        prepare(static_cast<uint16_t*>(nullptr));
+    else
+        return -1;
+    return 0;
+}
+
+// provmark_decode_attention over the paged cache (layout as provmark_paged_rope_cache_attention).
+int provmark_paged_decode_attention(int dtype, const void* query, int64_t q_sb, int64_t q_sh, const void* keys,
+                                    const void* values, int64_t c_sb, int64_t c_sh, int64_t c_st, int64_t shift,
+                                    int64_t num_blocks, const int64_t* tables, int64_t table_stride,
+                                    const int64_t* lengths, void* output, int64_t batch, int64_t heads,
+                                    int64_t kv_heads, int64_t dim, float scale, int threads) {
+    if (batch < 0 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1 || threads < 1) return -1;
+    if (!tables_ok(tables, table_stride, shift, num_blocks, lengths, batch)) return -1;
+    if (dtype == 0)
+        run_paged<float>(query, q_sb, q_sh, keys, values, c_sb, c_sh, c_st, shift, tables, table_stride, lengths,
+                         output, batch, heads, kv_heads, dim, scale, threads);
+    else if (dtype == 1)
+        run_paged<uint16_t>(query, q_sb, q_sh, keys, values, c_sb, c_sh, c_st, shift, tables, table_stride, lengths,
+                            output, batch, heads, kv_heads, dim, scale, threads);
+    else
+        return -1;
+    return 0;
+}
+
+// Row b's new key/value ([batch, kv_heads, 1, dim], strides k_sb, k_sh / v_sb, v_sh) written at its
+// position positions[b] of the paged cache (layout as provmark_paged_rope_cache_attention).
+int provmark_paged_cache_write(int dtype, void* keys, void* values, int64_t c_sb, int64_t c_sh, int64_t c_st,
+                               int64_t shift, int64_t num_blocks, const int64_t* tables, int64_t table_stride,
+                               const void* new_k, int64_t k_sb, int64_t k_sh, const void* new_v, int64_t v_sb,
+                               int64_t v_sh, const int64_t* positions, int64_t batch, int64_t kv_heads, int64_t dim) {
+    if (batch < 0 || kv_heads < 1 || dim < 1) return -1;
+    std::vector<int64_t> lengths(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) lengths[static_cast<size_t>(b)] = positions[b] + 1;
+    if (!tables_ok(tables, table_stride, shift, num_blocks, lengths.data(), batch)) return -1;
+    const int64_t mask = (int64_t{1} << shift) - 1;
+    const size_t size = static_cast<size_t>(dim) * (dtype == 0 ? 4 : 2);
+    if (dtype != 0 && dtype != 1) return -1;
+    char* kc = static_cast<char*>(keys);
+    char* vc = static_cast<char*>(values);
+    const char* nk = static_cast<const char*>(new_k);
+    const char* nv = static_cast<const char*>(new_v);
+    const int64_t elem = dtype == 0 ? 4 : 2;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t p = positions[b];
+        const int64_t base = tables[b * table_stride + (p >> shift)] * c_sb + (p & mask) * c_st;
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            std::memcpy(kc + (base + h * c_sh) * elem, nk + (b * k_sb + h * k_sh) * elem, size);
+            std::memcpy(vc + (base + h * c_sh) * elem, nv + (b * v_sb + h * v_sh) * elem, size);
+        }
+    }
+    return 0;
+}
 
 // x [rows, dim] (row stride x_stride, last dim contiguous), w [dim], out contiguous [rows, dim].
 int provmark_rms_norm(int dtype, const void* x, int64_t x_stride, const void* w, float eps, void* out,

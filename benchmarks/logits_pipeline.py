@@ -4,7 +4,9 @@
     python benchmarks/logits_pipeline.py [--batch 16] [--repeats 30] [--threads 1] [--out FILE]
 
 Both sides get the same logits and histories in the same process, each setting timed plain and
-watermarked (ours: the default kgw spec; transformers: its WatermarkLogitsProcessor, lefthash h=1).
+watermarked (ours: the default kgw spec; transformers: its WatermarkLogitsProcessor, lefthash h=1). Ours
+reads each row's kind as the engine does; the watermarked rows are timed with output that reads as prose
+(``delta``), as code (``code_delta``) and half of each (two groups), against the same transformers step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from generation.sample import LogitsPipeline, StepRows  # noqa: E402
 from generation.sample.sampler import SamplerState, SamplingParams  # noqa: E402
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.scheme import Watermark  # noqa: E402
+from watermark.text_kind import MIN_GENERATED, codeish_table  # noqa: E402
+from watermark.vocab import load_vocabulary  # noqa: E402
 
 V = 49152  # SmolLM2's logits width
 HISTORY = 128
@@ -60,17 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.randint(0, V, (args.batch, HISTORY), generator=gen)
     logits = torch.randn(args.batch, V, generator=gen) * 3
     mark = Watermark(WatermarkSpec.default(), bytes(range(32)), V, key_id="bench")
-    pipeline = LogitsPipeline(V, "cpu")
+    table = codeish_table(load_vocabulary())
+    pipeline = LogitsPipeline(V, "cpu", table)
+    code_tokens = [int(t) for t in table.nonzero()[0][:2 * MIN_GENERATED]]
+    prose_tokens = [int(t) for t in (table == 0).nonzero()[0][1000:1000 + 2 * MIN_GENERATED]]
     rows = []
     for name, fields in SETTINGS.items():
-        for watermarked in (False, True):
+        for watermarked, kind in ((False, None), (True, "prose"), (True, "code"), (True, "mixed")):
             states = [SamplerState(SamplingParams(seed=i, **fields), ids[i].tolist(), {0}) for i in range(args.batch)]
+            for i, state in enumerate(states):  # output so far: 32 tokens that read as prose or as code
+                for token in (code_tokens if kind == "code" or (kind == "mixed" and i % 2) else prose_tokens):
+                    state.append(token)
             marks = [mark if watermarked else None] * args.batch
             ours = time_call(lambda: pipeline.sample(logits, StepRows.of(states, marks)), args.repeats)
             theirs = time_call(lambda step=transformers_step(fields, watermarked): step(ids, logits), args.repeats)
-            rows.append({"setting": name, "watermarked": watermarked, "ours_ms": ours["median_ms"],
-                         "transformers_ms": theirs["median_ms"], "speedup": theirs["median_ms"] / ours["median_ms"]})
-            print(f"{name:7s} {'wm' if watermarked else '  '} ours {ours['median_ms']:.2f} ms  transformers "
+            rows.append({"setting": name, "watermarked": watermarked, "output_reads_as": kind,
+                         "ours_ms": ours["median_ms"], "transformers_ms": theirs["median_ms"],
+                         "speedup": theirs["median_ms"] / ours["median_ms"]})
+            print(f"{name:7s} {'wm ' + kind if watermarked else '':9s} ours {ours['median_ms']:.2f} ms  transformers "
                   f"{theirs['median_ms']:.2f} ms  x{rows[-1]['speedup']:.1f}", file=sys.stderr)
     write_json("logits_pipeline", {"benchmark": "logits_pipeline", "vocab_size": V, "batch": args.batch,
                                    "history": HISTORY, "machine": machine(), "results": rows}, args.out)

@@ -105,9 +105,11 @@ def test_scheduler_preempts_the_newest_by_blocks_and_admits_by_blocks():
     batch = scheduler.schedule()
     assert [s.request_id for g in batch.prefill_groups for s in g] == ["new", "old"]  # longest first
     assert len(old.block_table) == 2 and len(new.block_table) == 2  # blocks for the prompt only
-    for seq in (old, new):  # each generates tokens until the pool runs short
+    for seq in (old, new):  # prefilled, first token sampled
         seq.num_cached = seq.num_tokens
-    new.prompt_ids += [0] * 9  # 17 tokens: needs 5 blocks, old (7) holds 2: one short of the pool's 6
+        seq.output_ids.append(0)
+    new.output_ids += [0] * 8  # new decoded on: 17 tokens need 5 blocks, old (8) holds 2: one short of 6
+    new.num_cached = new.num_tokens - 1
     scheduler.schedule()
     assert new.status is SequenceStatus.WAITING and new.block_table == [] and scheduler.num_preemptions == 1
     assert scheduler.running == [old] and scheduler.blocks.num_free == 4

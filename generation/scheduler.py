@@ -27,6 +27,10 @@ PREFILL_PADDING_SLACK = 0.15
 # Chunked prefill: prompt tokens a step computes beside running decodes, however many decode. With 16
 # decoding rows on the 2-core box, 8 more rows raise the step's time by about a third; 32 more by 2.5x.
 MIN_CHUNK_TOKENS = 8
+# Prompts longer than this (uncached tokens) arriving while requests decode are prefilled in chunks; shorter
+# ones in one prefill step, as when nothing decodes (a step of up to this many tokens stalls the decodes
+# once; chunking them would slow admission when many wait).
+CHUNKED_PREFILL_ABOVE = 1024
 
 
 @dataclass(slots=True)
@@ -103,22 +107,19 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> Batch:
-        """While nothing decodes, or a seeded prompt is next: admit waiting sequences and prefill their prompts
-        whole (a prefill step). Otherwise decode every running sequence, with the prompt tokens of newly
-        admitted (or still prefilling) sequences computed beside them, oldest first, up to
-        ``max_step_tokens`` rows in all (at least MIN_CHUNK_TOKENS prompt tokens)."""
+        """Admit waiting sequences that fit. Prompts are prefilled whole (a prefill step), except, while
+        requests decode, an unseeded prompt of more than CHUNKED_PREFILL_ABOVE uncached tokens: it is computed
+        in chunks beside the decodes, oldest first, up to ``max_step_tokens`` rows a step in all (at least
+        MIN_CHUNK_TOKENS prompt tokens). With nothing to prefill whole, decode every running sequence."""
         decoding = any(seq.num_cached == seq.num_tokens - 1 for seq in self.running)
-        if not decoding or (self.waiting and not self.waiting[0].cache_lookup):
-            admitted = self._admit()
-            if not decoding:  # nothing to protect: prompts begun in chunks finish in one prefill
-                admitted += [seq for seq in self.running if seq.num_cached < seq.num_tokens - 1 and seq not in admitted]
-            if admitted:
-                # longest first puts similar lengths side by side, so the prefill groups come out fewer and
-                # larger (12 -> 7 forwards for the benchmark's 16 prompts)
-                admitted.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
-                return Batch(self._group_for_prefill(admitted), [])
-        else:  # admitted here, prefilled below in chunks
-            self._admit(chunked=True)
+        whole = self._admit(decoding)
+        if not decoding:  # nothing to protect: prompts begun in chunks finish in one prefill
+            whole += [seq for seq in self.running if seq.num_cached < seq.num_tokens - 1 and seq not in whole]
+        if whole:
+            # longest first puts similar lengths side by side, so the prefill groups come out fewer and
+            # larger (12 -> 7 forwards for the benchmark's 16 prompts)
+            whole.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
+            return Batch(self._group_for_prefill(whole), [])
         self._make_room_to_grow()
         decode = [seq for seq in self.running if seq.num_tokens - seq.num_cached == 1]
         chunks, budget = [], max(MIN_CHUNK_TOKENS, self.config.max_step_tokens - len(decode))
@@ -130,9 +131,9 @@ class Scheduler:
                 budget -= take
         return Batch([], decode, chunks)
 
-    def _admit(self, chunked: bool = False) -> list[Sequence]:
+    def _admit(self, decoding: bool) -> list[Sequence]:
         """Move waiting sequences that fit into the running set, with their cached blocks and blocks for the
-        rest; ``chunked``: only those that may be prefilled in chunks (not seeded), stopping at a seeded one."""
+        rest; the ones to prefill whole now (``decoding``: the others are prefilled in chunks)."""
         cfg, blocks = self.config, self.blocks
         admitted: list[Sequence] = []
         held: list[Sequence] = []
@@ -148,14 +149,13 @@ class Scheduler:
         prefill_tokens = 0
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            if chunked and not seq.cache_lookup:
-                break
             found = blocks.lookup(seq)
             first_new = blocks.uncomputed_hash(seq, len(found))
             if first_new is not None and first_new in pending:
                 held.append(self.waiting.popleft())
                 continue
             tail = seq.num_tokens - len(found) * blocks.block_size
+            chunked = decoding and seq.cache_lookup and tail > CHUNKED_PREFILL_ABOVE
             if blocks.cost(seq, found, seq.num_tokens + 1) > blocks.num_free - reserve or (
                     admitted and not chunked and prefill_tokens + tail > cfg.max_prefill_tokens):
                 break
@@ -166,8 +166,9 @@ class Scheduler:
             reserve += blocks.missing(seq, seq.num_tokens + 1)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            admitted.append(seq)
-            prefill_tokens += tail
+            if not chunked:
+                admitted.append(seq)
+                prefill_tokens += tail
         self.waiting.extendleft(reversed(held))  # in their order, ahead of the rest
         return admitted
 

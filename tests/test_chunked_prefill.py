@@ -8,7 +8,7 @@ import torch
 
 from generation.engine import Engine
 from generation.sample.sampler import SamplingParams
-from generation.scheduler import MIN_CHUNK_TOKENS
+from generation.scheduler import CHUNKED_PREFILL_ABOVE, MIN_CHUNK_TOKENS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -48,15 +48,15 @@ def run(engine: Engine, prompts, late, params, late_params, after: int = 3) -> d
 
 
 def test_a_long_prompt_arriving_into_decodes_is_prefilled_in_chunks_beside_them(loaded):
-    engine = Engine(loaded, max_num_seqs=8, max_model_len=1024)
+    engine = Engine(loaded, max_num_seqs=8, max_model_len=2048)
     tok = loaded.vocab.tokenizer
     prompts = [tok(p)["input_ids"] for p in SHORT]
-    long = tok("Tell me everything about the tides of the northern sea. " * 20)["input_ids"]
+    long = tok("Tell me everything about the tides of the northern sea. " * 100)["input_ids"]
     chunk = max(MIN_CHUNK_TOKENS, engine.config.max_step_tokens - len(prompts))
-    assert len(long) > 4 * chunk
+    assert len(long) > CHUNKED_PREFILL_ABOVE
     log = logged(engine)
-    outs = run(engine, prompts, [long], SamplingParams(max_new_tokens=32, min_new_tokens=32, temperature=0.0),
-               GREEDY)
+    forced = SamplingParams(max_new_tokens=100, min_new_tokens=100, temperature=0.0)  # decoding throughout
+    outs = run(engine, prompts, [long], forced, GREEDY)
     chunked = [entry for entry in log if entry[2]]
     assert len(chunked) == -(-len(long) // chunk)  # a chunk a step, the whole prompt
     assert all(prefill == 0 and decode == 3 and sum(sizes) <= chunk
@@ -64,34 +64,38 @@ def test_a_long_prompt_arriving_into_decodes_is_prefilled_in_chunks_beside_them(
     assert all(prefill == 0 for prefill, _, _ in log[1:])  # no prefill-only step stalled the decodes
     assert outs["late"][0] == reference(loaded, long, GREEDY.max_new_tokens)
     for got, prompt in zip(outs["early"], prompts):  # forced past EOS: transformers' tokens up to its EOS
-        want = reference(loaded, prompt, 32)
+        want = reference(loaded, prompt, 100)
         eos = loaded.vocab.eos_token_id
         want = want[:want.index(eos)] if eos in want else want
         assert got[:len(want)] == want
 
 
 def test_a_seeded_arrival_is_prefilled_whole_and_samples_as_alone(loaded):
-    engine = Engine(loaded, max_num_seqs=8, max_model_len=1024)
+    engine = Engine(loaded, max_num_seqs=8, max_model_len=2048)
     tok = loaded.vocab.tokenizer
     prompts = [tok(p)["input_ids"] for p in SHORT]
-    long = tok("Tell me everything about the tides of the southern sea. " * 12)["input_ids"]
+    long = tok("Tell me everything about the tides of the southern sea. " * 100)["input_ids"]
+    assert len(long) > CHUNKED_PREFILL_ABOVE
     seeded = SamplingParams(max_new_tokens=12, temperature=0.9, seed=5)
     log = logged(engine)
     outs = run(engine, prompts, [long], SamplingParams(max_new_tokens=24, temperature=0.0), seeded)
     assert not any(sizes for _, _, sizes in log)  # never in chunks
     assert sum(1 for prefill, _, _ in log if prefill) == 2  # the first prompts, then the seeded one whole
-    alone = Engine(loaded, max_num_seqs=8, max_model_len=1024).generate([long], seeded, use_tqdm=False)[0]
+    alone = Engine(loaded, max_num_seqs=8, max_model_len=2048).generate([long], seeded, use_tqdm=False)[0]
     assert outs["late"][0] == alone.token_ids
 
 
 def test_arrivals_sharing_a_prompt_prefilled_in_chunks_wait_and_share_it(loaded):
-    engine = Engine(loaded, max_num_seqs=8, max_model_len=1024)
+    engine = Engine(loaded, max_num_seqs=8, max_model_len=2048)
     tok = loaded.vocab.tokenizer
     prompts = [tok(p)["input_ids"] for p in SHORT[:1]]
-    system = tok("You answer questions about lighthouses, briefly and plainly. " * 8)["input_ids"]
+    system = tok("You answer questions about lighthouses, briefly and plainly. " * 90)["input_ids"]
+    assert len(system) > CHUNKED_PREFILL_ABOVE
     late = [system + tok(f" Question {i}: who keeps the light?")["input_ids"] for i in range(4)]
-    outs = run(engine, prompts, late, SamplingParams(max_new_tokens=40, min_new_tokens=40, temperature=0.0),
+    log = logged(engine)
+    outs = run(engine, prompts, late, SamplingParams(max_new_tokens=200, min_new_tokens=200, temperature=0.0),
                GREEDY)
+    assert any(sizes for _, _, sizes in log)  # the first was prefilled in chunks, the others waited for it
     blocks = engine.scheduler.blocks
     shared = len(system) // blocks.block_size
     assert blocks.hit_tokens >= 3 * shared * blocks.block_size  # the system prompt computed once, found 3 times

@@ -144,7 +144,8 @@ def memory(loaded, vocab: int) -> dict:
     engine = Engine(loaded, max_num_seqs=64, max_model_len=512)
     for p in prompts:
         engine.submit(p, greedy(8, forced=True))
-    while len(engine.scheduler.running) < 64 or any(s.num_cached < len(s.prompt_ids) for s in engine.scheduler.running):
+    running = engine.scheduler.running
+    while engine.has_unfinished() and (len(running) < 64 or any(s.num_cached < len(s.prompt_ids) for s in running)):
         engine.step()
     engine.step()
     running = engine.scheduler.running

@@ -206,9 +206,13 @@ class Engine:
             if batch.is_empty:
                 return finished
             # the masks depend only on each row's constraint state: computed while the model runs
-            batch_rows = [seq for group in batch.prefill_groups for seq in group] or batch.decode  # _run's row order
+            batch_rows = batch.sampled  # _run's row order
             pending = start_masks([seq.constraint for seq in batch_rows], self.vocab_size)
             rows, logits = self._run(batch)
+            if not rows:  # prompt chunks only: no token this step
+                if pending is not None:
+                    pending.result()
+                return finished
             masks = pending.result() if pending is not None else None
             return finished + self._postprocess(rows, logits, masks)
 
@@ -236,10 +240,20 @@ class Engine:
                 rows.extend(group)
             self.scheduler.computed(rows)
             return rows, torch.cat(parts) if len(parts) > 1 else parts[0]
-        rows = batch.decode
-        last = torch.tensor([seq.all_ids[-1] for seq in rows], dtype=torch.long, device=self.runner.device)
-        logits = self.runner.decode(last, [seq.num_tokens - 1 for seq in rows], [seq.block_table for seq in rows])
-        self.scheduler.computed(rows)
+        rows = batch.sampled
+        tokens = [seq.all_ids[-1] for seq in batch.decode]
+        positions = [seq.num_tokens - 1 for seq in batch.decode]
+        tables = [seq.block_table for seq in batch.decode]
+        pick = list(range(len(batch.decode)))
+        for seq, n in batch.chunks:  # each prompt token of a chunk is one more row (it sees the rows before it)
+            tokens += seq.all_ids[seq.num_cached:seq.num_cached + n]
+            positions += range(seq.num_cached, seq.num_cached + n)
+            tables += [seq.block_table] * n
+            if seq.num_cached + n == seq.num_tokens:  # the prompt's last token: its logits give the first token
+                pick.append(len(tokens) - 1)
+        logits = self.runner.decode(torch.tensor(tokens, dtype=torch.long, device=self.runner.device), positions,
+                                    tables, pick if len(pick) < len(tokens) else None)
+        self.scheduler.computed(batch.decode, batch.chunks)
         return rows, logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Paged KV cache: a pool of fixed-size blocks per attention layer, reached through per-sequence block tables.
 
-Each attention layer owns two pools ``[num_blocks, kv_heads, block_size, head_dim]`` allocated once (zeros:
-the pages are only backed by memory once written). A sequence holds a list of block ids (its block table,
+Each attention layer owns two pools ``[num_blocks, kv_heads, block_size, head_dim]`` allocated once (zeros
+from calloc: the pages are only backed by memory once written). A sequence holds a list of block ids (its block table,
 kept by generation/block_manager.py); position p of that sequence lives at row ``p % block_size`` of block
 ``table[p // block_size]``. Memory follows the tokens in use (whole blocks: at most ``block_size - 1`` rows
 of waste per sequence), not ``max_model_len`` per sequence, and blocks can be shared between sequences
@@ -21,9 +21,11 @@ The HF model reaches the pools through transformers' ``Cache`` interface: every 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -151,6 +153,15 @@ def attention_shape(model_config, user: str) -> tuple[int, int, int]:
     return text_config.num_hidden_layers, kv_heads, head_dim
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros whose memory is only backed once written, on the CPU: calloc (through numpy) maps fresh zero
+    pages for a large block, where ``torch.zeros`` writes every byte (the whole pool resident at start-up)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
 def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
     """Raw key + value bytes one token occupies across all layers."""
     layers, kv_heads, head_dim = attention_shape(model_config, "the paged cache")
@@ -180,11 +191,8 @@ class PagedKVCache(Cache):
         # (keys, values, new_keys, new_values, tables, positions) -> None: decode writes each row at its own
         # position through it (paged_native.cache_write, handed over by the runner); None = index_put_
         self.position_writer = None
-        layers = [
-            PagedLayer(self, torch.zeros(self.shape, dtype=dtype, device=device),
-                       torch.zeros(self.shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
-        ]
+        layers = [PagedLayer(self, lazy_zeros(self.shape, dtype, device), lazy_zeros(self.shape, dtype, device))
+                  for _ in range(num_layers)]
         super().__init__(layers=layers)
 
     @property

@@ -113,9 +113,11 @@ class ModelRunner:
         return self.lm_head(last).float()
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+    def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]],
+               logit_rows: list[int] | None = None) -> torch.Tensor:
         """One token per row: ``token_ids[B]`` at ``positions[B]`` of the sequence whose blocks are
-        ``tables[b]``; logits ``[B, V]``."""
+        ``tables[b]``; logits ``[B, V]`` (only of ``logit_rows``, in that order, when given). Rows may
+        share a sequence (a prompt chunk): all rows' keys are written before any row attends."""
         batch = token_ids.shape[0]
         kv_len = max(positions) + 1
         ragged = min(positions) + 1 != kv_len
@@ -145,4 +147,7 @@ class ModelRunner:
             ).last_hidden_state
         finally:
             self.cache.plan = None
-        return self.lm_head(hidden[:, 0]).float()
+        hidden = hidden[:, 0]
+        if logit_rows is not None:
+            hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=self.device)]
+        return self.lm_head(hidden).float()

@@ -16,7 +16,7 @@ can always proceed: nothing ever fails for lack of cache.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from generation.block_manager import BlockManager
 from generation.sequence import Sequence, SequenceStatus
@@ -24,6 +24,13 @@ from generation.sequence import Sequence, SequenceStatus
 # Prefill groups: padding a group of prompts to its longest costs compute; up to this fraction of
 # wasted rows is accepted in exchange for batching (measured in benchmarks/engine_throughput.py).
 PREFILL_PADDING_SLACK = 0.15
+# Chunked prefill: prompt tokens a step computes beside running decodes, however many decode. With 16
+# decoding rows on the 2-core box, 8 more rows raise the step's time by about a third; 32 more by 2.5x.
+MIN_CHUNK_TOKENS = 8
+# Prompts longer than this (uncached tokens) arriving while requests decode are prefilled in chunks; shorter
+# ones in one prefill step, as when nothing decodes (a step of up to this many tokens stalls the decodes
+# once; chunking them would slow admission when many wait).
+CHUNKED_PREFILL_ABOVE = 1024
 
 
 @dataclass(slots=True)
@@ -34,9 +41,12 @@ class SchedulerConfig:
     max_model_len: int = 2048
     max_cache_tokens: int | None = None  # None = max_num_seqs * max_model_len (never binding)
     max_prefill_tokens: int = 4096  # padded prompt tokens run in one prefill step
+    # rows (decode tokens + prompt tokens of chunked prefills) one step runs while requests decode; a chunk
+    # gets what the decodes leave, at least MIN_CHUNK_TOKENS (benchmarks/engine_workloads.py, arrival)
+    max_step_tokens: int = 24
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_model_len", "max_prefill_tokens"):
+        for name in ("max_num_seqs", "max_model_len", "max_prefill_tokens", "max_step_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name}={value!r}: must be a positive int")
@@ -55,14 +65,23 @@ class SchedulerConfig:
 
 @dataclass(slots=True)
 class Batch:
-    """What one step runs: prompts to prefill (groups padded together) or all running sequences to decode."""
+    """What one step runs: prompts to prefill (groups padded together), or the running sequences' next
+    tokens (``decode``) with chunks of prompts being prefilled beside them (``chunks``: sequence, tokens)."""
 
     prefill_groups: list[list[Sequence]]
     decode: list[Sequence]
+    chunks: list[tuple[Sequence, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not self.prefill_groups and not self.decode
+        return not self.prefill_groups and not self.decode and not self.chunks
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        """The rows that get a token from this step, in the order the runner returns their logits."""
+        if self.prefill_groups:
+            return [seq for group in self.prefill_groups for seq in group]
+        return self.decode + [seq for seq, n in self.chunks if seq.num_cached + n == seq.num_tokens]
 
 
 class Scheduler:
@@ -88,14 +107,33 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> Batch:
-        """Admit waiting sequences (prefill step) if any fit; otherwise decode every running sequence."""
-        admitted = self._admit()
-        if admitted:
-            return Batch(self._group_for_prefill(admitted), [])
+        """Admit waiting sequences that fit. Prompts are prefilled whole (a prefill step), except, while
+        requests decode, an unseeded prompt of more than CHUNKED_PREFILL_ABOVE uncached tokens: it is computed
+        in chunks beside the decodes, oldest first, up to ``max_step_tokens`` rows a step in all (at least
+        MIN_CHUNK_TOKENS prompt tokens). With nothing to prefill whole, decode every running sequence."""
+        decoding = any(seq.num_cached == seq.num_tokens - 1 for seq in self.running)
+        whole = self._admit(decoding)
+        if not decoding:  # nothing to protect: prompts begun in chunks finish in one prefill
+            whole += [seq for seq in self.running if seq.num_cached < seq.num_tokens - 1 and seq not in whole]
+        if whole:
+            # longest first puts similar lengths side by side, so the prefill groups come out fewer and
+            # larger (12 -> 7 forwards for the benchmark's 16 prompts)
+            whole.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
+            return Batch(self._group_for_prefill(whole), [])
         self._make_room_to_grow()
-        return Batch([], list(self.running))
+        decode = [seq for seq in self.running if seq.num_tokens - seq.num_cached == 1]
+        chunks, budget = [], max(MIN_CHUNK_TOKENS, self.config.max_step_tokens - len(decode))
+        for seq in self.running:
+            left = seq.num_tokens - seq.num_cached
+            if left > 1 and budget > 0:  # oldest first; the last token of a prompt is computed with the decodes
+                take = min(left, budget)
+                chunks.append((seq, take))
+                budget -= take
+        return Batch([], decode, chunks)
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self, decoding: bool) -> list[Sequence]:
+        """Move waiting sequences that fit into the running set, with their cached blocks and blocks for the
+        rest; the ones to prefill whole now (``decoding``: the others are prefilled in chunks)."""
         cfg, blocks = self.config, self.blocks
         admitted: list[Sequence] = []
         held: list[Sequence] = []
@@ -104,6 +142,10 @@ class Scheduler:
         # full prompt blocks that admitted sequences compute in this step: a prompt that would compute one of
         # them too is held back a step, then shares them (many requests with one system prompt at once)
         pending: set[bytes] = set()
+        for seq in self.running:  # prompts still being prefilled in chunks
+            if seq.num_cached < seq.num_tokens - 1:
+                pending.update(blocks.hashes(seq, (seq.num_tokens - 1) // blocks.block_size)[
+                    seq.num_cached // blocks.block_size:])
         prefill_tokens = 0
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
@@ -113,8 +155,9 @@ class Scheduler:
                 held.append(self.waiting.popleft())
                 continue
             tail = seq.num_tokens - len(found) * blocks.block_size
+            chunked = decoding and seq.cache_lookup and tail > CHUNKED_PREFILL_ABOVE
             if blocks.cost(seq, found, seq.num_tokens + 1) > blocks.num_free - reserve or (
-                    admitted and prefill_tokens + tail > cfg.max_prefill_tokens):
+                    admitted and not chunked and prefill_tokens + tail > cfg.max_prefill_tokens):
                 break
             self.waiting.popleft()
             blocks.admit(seq, found)
@@ -123,12 +166,10 @@ class Scheduler:
             reserve += blocks.missing(seq, seq.num_tokens + 1)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            admitted.append(seq)
-            prefill_tokens += tail
+            if not chunked:
+                admitted.append(seq)
+                prefill_tokens += tail
         self.waiting.extendleft(reversed(held))  # in their order, ahead of the rest
-        # longest first puts similar lengths side by side, so the prefill groups come out fewer and larger
-        # (12 -> 7 forwards for the benchmark's 16 prompts)
-        admitted.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
         return admitted
 
     @staticmethod
@@ -144,10 +185,14 @@ class Scheduler:
                 groups.append([seq])
         return groups
 
-    def computed(self, rows: list[Sequence]) -> None:
-        """A step computed every token of these sequences but the newest: their full blocks become findable."""
+    def computed(self, rows: list[Sequence], chunks: list[tuple[Sequence, int]] = ()) -> None:
+        """A step computed every token of ``rows`` but the newest and ``n`` more tokens of each chunk's
+        sequence: their full blocks become findable."""
         for seq in rows:
             seq.num_cached = seq.num_tokens
+            self.blocks.register(seq)
+        for seq, n in chunks:
+            seq.num_cached += n
             self.blocks.register(seq)
 
     def _make_room_to_grow(self) -> None:

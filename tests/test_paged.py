@@ -3,13 +3,15 @@ block accounting and preemption, and the engine's memory per token."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from generation.block_manager import BlockManager
 from generation.cpu import native, paged_native
 from generation.engine import Engine
-from generation.kv_cache import CacheConfig, default_cache_tokens, kv_bytes_per_token
+from generation.kv_cache import CacheConfig, PagedKVCache, default_cache_tokens, kv_bytes_per_token
 from generation.sample.sampler import SamplingParams
 from generation.scheduler import Scheduler, SchedulerConfig
 from generation.sequence import Sequence, SequenceStatus, TextTracker
@@ -105,12 +107,30 @@ def test_scheduler_preempts_the_newest_by_blocks_and_admits_by_blocks():
     batch = scheduler.schedule()
     assert [s.request_id for g in batch.prefill_groups for s in g] == ["new", "old"]  # longest first
     assert len(old.block_table) == 2 and len(new.block_table) == 2  # blocks for the prompt only
-    for seq in (old, new):  # each generates tokens until the pool runs short
+    for seq in (old, new):  # prefilled, first token sampled
         seq.num_cached = seq.num_tokens
-    new.prompt_ids += [0] * 9  # 17 tokens: needs 5 blocks, old (7) holds 2: one short of the pool's 6
+        seq.output_ids.append(0)
+    new.output_ids += [0] * 8  # new decoded on: 17 tokens need 5 blocks, old (8) holds 2: one short of 6
+    new.num_cached = new.num_tokens - 1
     scheduler.schedule()
     assert new.status is SequenceStatus.WAITING and new.block_table == [] and scheduler.num_preemptions == 1
     assert scheduler.running == [old] and scheduler.blocks.num_free == 4
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_the_pool_is_backed_by_memory_only_where_written(loaded):
+    before = resident_bytes()
+    cache = PagedKVCache(CacheConfig(8192, 2048), loaded.model.config, torch.device("cpu"), torch.float32)
+    assert cache.nbytes == 8192 * 16 * kv_bytes_per_token(loaded.model.config, torch.float32)  # 6 GB reserved
+    assert resident_bytes() - before < cache.nbytes // 20
+    layer = cache.layers[0]
+    assert float(layer.keys[:4].abs().sum()) == 0.0 and layer.keys.is_contiguous()  # zeros, the pools' layout
+    del cache, layer
 
 
 def test_default_pool_fits_64_sequences_and_follows_memory(loaded):

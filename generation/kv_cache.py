@@ -168,13 +168,29 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
     return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def default_cache_tokens(model: torch.nn.Module, max_num_seqs: int, max_model_len: int) -> int:
-    """Tokens the pool holds by default: every sequence at full length, capped by CACHE_MEMORY_SHARE of the
-    memory available now, but never under one full sequence."""
-    wanted = max_num_seqs * max_model_len
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations without swapping: the kernel's MemAvailable (free memory
+    plus the page cache it can reclaim), else the free pages; None where neither can be read."""
     try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_cache_tokens(model: torch.nn.Module, max_num_seqs: int, max_model_len: int,
+                         available: int | None = None) -> int:
+    """Tokens the pool holds by default: every sequence at full length, capped by CACHE_MEMORY_SHARE of the
+    memory ``available`` (default: ``available_memory()`` now), but never under one full sequence."""
+    wanted = max_num_seqs * max_model_len
+    available = available_memory() if available is None else available
+    if available is None:
         return wanted
     per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
     return max(max_model_len, min(wanted, int(available * CACHE_MEMORY_SHARE) // per_token))

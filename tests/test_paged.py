@@ -11,7 +11,7 @@ import torch
 from generation.block_manager import BlockManager
 from generation.cpu import native, paged_native
 from generation.engine import Engine
-from generation.kv_cache import CacheConfig, PagedKVCache, default_cache_tokens, kv_bytes_per_token
+from generation.kv_cache import CacheConfig, PagedKVCache, available_memory, default_cache_tokens, kv_bytes_per_token
 from generation.sample.sampler import SamplingParams
 from generation.scheduler import Scheduler, SchedulerConfig
 from generation.sequence import Sequence, SequenceStatus, TextTracker
@@ -135,10 +135,13 @@ def test_the_pool_is_backed_by_memory_only_where_written(loaded):
 
 def test_default_pool_fits_64_sequences_and_follows_memory(loaded):
     model = loaded.model
-    tokens = default_cache_tokens(model, 64, 2048)
-    assert tokens >= 64 * 512  # 64 sequences of 512 tokens at least, on any machine this suite runs on
-    assert default_cache_tokens(model, 2, 100) == 200  # never more than every sequence at full length
     per_token = kv_bytes_per_token(model.config, torch.float32)
+    # a quarter of what is available, between one full sequence and every sequence at full length
+    assert default_cache_tokens(model, 64, 2048, available=8 * 2**30) == 8 * 2**30 // 4 // per_token >= 64 * 512
+    assert default_cache_tokens(model, 64, 2048, available=64 * 2**30) == 64 * 2048
+    assert default_cache_tokens(model, 64, 2048, available=2**20) == 2048
+    assert default_cache_tokens(model, 2, 100) == 200  # never more than every sequence at full length
+    assert available_memory() > 0  # the machine's reading (MemAvailable, which counts reclaimable page cache)
     layers, kv_heads, dim = 30, 3, 64  # SmolLM2-135M
     assert per_token == 2 * layers * kv_heads * dim * 4
 

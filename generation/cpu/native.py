@@ -1,9 +1,10 @@
 """The engine's native CPU kernels: built once with the system C++ compiler, called through ctypes.
 
-``csrc/engine_kernels.cpp`` holds the decode attention over the slot cache, the cache write, RMSNorm and
-silu(gate) * up: the pieces of a decode step where torch either streams the cache slowly (SDPA for one
-query token) or spends its time dispatching many tiny ops. It is a plain C-ABI shared library (no torch
-headers, so it builds in about three seconds): ``g++ -O3 -march=native -fopenmp``. It links the same ``libgomp.so.1`` soname torch has
+``csrc/engine_kernels.cpp`` holds the decode attention (here over one buffer per row; the engine's paged
+cache goes through generation/cpu/paged_native.py), the cache write, RMSNorm and silu(gate) * up: the
+pieces of a decode step where torch either streams the cache slowly (SDPA for one query token) or spends
+its time dispatching many tiny ops. It is a plain C-ABI shared library (no torch headers, so it builds in
+about three seconds): ``g++ -O3 -march=native -fopenmp``. It links the same ``libgomp.so.1`` soname torch has
 already loaded, so its threads are torch's OpenMP threads, not a second pool. The built library is cached
 under ``$PROVMARK_KERNEL_DIR`` (default ``~/.cache/provmark/kernels``), named by a hash of the source,
 the flags, the compiler and this CPU's feature flags; a build writes a temporary file and renames it, so

@@ -3,7 +3,7 @@
 ``run_decoding`` (or ``DecodingParams.run``, which ``Engine.decode`` calls) is the one entry: it
 validates the request and dispatches to the method's module. Each method runs synchronously on the
 caller's thread over the engine's public surface (engine_interface.DecodingEngine) with its own cache,
-so the engine's slot cache and scheduler are never disturbed; every method samples and scores through
+so the engine's paged cache and scheduler are never disturbed; every method samples and scores through
 the engine's one LogitsPipeline. Plain sampling with n = 1 goes through ``engine.generate``.
 """
 

@@ -28,7 +28,7 @@ watermark stage where ``watermark_before_cut`` puts it, then temperature, trunca
 the contrastive scores. Temperature 0 takes the argmax (the paper's search); temperature > 0 samples
 from softmax(score / temperature) after the request's truncation (top-k, top-p, ...), seeded by
 ``params.seed``. Expert and amateur each run with their own batch-1 cache (speculative/cache.py, CachedLM):
-the engine's slot cache and scheduler are never touched.
+the engine's paged cache and scheduler are never touched.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ request is watermarked (default spec, a throwaway key; with ``--two-part`` also 
 two halves are both biased). Each figure is the median of ``--runs`` timed
 runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
 
-    python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16] [--vllm]
+    python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16,64] [--vllm]
         [--omp-wait-policy default|passive|active] [--two-part] [--no-transformers]
 
 Writes benchmarks/results/engine_throughput.json and prints the same JSON.
@@ -64,6 +64,7 @@ from generation.sample.sampler import SamplingParams
 RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
 NEW_TOKENS = 128
 BATCH = 16
+BATCHES = (1, BATCH, 64)  # the sizes --batches may name
 PROMPT_LENGTHS = (10, 200)  # 16 prompts of 10..200 tokens
 PROMPT_SEED = 1234
 SAMPLED = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}  # one common sampling setting, same on both sides
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-transformers", action="store_true", help="leave the transformers peer out")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
-    parser.add_argument("--batches", default=f"1,{BATCH}", help=f"comma-separated subset of 1,{BATCH}")
+    parser.add_argument("--batches", default=f"1,{BATCH}", help="comma-separated subset of 1,16,64")
     parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                         help="engine linears through oneDNN-packed weights (generation/cpu/packed_linear.py)")
     parser.add_argument("--native-kernels", choices=("auto", "on", "off"), default="auto",
@@ -181,14 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     pad_id = loaded.vocab.eos_token_id if loaded.vocab.eos_token_id is not None else 0
     packed = {"auto": None, "on": True, "off": False}[args.packed_weights]
     native = {"auto": None, "on": True, "off": False}[args.native_kernels]
-    engine = Engine(loaded, max_num_seqs=BATCH, max_model_len=512, packed_weights=packed, native_kernels=native)
+    batches = [int(b) for b in args.batches.split(",")]
+    if not set(batches) <= set(BATCHES):
+        parser.error("--batches: choose from 1,16,64")
+    engine = Engine(loaded, max_num_seqs=max(BATCH, *batches), max_model_len=512, packed_weights=packed,
+                    native_kernels=native)
     watermark = default_watermark(vocab_size)
     two_part = default_watermark(vocab_size, two_part=True)
 
     results: dict[str, dict] = {}
-    batches = [int(b) for b in args.batches.split(",")]
-    if not set(batches) <= {1, BATCH}:
-        parser.error(f"--batches: choose from 1,{BATCH}")
     for batch in batches:
         prompts = make_prompts(batch, vocab_size)
         for mode in ("greedy", "sampled"):
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 "engine": lambda p=prompts, s=sampled: run_engine(engine, p, s),
                 "transformers": lambda p=prompts, s=sampled: run_transformers(model, p, s, pad_id),
             }
-            if batch == BATCH:
+            if batch > 1:
                 fns["engine_watermarked"] = lambda p=prompts, s=sampled: run_engine(engine, p, s, watermark)
                 if args.two_part:
                     fns["engine_two_part"] = lambda p=prompts, s=sampled: run_engine(engine, p, s, two_part)

@@ -1,7 +1,7 @@
 """vLLM (CPU build) throughput without and with provmark's watermark plugin. Runs in .venv-vllm:
 
     bash scripts/setup_vllm_venv.sh
-    .venv-vllm/bin/python benchmarks/vllm_throughput.py [--runs 5] [--dtype float32] [--batches 1,16]
+    .venv-vllm/bin/python benchmarks/vllm_throughput.py [--runs 5] [--dtype float32] [--batches 1,16,64]
         [--modes greedy,sampled] [--engines plain,plugin] [--sampling-specs gumbel:h=4,...] [--eager] [--no-tuned]
 
 Workload: engine_throughput.py's (its make_prompts: the same prompts, 10..200 tokens, 128 new tokens
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed rounds per figure (medians reported)")
     parser.add_argument("--dtype", default="float32", help="model dtype: float32 or bfloat16")
-    parser.add_argument("--batches", default="1,16", help="comma-separated batch sizes (1 and/or 16)")
+    parser.add_argument("--batches", default="1,16", help="comma-separated batch sizes (1, 16, 64)")
     parser.add_argument("--modes", default="greedy,sampled", help="comma-separated: greedy and/or sampled")
     parser.add_argument("--engines", default="plain,plugin", help="which engines to run")
     parser.add_argument("--sampling-specs", default="",
@@ -301,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     batches = [int(b) for b in args.batches.split(",")]
-    if not set(batches) <= {1, 16}:
-        parser.error("--batches: choose from 1,16")
+    if not set(batches) <= {1, 16, 64}:
+        parser.error("--batches: choose from 1,16,64")
     modes = [m for m in args.modes.split(",") if m]
     if not modes or not set(modes) <= {"greedy", "sampled"}:
         parser.error("--modes: choose from greedy,sampled")

@@ -67,13 +67,15 @@ class Engine:
     ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/cpu/packed_linear.py;
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
     runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
-    they build).
+    they build); ``block_table_attention`` and ``cuda_graphs`` are the CUDA decode path (generation/gpu/;
+    None = on CUDA).
     """
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
                  max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
                  block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, packed_weights: bool | None = None,
-                 native_kernels: bool | None = None) -> None:
+                 native_kernels: bool | None = None, block_table_attention: bool | None = None,
+                 cuda_graphs: bool | None = None) -> None:
         if model is None:
             model = load_model()
         self.loaded = model
@@ -86,7 +88,8 @@ class Engine:
             max_cache_tokens = default_cache_tokens(model.model, max_num_seqs, max_model_len)
         self.config = SchedulerConfig(max_num_seqs, max_model_len, max_cache_tokens, max_prefill_tokens)
         cache_config = CacheConfig.for_tokens(self.config.max_cache_tokens, max_model_len, block_size)
-        self.runner = ModelRunner(model.model, cache_config, packed_weights, native_kernels)
+        self.runner = ModelRunner(model.model, cache_config, packed_weights, native_kernels, block_table_attention,
+                                  cuda_graphs)
         if self.runner.native_attention:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only

@@ -5,6 +5,10 @@ a ready 4-D boolean mask (``[B, 1, q, kv]``, True = attend), which transformers'
 returns unchanged. That is what makes ragged batches exact: each row sees only its own cached prefix.
 Logits are computed only for the rows' last real token (the LM head over the whole prompt would cost
 about a fifth of the prefill).
+
+Decode attention: the native C++ kernels on the CPU where they build; elsewhere (CUDA) the block-table
+attention in torch ops (generation/gpu/paged_attention.py), with decode batches replayed as CUDA graphs
+(generation/gpu/graphs.py); else each row's keys gathered from its blocks and transformers' SDPA.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from generation.cpu.slot_attention import (
     plan_row_groups,
     use_slot_attention_,
 )
+from generation.gpu.graphs import DecodeGraphs
+from generation.gpu.paged_attention import ROWS_KWARG, BlockTableRows, shared_view, use_block_table_attention_
 from generation.kv_cache import CacheConfig, ForwardPlan, PagedKVCache
 
 
@@ -28,20 +34,34 @@ class ModelRunner:
     """Owns the KV cache and the scratch tensors; ``prefill`` / ``decode`` return logits ``[B, V]``."""
 
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
-                 native_kernels: bool | None = None) -> None:
+                 native_kernels: bool | None = None, block_table_attention: bool | None = None,
+                 cuda_graphs: bool | None = None) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
         oneDNN (generation/cpu/packed_linear.py); None = whenever this machine supports it.
         ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
-        kernels (generation/cpu/native.py); None = whenever they build; True = ValueError if they cannot."""
+        kernels (generation/cpu/native.py); None = whenever they build; True = ValueError if they cannot.
+        ``block_table_attention``: decode attention through the block tables in torch ops
+        (generation/gpu/paged_attention.py) instead of the native kernels; None = on CUDA.
+        ``cuda_graphs``: decode batches through static buckets (generation/gpu/graphs.py), captured as CUDA
+        graphs on CUDA and run eagerly elsewhere (for tests); None = on CUDA with the block-table attention."""
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
         if packed_weights is None:
             packed_weights = packing_available(model)
         self.packed_weights = bool(packed_weights)
         self.model = model
         forward_model = packed_view(model) if self.packed_weights else model
+        if block_table_attention is None:
+            block_table_attention = self.device.type == "cuda"
+        if block_table_attention and native_kernels:
+            raise ValueError("native_kernels and block_table_attention are two decode attentions: choose one")
+        self.block_table_attention = False
+        if block_table_attention:  # on the engine's own view (the loaded model keeps its attention)
+            forward_model = forward_model if forward_model is not model else shared_view(model)
+            self.block_table_attention = use_block_table_attention_(forward_model)
         # grouped decode attention (generation/cpu/slot_attention.py), only ever on our own view of the model
-        self.slot_attention = self.packed_weights and use_slot_attention_(forward_model)
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.slot_attention = (self.packed_weights and not self.block_table_attention
+                               and use_slot_attention_(forward_model))
         # the C++ kernels (generation/cpu/native.py) where they build: decode attention (else SDPA over row
         # groups), the cache write, RMSNorm and silu * up (generation/cpu/native_layers.py)
         self.native_attention = (native_kernels is not False and self.slot_attention
@@ -56,9 +76,17 @@ class ModelRunner:
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no decoder/LM head pair; not a causal LM we can drive")
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and self.block_table_attention
+        if cuda_graphs and not self.block_table_attention:
+            raise ValueError("cuda_graphs run the block-table attention: it is off or the model is not SDPA-based")
+        if cuda_graphs:  # one more block than the block manager hands out: the padding rows' scratch block
+            cache_config = CacheConfig(cache_config.num_blocks + 1, cache_config.max_model_len, cache_config.block_size)
         self.cache = PagedKVCache(cache_config, model.config, self.device, self.dtype)
         self.cache.position_writer = paged_native.cache_write if self.native_attention else None
         self.block_size = cache_config.block_size
+        self.graphs = (DecodeGraphs(self, cache_config.num_blocks - 1, capture=self.device.type == "cuda")
+                       if cuda_graphs else None)
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(cache_config.max_model_len, device=self.device)
 
@@ -118,7 +146,10 @@ class ModelRunner:
         """One token per row: ``token_ids[B]`` at ``positions[B]`` of the sequence whose blocks are
         ``tables[b]``; logits ``[B, V]`` (only of ``logit_rows``, in that order, when given). Rows may
         share a sequence (a prompt chunk): all rows' keys are written before any row attends."""
-        batch = token_ids.shape[0]
+        if self.graphs is not None:
+            logits = self.graphs.decode(token_ids, positions, tables, logit_rows)
+            if logits is not None:
+                return logits
         kv_len = max(positions) + 1
         ragged = min(positions) + 1 != kv_len
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
@@ -128,14 +159,27 @@ class ModelRunner:
             extra[GROUP_KWARG] = RowLengths(pos, table_t)
         elif self.slot_attention:  # the row groups carry their own masks
             extra[GROUP_KWARG] = plan_row_groups(positions, self.positions, pos)
-        elif ragged:
+        elif ragged and not self.block_table_attention:  # (the block-table attention masks by row lengths)
             mask = (self.positions[:kv_len][None, :] <= pos[:, None])[:, None, None, :]
+        out = self.decode_forward(token_ids, pos, table_t, kv_len, mask, extra, logits=logit_rows is None)
+        if logit_rows is None:
+            return out
+        return self.lm_head(out[torch.tensor(logit_rows, dtype=torch.long, device=self.device)]).float()
+
+    def decode_forward(self, token_ids: torch.Tensor, pos: torch.Tensor, table_t: torch.Tensor, kv_len: int,
+                       mask: torch.Tensor | None = None, extra: dict | None = None, logits: bool = True) -> torch.Tensor:
+        """The decode step's forward over tensors only (no host sync: CUDA graphs capture it): ``token_ids``
+        [B], ``pos`` [B], block tables ``table_t`` [B, W]; float32 logits [B, V] (hidden states if not ``logits``)."""
+        extra = dict(extra or {})
+        if self.block_table_attention:
+            extra[ROWS_KWARG] = BlockTableRows(table_t, pos + 1)
         if self.cache.position_writer is None:  # index_put_ writes: each row's block and row within it
-            blocks, offsets = table_t[torch.arange(batch, device=self.device), pos // self.block_size], pos % self.block_size
+            rows = torch.arange(token_ids.shape[0], device=self.device)
+            blocks, offsets = table_t[rows, pos // self.block_size], pos % self.block_size
         else:
             blocks = offsets = None
         self.cache.plan = ForwardPlan(False, table_t, kv_len, blocks, offsets, positions=pos,
-                                      pooled=self.native_attention)
+                                      pooled=self.native_attention or self.block_table_attention)
         try:
             hidden = self.decoder(
                 input_ids=token_ids[:, None],
@@ -147,7 +191,4 @@ class ModelRunner:
             ).last_hidden_state
         finally:
             self.cache.plan = None
-        hidden = hidden[:, 0]
-        if logit_rows is not None:
-            hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=self.device)]
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden[:, 0]).float() if logits else hidden[:, 0]

@@ -7,7 +7,10 @@ two halves are both biased). Each figure is the median of ``--runs`` timed
 runs after one warm-up; engine and transformers runs alternate so load from other processes hits both.
 
     python benchmarks/engine_throughput.py [--runs 3] [--dtype float32] [--threads 2] [--batches 1,16,64] [--vllm]
-        [--omp-wait-policy default|passive|active] [--two-part] [--no-transformers]
+        [--omp-wait-policy default|passive|active] [--two-part] [--no-transformers] [--device cpu|cuda]
+
+``--device cuda`` runs both sides on the GPU (the engine with its CUDA path: block-table attention and CUDA
+graphs, generation/gpu/); benchmarks/gpu_check.sh runs it that way.
 
 Writes benchmarks/results/engine_throughput.json and prints the same JSON.
 """
@@ -85,10 +88,18 @@ def engine_params(sampled: bool, seed: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=seed, **extra)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a timer stops when the work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_engine(engine: Engine, prompts, sampled: bool, watermark=None) -> float:
     params = [engine_params(sampled, seed=i) for i in range(len(prompts))]
+    synchronize(engine.runner.device)
     start = time.perf_counter()
     outs = engine.generate(prompts, params, [watermark] * len(prompts), use_tqdm=False)
+    synchronize(engine.runner.device)
     elapsed = time.perf_counter() - start
     produced = sum(len(o.token_ids) for o in outs)
     assert produced == NEW_TOKENS * len(prompts), produced
@@ -104,10 +115,14 @@ def run_transformers(model, prompts, sampled: bool, pad_id: int) -> float:
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     extra = {"do_sample": True, **SAMPLED} if sampled else {"do_sample": False}
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
     torch.manual_seed(0)
+    synchronize(device)
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                          pad_token_id=pad_id, **extra)
+    synchronize(device)
     elapsed = time.perf_counter() - start
     produced = (out.shape[1] - width) * len(prompts)
     assert produced == NEW_TOKENS * len(prompts), produced
@@ -171,13 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",
                         help="OpenMP workers between kernels: OpenMP's default, passive (sleep: for a loaded "
                              "machine) or active (spin); applied before torch loads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides on that device)")
     parser.add_argument("--output", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     torch.set_num_threads(args.threads)
 
-    loaded = load_model(dtype=args.dtype)
+    loaded = load_model(device=args.device, dtype=args.dtype)
     model, vocab_size = loaded.model, loaded.vocab.vocab_size
     pad_id = loaded.vocab.eos_token_id if loaded.vocab.eos_token_id is not None else 0
     packed = {"auto": None, "on": True, "off": False}[args.packed_weights]
@@ -227,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "engine_packed_weights": engine.runner.packed_weights,
         "engine_native_kernels": engine.runner.native_attention,
+        "device": str(loaded.device),
+        "device_name": torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else None,
+        "engine_block_table_attention": engine.runner.block_table_attention,
+        "engine_cuda_graphs": engine.runner.graphs is not None and engine.runner.graphs.capture,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "new_tokens": NEW_TOKENS,
         "batch": BATCH,

@@ -13,6 +13,7 @@ from generation.engine import Engine
 from generation.gpu.graphs import BATCH_BUCKETS, DecodeGraphs, bucket_for, padded_inputs, width_buckets
 from generation.gpu.paged_attention import block_table_attention, gather_blocks
 from generation.kv_cache import CacheConfig
+from generation.models import load_model
 from generation.runner import ModelRunner
 from generation.sample.sampler import SamplingParams
 
@@ -111,26 +112,34 @@ def test_buckets_and_padding():
 
 
 @pytest.fixture(scope="module")
-def runners(loaded):
+def cpu_loaded(loaded):
+    """The default model on the CPU in float32 (the session's own where it is that: on a GPU machine it is not)."""
+    if loaded.device.type == "cpu" and loaded.dtype == torch.float32:
+        return loaded
+    return load_model(device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def runners(cpu_loaded):
     """A dynamic block-table runner and one through the static buckets (run eagerly here), plain weights."""
     config = CacheConfig(num_blocks=48, max_model_len=256)
-    dynamic = ModelRunner(loaded.model, config, packed_weights=False, native_kernels=False,
+    dynamic = ModelRunner(cpu_loaded.model, config, packed_weights=False, native_kernels=False,
                           block_table_attention=True, cuda_graphs=False)
-    static = ModelRunner(loaded.model, config, packed_weights=False, native_kernels=False,
+    static = ModelRunner(cpu_loaded.model, config, packed_weights=False, native_kernels=False,
                          block_table_attention=True, cuda_graphs=True)
     return dynamic, static
 
 
-def test_the_loaded_model_keeps_its_attention(loaded, runners):
+def test_the_loaded_model_keeps_its_attention(cpu_loaded, runners):
     dynamic, static = runners
     assert dynamic.block_table_attention and static.graphs is not None and dynamic.graphs is None
-    assert loaded.model.config._attn_implementation == "sdpa"
+    assert cpu_loaded.model.config._attn_implementation == "sdpa"
     assert static.cache.config.num_blocks == 49 and static.graphs.scratch == 48  # the scratch block is extra
     with pytest.raises(ValueError, match="CUDA"):
         DecodeGraphs(dynamic, 0, capture=True)
 
 
-def test_static_buckets_give_the_dynamic_decodes_logits(loaded, runners):
+def test_static_buckets_give_the_dynamic_decodes_logits(cpu_loaded, runners):
     """Ragged rows on shuffled, partly shared tables: prefill, then decode steps through both runners."""
     dynamic, static = runners
     gen = torch.Generator().manual_seed(5)
@@ -144,7 +153,7 @@ def test_static_buckets_give_the_dynamic_decodes_logits(loaded, runners):
         tokens = torch.randint(100, 40000, (3,), generator=gen)
         want = dynamic.decode(tokens, positions, tables)
         got = static.decode(tokens, positions, tables)
-        assert got.shape == want.shape == (3, loaded.model.config.vocab_size)
+        assert got.shape == want.shape == (3, cpu_loaded.model.config.vocab_size)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         # a prompt chunk's rows (sharing a sequence) and only some rows' logits
         chunk = (tokens[:2], [positions[0] + 1, positions[0] + 2], tables[:1] * 2, [1])
@@ -155,11 +164,11 @@ def test_static_buckets_give_the_dynamic_decodes_logits(loaded, runners):
     assert static.graphs.replays == 6 and set(static.graphs.batches) == {(4, 4), (2, 1)}
 
 
-def test_the_engine_through_static_buckets_matches_the_native_default(loaded):
-    prompts = [loaded.vocab.tokenizer(p)["input_ids"] for p in ("The capital of France is", "def fibonacci(n):")]
+def test_the_engine_through_static_buckets_matches_the_native_default(cpu_loaded):
+    prompts = [cpu_loaded.vocab.tokenizer(p)["input_ids"] for p in ("The capital of France is", "def fibonacci(n):")]
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
-    default = Engine(loaded, max_num_seqs=4, max_model_len=128)
-    cuda_like = Engine(loaded, max_num_seqs=4, max_model_len=128, packed_weights=False, native_kernels=False,
+    default = Engine(cpu_loaded, max_num_seqs=4, max_model_len=128)
+    cuda_like = Engine(cpu_loaded, max_num_seqs=4, max_model_len=128, packed_weights=False, native_kernels=False,
                        block_table_attention=True, cuda_graphs=True)
     want = [o.token_ids for o in default.generate(prompts, greedy, use_tqdm=False)]
     got = [o.token_ids for o in cuda_like.generate(prompts, greedy, use_tqdm=False)]
@@ -167,8 +176,8 @@ def test_the_engine_through_static_buckets_matches_the_native_default(loaded):
     assert cuda_like.runner.graphs.replays > 0
 
 
-def test_native_kernels_and_block_table_attention_exclude_each_other(loaded):
+def test_native_kernels_and_block_table_attention_exclude_each_other(cpu_loaded):
     with pytest.raises(ValueError, match="choose one"):
-        ModelRunner(loaded.model, CacheConfig(8, 64), native_kernels=True, block_table_attention=True)
+        ModelRunner(cpu_loaded.model, CacheConfig(8, 64), native_kernels=True, block_table_attention=True)
     with pytest.raises(ValueError, match="block-table"):
-        ModelRunner(loaded.model, CacheConfig(8, 64), block_table_attention=False, cuda_graphs=True)
+        ModelRunner(cpu_loaded.model, CacheConfig(8, 64), block_table_attention=False, cuda_graphs=True)

@@ -121,6 +121,8 @@ class ModelRunner:
             # query t of row b sees its sequence's keys up to its own position (padded queries: the real ones)
             mask = ((keys[None, None, :] <= absolute[:, :, None])
                     & (keys[None, None, :] < (start_t + length_t)[:, None, None]))[:, None]
+        elif self.block_table_attention and min(lengths) == q_len:
+            mask = None  # plain causal rows: SDPA's is_causal (flash on CUDA, as model.generate's prefill)
         else:
             causal = pos[None, :, None] >= pos[None, None, :]  # [1, q, kv]
             real_key = pos[None, None, :] < length_t[:, None, None]  # [B, 1, kv]

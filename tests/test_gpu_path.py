@@ -181,3 +181,20 @@ def test_native_kernels_and_block_table_attention_exclude_each_other(cpu_loaded)
         ModelRunner(cpu_loaded.model, CacheConfig(8, 64), native_kernels=True, block_table_attention=True)
     with pytest.raises(ValueError, match="block-table"):
         ModelRunner(cpu_loaded.model, CacheConfig(8, 64), block_table_attention=False, cuda_graphs=True)
+
+
+def test_block_table_runner_equals_the_plain_gather_path(cpu_loaded, runners):
+    """Against the runner without it (keys gathered per row, transformers' SDPA with a mask): equal-length
+    prompts (prefilled with is_causal, no mask) and ragged ones, then a ragged decode step."""
+    dynamic, _ = runners
+    plain = ModelRunner(cpu_loaded.model, CacheConfig(num_blocks=48, max_model_len=256), packed_weights=False,
+                        native_kernels=False, block_table_attention=False, cuda_graphs=False)
+    gen = torch.Generator().manual_seed(6)
+    tables = [[12, 3], [40, 8], [1, 44]]
+    for lengths in ([20, 20, 20], [20, 7, 31]):
+        prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in lengths]
+        want = plain.prefill(prompts, [0, 0, 0], tables)
+        torch.testing.assert_close(dynamic.prefill(prompts, [0, 0, 0], tables), want, atol=1e-4, rtol=1e-4)
+    tokens = torch.tensor([200, 300, 400])
+    want = plain.decode(tokens, [20, 7, 31], tables)
+    torch.testing.assert_close(dynamic.decode(tokens, [20, 7, 31], tables), want, atol=1e-4, rtol=1e-4)

@@ -144,7 +144,7 @@ class DecodeGraphs:
                 self._forward(static)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # other threads may use CUDA
             static.logits = self._forward(static)
         self.pool = graph.pool()
         static.graph = graph

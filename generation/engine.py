@@ -269,7 +269,7 @@ class Engine:
     def _postprocess(self, rows: list[Sequence], logits: torch.Tensor,
                      masks: ConstraintMasks | None = None) -> list[RequestOutput]:
         step = StepRows.of([seq.sampler_state for seq in rows], [seq.watermark for seq in rows], masks)
-        sampled = self.pipeline.sample(logits, step)
+        sampled = self.pipeline.sample(logits, step, owned=True)  # the step's logits are read nowhere else
         counts = step.allowed_counts
         tokens = sampled.token_ids.tolist()
         chosen_logprobs = sampled.logprobs.tolist() if sampled.logprobs is not None else None

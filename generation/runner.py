@@ -139,8 +139,7 @@ class ModelRunner:
             ).last_hidden_state
         finally:
             self.cache.plan = None
-        last = hidden[torch.arange(rows, device=self.device), length_t - 1]
-        return self.lm_head(last).float()
+        return self.head(hidden[torch.arange(rows, device=self.device), length_t - 1])
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]],
@@ -163,10 +162,16 @@ class ModelRunner:
             extra[GROUP_KWARG] = plan_row_groups(positions, self.positions, pos)
         elif ragged and not self.block_table_attention:  # (the block-table attention masks by row lengths)
             mask = (self.positions[:kv_len][None, :] <= pos[:, None])[:, None, None, :]
-        out = self.decode_forward(token_ids, pos, table_t, kv_len, mask, extra, logits=logit_rows is None)
-        if logit_rows is None:
-            return out
-        return self.lm_head(out[torch.tensor(logit_rows, dtype=torch.long, device=self.device)]).float()
+        hidden = self.decode_forward(token_ids, pos, table_t, kv_len, mask, extra, logits=False)
+        if logit_rows is not None:
+            hidden = hidden[torch.tensor(logit_rows, dtype=torch.long, device=self.device)]
+        return self.head(hidden)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of ``hidden`` [B, D] through the LM head, as ordinary tensors (not inference tensors):
+        the engine's sampler then works on them in place instead of copying [B, V] (generation/sample/pipeline.py)."""
+        with torch.inference_mode(False), torch.no_grad():
+            return self.lm_head(hidden).float()
 
     def decode_forward(self, token_ids: torch.Tensor, pos: torch.Tensor, table_t: torch.Tensor, kv_len: int,
                        mask: torch.Tensor | None = None, extra: dict | None = None, logits: bool = True) -> torch.Tensor:

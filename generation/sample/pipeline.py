@@ -73,11 +73,14 @@ class LogitsPipeline:
         self.kind_table = kind_table
 
     # ---- stages 1-4 ----
-    def penalise(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
-        """Stages 1-4 on a float32 copy of ``logits`` (left untouched); returns the copy."""
+    def penalise(self, logits: torch.Tensor, rows: StepRows, owned: bool = False) -> torch.Tensor:
+        """Stages 1-4 on a float32 copy of ``logits`` (left untouched); returns the copy. ``owned``: the caller
+        hands ``logits`` over (it never reads them again), so float32 logits are worked on in place, not copied."""
         if logits.dim() != 2 or logits.shape[0] != len(rows.states) or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows.states)} rows x vocab {self.vocab_size}")
-        scores = logits.to(torch.float32, copy=True)
+        in_place = (owned and logits.dtype == torch.float32 and logits.is_contiguous()
+                    and (not logits.is_inference() or torch.is_inference_mode_enabled()))
+        scores = logits if in_place else logits.to(torch.float32, copy=True)
         rows.apply_constraint_(scores)
         apply_penalties_(scores, rows.states)
         apply_bans_(scores, rows.states)
@@ -152,11 +155,12 @@ class LogitsPipeline:
             self._stage_choices(scores, rows, staged, tokens)
         return tokens
 
-    def sample(self, logits: torch.Tensor, rows: StepRows, ranking: bool = False) -> SampleOutput:
-        """All stages. Leaves ``logits`` untouched. Rows' tokens depend only on their own logits, params,
+    def sample(self, logits: torch.Tensor, rows: StepRows, ranking: bool = False, owned: bool = False) -> SampleOutput:
+        """All stages. Leaves ``logits`` untouched unless ``owned`` (the caller hands them over: the engine's
+        step, which saves a [B, V] copy). Rows' tokens depend only on their own logits, params,
         state and generator, never on batch-mates. Reported logprobs are of the stage-4 logits;
         ``ranking`` also returns the stage-5 log-softmax (SampleOutput.ranking_logprobs)."""
-        scores = self.penalise(logits, rows)
+        scores = self.penalise(logits, rows, owned)
         params = rows.params
         lp_rows = rows_where([p.logprobs is not None for p in params], scores.device)
         logp = scores.index_select(0, lp_rows).log_softmax(-1) if lp_rows is not None else None

@@ -102,10 +102,7 @@ class BlockManager:
 
     def admit(self, seq: Sequence, found: list[int]) -> None:
         """Give a waiting ``seq`` the ``found`` cached blocks (it skips their tokens) and blocks for the rest."""
-        for block in found:
-            if self.ref_counts[block] == 0:
-                del self.evictable[block]
-            self.ref_counts[block] += 1
+        self.share(found)
         seq.block_table = list(found)
         seq.num_registered = len(found)
         seq.num_cached = len(found) * self.block_size
@@ -121,13 +118,22 @@ class BlockManager:
         if need > self.num_free:
             return False
         for _ in range(need):
-            seq.block_table.append(self._take())
+            seq.block_table.append(self.take())
         return True
 
-    def _take(self) -> int:
+    def share(self, blocks: list[int]) -> None:
+        """One more holder for each of ``blocks`` (a block held by nobody stops being evictable)."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self.evictable[block]
+            self.ref_counts[block] += 1
+
+    def take(self) -> int:
+        """A block for one holder (reference count 1): a free one, else the least recently released cached
+        one (its prefix is forgotten). Check ``num_free`` first."""
         if self.free:
             block = self.free.pop()
-        else:  # reuse the least recently released cached block: its prefix is forgotten
+        else:
             block, _ = self.evictable.popitem(last=False)
             h = self.block_hash[block]
             if self.cached.get(h) == block:
@@ -154,12 +160,17 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         """Drop ``seq``'s hold on its blocks; a block nobody holds is free again (a cached one stays findable
         until reused)."""
-        for block in reversed(seq.block_table):
+        self.drop(seq.block_table)
+        seq.block_table = []
+        seq.num_cached = seq.num_registered = 0
+
+    def drop(self, blocks: list[int]) -> None:
+        """One holder fewer for each of ``blocks``; a block nobody holds is free again (a cached one stays
+        findable until reused). The last block goes back first, so the first is reused last."""
+        for block in reversed(blocks):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 if self.block_hash[block] is not None:
                     self.evictable[block] = None
                 else:
                     self.free.append(block)
-        seq.block_table = []
-        seq.num_cached = seq.num_registered = 0

@@ -10,9 +10,9 @@ logit bias, bans, the watermark stage, temperature, truncation, the draw. Constr
 (``SamplingParams.constraint``) get their masks computed on a background thread while the model runs.
 
 Advanced decoding (generation/decoding) runs over this engine's public surface: ``prompt_ids``,
-``forward`` (the engine's own decoder and LM head over a caller's cache), ``model`` (the plain weights),
-``tokenizer``, ``eos_token_ids``, ``max_model_len``, ``pipeline`` and ``generate``. The engine never
-imports decoding: ``decode`` calls the method object it is handed.
+``branches`` (continuations of one prompt over this engine's KV pool, generation/branches.py), ``model``
+(the plain weights), ``tokenizer``, ``eos_token_ids``, ``max_model_len``, ``pipeline`` and ``generate``.
+The engine never imports decoding: ``decode`` calls the method object it is handed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from generation.block_manager import BlockManager
+from generation.branches import BranchRunner
 from generation.constraints.constraint import (
     ConstraintCompiler,
     ConstraintError,
@@ -259,12 +260,12 @@ class Engine:
         self.scheduler.computed(batch.decode, batch.chunks)
         return rows, logits
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:
-        """Float32 logits [B, V] of the last of ``input_ids`` [B, q] (at ``position_ids``) over a caller's
-        transformers Cache, through the decoder and LM head the engine itself runs (the same numerics)."""
-        hidden = self.runner.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                     past_key_values=cache, use_cache=True).last_hidden_state
-        return self.runner.lm_head(hidden[:, -1]).float()
+    def branches(self, prompt_ids: list[int], n_branches: int, max_new: int, cache_lookup: bool = True) -> BranchRunner:
+        """``n_branches`` continuations of one prompt (beams, siblings) over this engine's KV pool: the prompt
+        prefilled once (prefix-cached blocks reused) and shared by reference, each step one decode of the
+        engine's runner. Use it as a context manager: leaving it gives the blocks back (generation/branches.py)."""
+        return BranchRunner(self.runner, self.scheduler.blocks, self._step_lock, prompt_ids, n_branches, max_new,
+                            cache_lookup)
 
     def _postprocess(self, rows: list[Sequence], logits: torch.Tensor,
                      masks: ConstraintMasks | None = None) -> list[RequestOutput]:

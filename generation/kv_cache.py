@@ -216,6 +216,13 @@ class PagedKVCache(Cache):
         """Memory reserved by all key and value pools (backed by pages only once written)."""
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
 
+    @torch.inference_mode()
+    def copy_block(self, source: int, target: int) -> None:
+        """Block ``target`` becomes a copy of block ``source`` in every layer, keys and values (copy on write)."""
+        for layer in self.layers:
+            layer.keys[target].copy_(layer.keys[source])
+            layer.values[target].copy_(layer.values[source])
+
     @property
     def block_nbytes(self) -> int:
         """Memory of one block across all layers, keys and values."""

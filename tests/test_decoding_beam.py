@@ -1,4 +1,5 @@
-"""Decoding core (issue #7): the prefix-shared cache, beam search, n/best_of, DecodingParams, Engine.decode.
+"""Decoding core (issue #7): beam search, n/best_of, DecodingParams, Engine.decode (the branches over the engine's
+KV pool they run on: tests/test_branches.py).
 
 Against the real embedded model (fp32, one torch thread). Beam scores are re-computed here independently
 (one branch, one token at a time) to check what the search reports and that wider beams score at least
@@ -9,7 +10,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from generation.decoding import DecodingParams, run_decoding
 from generation.decoding.beam import (
@@ -18,7 +18,6 @@ from generation.decoding.beam import (
     run_beam,
 )
 from generation.decoding.best_of import run_best_of, sibling_seed
-from generation.decoding.prefix_cache import PrefixRunner
 from generation.engine import Engine
 from generation.sample import StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
@@ -27,7 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a"]
 NEW_TOKENS = 16
-LOGIT_TOLERANCE = 1e-3  # fp32: the shared-prefix attention sums the same terms in another order
 SCORE_TOLERANCE = 1e-3  # nats over 16 tokens of float32 log-softmax
 Z_THRESHOLD = 4.0  # the issue's bar: one-sided p ~ 3.2e-5
 
@@ -56,67 +54,16 @@ def ids_of(engine, text):
 
 def rescore(engine, prompt_ids, token_ids, params, watermark=None) -> float:
     """Sum of processed log-probabilities of ``token_ids``, one branch, fed one token at a time."""
-    runner = PrefixRunner(engine.loaded.model, prompt_ids, 1, max(len(token_ids), 1))
     state = SamplerState(params, prompt_ids, engine.eos_token_ids)
-    logits, total = runner.prefill(), 0.0
-    for i, token in enumerate(token_ids):
-        total += float(engine.pipeline.ranking_logprobs(logits, StepRows.of([state], [watermark]))[0, token])
-        state.append(token)
-        if i + 1 < len(token_ids):
-            logits = runner.step([token])
+    total = 0.0
+    with engine.branches(prompt_ids, 1, max(len(token_ids), 1)) as runner:
+        logits = runner.prefill()
+        for i, token in enumerate(token_ids):
+            total += float(engine.pipeline.ranking_logprobs(logits, StepRows.of([state], [watermark]))[0, token])
+            state.append(token)
+            if i + 1 < len(token_ids):
+                logits = runner.step([token])
     return total
-
-
-# ---- the prefix-shared cache -------------------------------------------------------------------
-
-def test_prefix_runner_logits_equal_a_plain_forward_and_the_prompt_is_stored_once(engine):
-    model = engine.loaded.model
-    prompt = ids_of(engine, PROMPTS[1])
-    runner = PrefixRunner(model, prompt, 3, 8)
-    runner.prefill()
-    layers = runner.cache.layers
-    pointers = [(layer.prompt_keys.data_ptr(), layer.prompt_values.data_ptr()) for layer in layers]
-    branches = [[] for _ in range(3)]
-    for tokens in ([11, 12, 13], [21, 22, 23], [31, 32, 33]):
-        logits = runner.step(tokens)
-        for branch, token in zip(branches, tokens):
-            branch.append(token)
-    runner.reorder([2, 2, 0])  # beam selection: branch 2 forks, branch 1 is dropped
-    branches = [list(branches[2]), list(branches[2]), list(branches[0])]
-    logits = runner.step([41, 42, 43])
-    for branch, token in zip(branches, [41, 42, 43]):
-        branch.append(token)
-    runner.reorder([1, 0])  # a sibling finished: two branches go on
-    branches = [branches[1], branches[0]]
-    logits = runner.step([51, 52])
-    for branch, token in zip(branches, [51, 52]):
-        branch.append(token)
-    with torch.inference_mode():
-        reference = model(torch.tensor([prompt + b for b in branches])).logits[:, -1].float()
-    assert logits.shape == reference.shape
-    assert (logits - reference).abs().max().item() < LOGIT_TOLERANCE
-    config = model.config
-    head_dim = config.hidden_size // config.num_attention_heads
-    for layer, (keys_ptr, values_ptr) in zip(layers, pointers):
-        assert layer.prompt_keys.shape == (1, config.num_key_value_heads, len(prompt), head_dim)
-        assert (layer.prompt_keys.data_ptr(), layer.prompt_values.data_ptr()) == (keys_ptr, values_ptr)
-    one_copy = 2 * config.num_hidden_layers * config.num_key_value_heads * len(prompt) * head_dim * 4  # fp32
-    assert runner.cache.prompt_nbytes == one_copy
-
-
-def test_prefix_runner_refuses_misuse(engine):
-    runner = PrefixRunner(engine.loaded.model, ids_of(engine, PROMPTS[0]), 2, 2)
-    with pytest.raises(RuntimeError, match="prefill"):
-        runner.step([1, 2])
-    runner.prefill()
-    with pytest.raises(ValueError, match="2 tokens"):
-        runner.step([1])
-    runner.step([1, 2])
-    runner.step([1, 2])
-    with pytest.raises(RuntimeError, match="all used"):
-        runner.step([1, 2])
-    with pytest.raises(ValueError, match="branch ids"):
-        runner.reorder([0, 5])
 
 
 # ---- beam search ----------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ class _PublicOnly:
     """The engine behind generation.decoding.engine_interface.DecodingEngine's members, and nothing else."""
 
     MEMBERS = {"vocab_size", "tokenizer", "eos_token_ids", "pipeline", "loaded", "max_model_len", "model",
-               "prompt_ids", "forward", "generate"}
+               "prompt_ids", "branches", "generate"}
 
     def __init__(self, engine):
         object.__setattr__(self, "_engine", engine)

@@ -271,7 +271,8 @@ def run(args) -> int:
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_option_message(str(exc))) from None
-    engine = Engine(loaded, max_num_seqs=1)
+    # one request; beams / best_of siblings share the engine's KV pool, so it is sized for that many sequences
+    engine = Engine(loaded, max_num_seqs=_branch_count(decoding))
     prompt_input = engine.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else prompt
     try:
         if decoding is not None:
@@ -293,6 +294,15 @@ def run(args) -> int:
     except ValueError as exc:
         raise CLIError(_option_message(str(exc))) from None
     return 0
+
+
+def _branch_count(decoding) -> int:
+    """Sequences the request holds in the KV pool at once: its beams or best_of siblings, else 1."""
+    if decoding is None:
+        return 1
+    if decoding.beam is not None:
+        return decoding.beam.num_beams
+    return decoding.num_samples if decoding.method is None else 1
 
 
 def result_json(out) -> dict:

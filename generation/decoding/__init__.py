@@ -2,9 +2,10 @@
 
 ``run_decoding`` (or ``DecodingParams.run``, which ``Engine.decode`` calls) is the one entry: it
 validates the request and dispatches to the method's module. Each method runs synchronously on the
-caller's thread over the engine's public surface (engine_interface.DecodingEngine) with its own cache,
-so the engine's paged cache and scheduler are never disturbed; every method samples and scores through
-the engine's one LogitsPipeline. Plain sampling with n = 1 goes through ``engine.generate``.
+caller's thread over the engine's public surface (engine_interface.DecodingEngine): beam search and
+n/best_of in the engine's own KV pool (``engine.branches``, between engine steps), speculative and
+contrastive decoding over their own caches; every method samples and scores through the engine's one
+LogitsPipeline. Plain sampling with n = 1 goes through ``engine.generate``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ those ending the sequence (EOS / stop token / stop string / the length limit) an
 ``num_beams`` that do not end carry on. The search stops when ``early_stopping=True`` and ``num_beams``
 sequences are finished, or (False / "never") once the best running beam cannot beat the worst finished
 one: judged at the current length (False), or at the maximum length when length_penalty > 0 ("never":
-exact). All beams share the prompt's keys/values (generation.decoding.prefix_cache).
+exact). The beams run over the engine's own KV cache (``engine.branches``): the prompt is computed once and
+every beam reads its blocks; picking the next beams re-points block tables, it never copies keys.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from generation.decoding.engine_interface import DecodingEngine, generation_room
-from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, request_output
@@ -122,52 +122,52 @@ def run_beam(engine: DecodingEngine, prompt_ids: list[int], params: SamplingPara
     eos = engine.eos_token_ids
     num_beams, lp = config.num_beams, float(config.length_penalty)
     tokenizer = engine.tokenizer
-    runner = PrefixRunner.for_engine(engine, prompt_ids, num_beams, max_new)
-    logits = runner.prefill()
-    states = [SamplerState(params, prompt_ids, eos)]
-    beam_scores = torch.zeros(1)
-    finished: list[_Hypothesis] = []
-    can_improve = True  # transformers' early-stop heuristic (sticky once it says no)
+    with engine.branches(prompt_ids, num_beams, max_new, cache_lookup=params.seed is None) as runner:
+        logits = runner.prefill()
+        states = [SamplerState(params, prompt_ids, eos)]
+        beam_scores = torch.zeros(1)
+        finished: list[_Hypothesis] = []
+        can_improve = True  # transformers' early-stop heuristic (sticky once it says no)
 
-    steps = 0
-    for length in range(1, max_new + 1):
-        steps = length
-        logp = engine.pipeline.ranking_logprobs(logits, StepRows.of(states, [watermark] * len(states)))
-        vocab = logp.shape[1]
-        totals = (logp + beam_scores[:, None]).reshape(-1)
-        keep = min(CANDIDATES_PER_BEAM * num_beams, totals.shape[0])
-        values, flat = totals.topk(keep)
-        may_finish = can_improve and not (config.early_stopping is True and len(finished) >= num_beams)
-        survivors: list[tuple[int, int, float]] = []  # (parent beam, token, score)
-        for rank, (value, index) in enumerate(zip(values.tolist(), flat.tolist())):
-            if value == float("-inf"):
+        steps = 0
+        for length in range(1, max_new + 1):
+            steps = length
+            logp = engine.pipeline.ranking_logprobs(logits, StepRows.of(states, [watermark] * len(states)))
+            vocab = logp.shape[1]
+            totals = (logp + beam_scores[:, None]).reshape(-1)
+            keep = min(CANDIDATES_PER_BEAM * num_beams, totals.shape[0])
+            values, flat = totals.topk(keep)
+            may_finish = can_improve and not (config.early_stopping is True and len(finished) >= num_beams)
+            survivors: list[tuple[int, int, float]] = []  # (parent beam, token, score)
+            for rank, (value, index) in enumerate(zip(values.tolist(), flat.tolist())):
+                if value == float("-inf"):
+                    break
+                parent, token = divmod(index, vocab)
+                generated = states[parent].generated + [token]
+                reason = None
+                if ends_on_token(token, params, eos) or (params.stop and decode_text(tokenizer, generated, params, eos)[1]):
+                    reason = "stop"
+                elif length >= max_new:
+                    reason = "length"
+                if reason is None:
+                    if len(survivors) < num_beams:
+                        survivors.append((parent, token, value))
+                elif rank < num_beams and may_finish:  # only the top num_beams candidates may finish (as transformers)
+                    finished.append(_Hypothesis(value / length ** lp, value, generated, reason))
+            finished.sort(key=lambda h: h.score, reverse=True)
+            del finished[num_beams:]
+            if not survivors:
                 break
-            parent, token = divmod(index, vocab)
-            generated = states[parent].generated + [token]
-            reason = None
-            if ends_on_token(token, params, eos) or (params.stop and decode_text(tokenizer, generated, params, eos)[1]):
-                reason = "stop"
-            elif length >= max_new:
-                reason = "length"
-            if reason is None:
-                if len(survivors) < num_beams:
-                    survivors.append((parent, token, value))
-            elif rank < num_beams and may_finish:  # only the top num_beams candidates may finish (as transformers)
-                finished.append(_Hypothesis(value / length ** lp, value, generated, reason))
-        finished.sort(key=lambda h: h.score, reverse=True)
-        del finished[num_beams:]
-        if not survivors:
-            break
-        if len(finished) >= num_beams:
-            best_length = max_new if config.early_stopping == "never" and lp > 0.0 else length
-            best_possible = survivors[0][2] / best_length ** lp
-            can_improve = can_improve and best_possible > finished[-1].score
-            if config.early_stopping is True or not can_improve:
-                break
-        states = _fork_states(states, survivors, params, prompt_ids, eos)
-        beam_scores = torch.tensor([score for _, _, score in survivors])
-        runner.reorder([parent for parent, _, _ in survivors])
-        logits = runner.step([token for _, token, _ in survivors])
+            if len(finished) >= num_beams:
+                best_length = max_new if config.early_stopping == "never" and lp > 0.0 else length
+                best_possible = survivors[0][2] / best_length ** lp
+                can_improve = can_improve and best_possible > finished[-1].score
+                if config.early_stopping is True or not can_improve:
+                    break
+            states = _fork_states(states, survivors, params, prompt_ids, eos)
+            beam_scores = torch.tensor([score for _, _, score in survivors])
+            runner.reorder([parent for parent, _, _ in survivors])
+            logits = runner.step([token for _, token, _ in survivors])
 
     outputs = []
     for i, hyp in enumerate(finished[:n]):

@@ -1,6 +1,7 @@
 """``n`` / ``best_of`` sampling: best_of sibling samples of one prompt, the n most likely returned.
 
-The siblings run as one batch over a prefix-shared cache (the prompt's keys/values stored once) and are
+The siblings run as one batch over the engine's own KV cache (``engine.branches``: the prompt computed once,
+its blocks shared by every sibling, a finished sibling's blocks given back at once) and are
 drawn by the engine's own LogitsPipeline, each with its own generator: sibling 0 uses ``params.seed`` itself (so
 n = best_of = 1 reproduces the engine's seeded output), sibling i > 0 a seed derived from (seed, i).
 Without a seed the base seed is fresh OS randomness and results are not reproducible.
@@ -18,7 +19,6 @@ import secrets
 
 from generation.decoding.beam import ends_on_token
 from generation.decoding.engine_interface import DecodingEngine, generation_room
-from generation.decoding.prefix_cache import PrefixRunner
 from generation.sample import StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sequence import RequestOutput, TextTracker, request_output
@@ -69,31 +69,31 @@ def run_best_of(engine: DecodingEngine, prompt_ids: list[int], params: SamplingP
     base = params.seed if params.seed is not None else secrets.randbits(63)
     siblings = [_Sibling(i, SamplerState(dataclasses.replace(params, seed=sibling_seed(base, i)), prompt_ids, eos),
                          TextTracker(engine.tokenizer, params.stop)) for i in range(best_of)]
-    runner = PrefixRunner.for_engine(engine, prompt_ids, best_of, max_new)
-    logits = runner.prefill().expand(best_of, -1)
-    live = list(siblings)
-    while live:
-        states = [s.state for s in live]
-        # ranked by the log-softmax after the watermark, before temperature and truncation
-        sampled = engine.pipeline.sample(logits, StepRows.of(states, [watermark] * len(states)), ranking=True)
-        tokens = sampled.token_ids.tolist()
-        chosen = sampled.ranking_logprobs.gather(1, sampled.token_ids[:, None])[:, 0].tolist()
-        still = []
-        for row, (sib, token) in enumerate(zip(live, tokens)):
-            sib.state.append(token)
-            sib.logprob += chosen[row]
-            if sib.logprobs is not None:
-                sib.logprobs.append(float(sampled.logprobs[row]))
-                sib.top_logprobs.append(sampled.top_logprobs[row])
-            sib.reason = _stop_reason(sib, token, params, eos, max_new)
-            if sib.reason is None:
-                still.append(row)
-        if not still:
-            break
-        if len(still) < len(live):
-            runner.reorder(still)
-        live = [live[row] for row in still]
-        logits = runner.step([tokens[row] for row in still])
+    with engine.branches(prompt_ids, best_of, max_new, cache_lookup=params.seed is None) as runner:
+        logits = runner.prefill().expand(best_of, -1)
+        live = list(siblings)
+        while live:
+            states = [s.state for s in live]
+            # ranked by the log-softmax after the watermark, before temperature and truncation
+            sampled = engine.pipeline.sample(logits, StepRows.of(states, [watermark] * len(states)), ranking=True)
+            tokens = sampled.token_ids.tolist()
+            chosen = sampled.ranking_logprobs.gather(1, sampled.token_ids[:, None])[:, 0].tolist()
+            still = []
+            for row, (sib, token) in enumerate(zip(live, tokens)):
+                sib.state.append(token)
+                sib.logprob += chosen[row]
+                if sib.logprobs is not None:
+                    sib.logprobs.append(float(sampled.logprobs[row]))
+                    sib.top_logprobs.append(sampled.top_logprobs[row])
+                sib.reason = _stop_reason(sib, token, params, eos, max_new)
+                if sib.reason is None:
+                    still.append(row)
+            if not still:
+                break
+            if len(still) < len(live):
+                runner.reorder(still)
+            live = [live[row] for row in still]
+            logits = runner.step([tokens[row] for row in still])
 
     ranked = sorted(siblings, key=lambda s: s.logprob, reverse=True)[:n]
     return [_output(rank, sib, prompt_ids, params, eos, watermark, best_of) for rank, sib in enumerate(ranked)]

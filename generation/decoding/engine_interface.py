@@ -17,6 +17,26 @@ from generation.sample.params import SamplingParams
 from generation.sequence import RequestOutput
 
 
+class Branches(Protocol):
+    """Continuations of one prompt run as one batch (beams, n/best_of siblings)."""
+
+    def prefill(self) -> torch.Tensor:
+        """Compute the prompt once; float32 logits [1, V] of its last token. Call once, first."""
+
+    def step(self, tokens: torch.Tensor | list[int]) -> torch.Tensor:
+        """One token per live branch; float32 logits [branches, V] of each branch's next token."""
+
+    def reorder(self, index: torch.Tensor | list[int]) -> None:
+        """Branches ``index`` go on, in that order (repeats fork a branch, left-out ones end)."""
+
+    def close(self) -> None:
+        """Give the branches' cache back (idempotent; leaving the ``with`` block calls it)."""
+
+    def __enter__(self) -> Branches: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
 class DecodingEngine(Protocol):
     vocab_size: int
     tokenizer: Any
@@ -33,8 +53,10 @@ class DecodingEngine(Protocol):
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """Checked prompt token ids (ValueError / TypeError naming the problem)."""
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:
-        """Float32 logits [B, V] of the last input position over the caller's cache, as the engine computes them."""
+    def branches(self, prompt_ids: list[int], n_branches: int, max_new: int, cache_lookup: bool = True) -> Branches:
+        """``n_branches`` continuations of one prompt over the engine's own KV cache, for up to ``max_new``
+        steps (the prompt computed once and shared; ``cache_lookup=False``: none of it taken from the prefix
+        cache, for seeded requests). Use as a context manager: leaving it gives the cache back."""
 
     def generate(self, prompts: Sequence, params, watermarks=None, use_tqdm: bool | None = None) -> list[RequestOutput]:
         """Plain generation through the engine's scheduler (finished outputs in input order)."""

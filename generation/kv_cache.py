@@ -1,7 +1,7 @@
 """Paged KV cache: a pool of fixed-size blocks per attention layer, reached through per-sequence block tables.
 
-Each attention layer owns two pools ``[num_blocks, kv_heads, block_size, head_dim]`` allocated once (zeros
-from calloc: the pages are only backed by memory once written). A sequence holds a list of block ids (its block table,
+Each attention layer owns two pools ``[num_blocks, kv_heads, block_size, head_dim]`` allocated once (an
+anonymous mapping of zero pages, backed by memory only once written; ``lazy_zeros``). A sequence holds a list of block ids (its block table,
 kept by generation/block_manager.py); position p of that sequence lives at row ``p % block_size`` of block
 ``table[p // block_size]``. Memory follows the tokens in use (whole blocks: at most ``block_size - 1`` rows
 of waste per sequence), not ``max_model_len`` per sequence, and blocks can be shared between sequences
@@ -22,10 +22,10 @@ The HF model reaches the pools through transformers' ``Cache`` interface: every 
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -154,12 +154,17 @@ def attention_shape(model_config, user: str) -> tuple[int, int, int]:
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros whose memory is only backed once written, on the CPU: calloc (through numpy) maps fresh zero
-    pages for a large block, where ``torch.zeros`` writes every byte (the whole pool resident at start-up)."""
+    """Zeros whose memory is only backed once written, on the CPU: an anonymous mapping of fresh zero pages
+    (``mmap``), where ``torch.zeros`` writes every byte (the whole pool resident at start-up). Plain 4 KiB pages:
+    numpy's zeros would ask for transparent huge pages (``madvise``), and the kernel then finds each 2 MiB page
+    by compacting memory when a block in it is first written, all 2 x layers pools at the same step (100 to
+    250 ms stalls in the middle of decoding, benchmarks/engine_workloads.py's arrival workload)."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:

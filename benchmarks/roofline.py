@@ -6,9 +6,10 @@ build has on the CPU: ``torch.ops.mkldnn._linear_pointwise``, the engine's prefi
 float32 and bfloat16, at prefill row counts (512) and at the decode batch (16, 64). From the model's linear
 weights it then bounds engine_throughput.py's workloads (prompts of 10..200 tokens, 128 new tokens each):
 
-- prefill: every prompt token through every linear but the LM head (once per prompt), at the prefill rate;
-- each decode step: the larger of reading every weight once (bytes / bandwidth) and the step's matmul work
-  at the decode-batch rate.
+- prefill: every prompt token through every linear but the LM head (once per prompt), at the best matmul
+  rate measured;
+- each decode step: the larger of its matmul work at that rate and its memory traffic at the measured
+  bandwidth (every weight once, and every row's cached keys and values).
 
 Attention, norms, sampling and Python are left out, so the bound is generous: no engine on this machine runs
 the workload faster. With ``--measured FILE`` (engine_throughput.py's JSON) each greedy figure, ours and
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import machine, write_json
 from engine_throughput import NEW_TOKENS, make_prompts
 
+from generation.kv_cache import kv_bytes_per_token
 from generation.models import load_model
 
 PREFILL_ROWS = 512
@@ -76,18 +78,25 @@ def linear_shapes(model: torch.nn.Module) -> tuple[list[tuple[int, int]], tuple[
     return shapes, tuple(head.weight.shape)
 
 
-def bound(shapes, head, prompts, batch: int, rates: dict, bytes_per_weight: int) -> dict:
+def bound(shapes, head, prompts, batch: int, rates: dict, bytes_per_weight: int, kv_per_token: int) -> dict:
+    """The workload's least time: prefill at the peak matmul rate; each decode step the larger of its matmul work
+    at the peak rate and its memory traffic (every weight once, every row's cached keys and values) at the
+    measured bandwidth. Attention's arithmetic, norms, sampling and Python are left out."""
     decoder_params = sum(o * i for o, i in shapes)
     head_params = head[0] * head[1]
     prompt_tokens = sum(len(p) for p in prompts)
-    prefill_s = 2.0 * decoder_params * prompt_tokens / (rates["prefill_gflops"] * 1e9)
+    peak = rates["peak_gflops"] * 1e9
+    prefill_s = 2.0 * decoder_params * prompt_tokens / peak
     step_flops = 2.0 * (decoder_params + head_params) * batch
-    step_bytes = (decoder_params + head_params) * bytes_per_weight
-    step_s = max(step_bytes / (rates["bandwidth_gb_s"] * 1e9), step_flops / (rates[f"decode{batch}_gflops"] * 1e9))
+    weight_bytes = (decoder_params + head_params) * bytes_per_weight
+    # row b at step t attends to len(prompt_b) + t keys: their mean over the steps
+    kv_bytes = kv_per_token * (prompt_tokens + batch * (NEW_TOKENS - 1) / 2)
+    compute_s, memory_s = step_flops / peak, (weight_bytes + kv_bytes) / (rates["bandwidth_gb_s"] * 1e9)
+    step_s = max(compute_s, memory_s)
     total = prefill_s + NEW_TOKENS * step_s
     return {"prompt_tokens": prompt_tokens, "prefill_s": round(prefill_s, 3), "decode_step_ms": round(step_s * 1e3, 2),
-            "decode_bound_by": "memory" if step_bytes / rates["bandwidth_gb_s"] > step_flops / rates[f"decode{batch}_gflops"] else "compute",
-            "ceiling_tokens_per_s": round(NEW_TOKENS * batch / total, 1)}
+            "decode_bound_by": "memory" if memory_s > compute_s else "compute",
+            "kv_mb_per_step": round(kv_bytes / 1e6, 1), "ceiling_tokens_per_s": round(NEW_TOKENS * batch / total, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +117,13 @@ def main(argv: list[str] | None = None) -> int:
                  "prefill_gflops": matmul_gflops(distinct, PREFILL_ROWS, dtype),
                  "decode16_gflops": matmul_gflops(distinct + [head], 16, dtype),
                  "decode64_gflops": matmul_gflops(distinct + [head], 64, dtype)}
+        rates["peak_gflops"] = max(value for key, value in rates.items() if key.endswith("_gflops"))
         entry = {key: round(value, 1) for key, value in rates.items()}
+        kv_per_token = kv_bytes_per_token(loaded.model.config, dtype)
         for batch in (16, 64):
             prompts = make_prompts(batch, loaded.vocab.vocab_size)
-            entry[f"batch{batch}_greedy"] = bound(shapes, head, prompts, batch, rates, torch.finfo(dtype).bits // 8)
+            entry[f"batch{batch}_greedy"] = bound(shapes, head, prompts, batch, rates, torch.finfo(dtype).bits // 8,
+                                                 kv_per_token)
         report["dtypes"][name] = entry
     if measured is not None:
         name = measured.get("dtype", "float32")

@@ -323,3 +323,37 @@ def test_watermark_bias_backend_equals_the_tensor_code(spec):
     assert calls, "the backend was not used"
     assert torch.equal(got, want)  # the same green lists, bit for bit
     assert not torch.equal(got, logits)
+
+
+@pytest.mark.parametrize("spec", ["kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0,code_delta=3.5",
+                                  "kgw:scheme=lefthash,h=1,gamma=0.5,delta=1.5,code_delta=3.0"])
+def test_watermark_bias_per_row_deltas_in_one_pass_equal_the_two_groups(spec):
+    """Rows writing code and prose in one batch: the C++ kernel biases each row at its own delta in one call,
+    bit for bit what the tensor code does in two groups."""
+    from watermark import greenlist
+    from watermark.config import WatermarkSpec
+    from watermark.scheme import Watermark
+
+    vocab = 5000
+    mark = Watermark(WatermarkSpec.parse(spec), b"k" * 32, vocab, key_id="t")
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(7, vocab, generator=gen)
+    histories = torch.randint(0, vocab, (7, 5), generator=gen).tolist()
+    code = [True, False, False, True, False, True, False]
+    greenlist.set_bias_backend(None)
+    try:
+        want = mark.bias(logits.clone(), histories, code)
+        calls = []
+
+        def counting(*args):
+            calls.append(args[7])  # delta
+            return native.watermark_bias(*args)
+
+        greenlist.set_bias_backend(counting)
+        got = mark.bias(logits.clone(), histories, code)
+    finally:
+        greenlist.set_bias_backend(None)
+    assert len(calls) == 1 and isinstance(calls[0], torch.Tensor)  # one pass, per-row deltas
+    assert torch.equal(got, want)
+    raised = (got - logits).max(1).values
+    assert torch.allclose(raised, torch.tensor([mark.spec.code_delta if c else mark.spec.delta for c in code]))

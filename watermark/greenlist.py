@@ -95,6 +95,32 @@ def set_bias_backend(backend) -> None:
     _bias_backend = backend
 
 
+def bias_logits_rows(logits: torch.Tensor, tables: SeedTables, gamma: float, deltas: list[float],
+                     contexts: torch.Tensor) -> torch.Tensor:
+    """Soft bias of ``logits`` [B, V] in place, row b at its own ``deltas[b]`` (the same green lists as
+    bias_logits): one pass through the backend where it takes per-row deltas, else one bias_logits call per
+    distinct delta over that group of rows."""
+    backend = _bias_backend
+    if backend is not None:
+        t = tables.tensors(logits.device)
+        token_mix = vocab_mix_table(tables.vocab_size, logits.device).unsqueeze(0)
+        row_deltas = torch.tensor(deltas, dtype=torch.float32)
+        if tables.scheme == "selfhash":
+            done = backend(logits, None, t["token"][contexts], t["salt"], t["self"], token_mix,
+                           green_threshold(gamma), row_deltas, False)
+        else:
+            done = backend(logits, context_seeds(tables, contexts, None), None, None, None, token_mix,
+                           green_threshold(gamma), row_deltas, False)
+        if done:
+            return logits
+    for delta in dict.fromkeys(deltas):
+        index = torch.tensor([b for b, d in enumerate(deltas) if d == delta], device=logits.device)
+        part = logits.index_select(0, index)
+        bias_logits(part, tables, gamma, delta, False, contexts.index_select(0, index))
+        logits.index_copy_(0, index, part)
+    return logits
+
+
 def bias_logits(logits: torch.Tensor, tables: SeedTables, gamma: float, delta: float, hard: bool,
                 contexts: torch.Tensor) -> torch.Tensor:
     """Soft (+delta on green) or hard (red -> -inf) bias of ``logits`` [B, V], in place."""

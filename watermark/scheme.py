@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from watermark.config import WatermarkSpec
-from watermark.greenlist import bias_logits, green
+from watermark.greenlist import bias_logits, bias_logits_rows, green
 from watermark.hf_compat import HFGreenlists
 from watermark.key_binding import bound_spec
 from watermark.key_info import KeyNotFoundError, key_fingerprint
@@ -153,20 +153,16 @@ class Watermark:
         return [j for j, i in enumerate(ready) if code[i]]
 
     def _bias_rows(self, target: torch.Tensor, contexts: torch.Tensor, code_rows: list[int]) -> None:
-        """One pass over every row at delta, or at code_delta when all are code; else the code rows and the rest as two
-        groups (each row biased once, at its own delta, on the same green list)."""
+        """One pass over every row at delta, or at code_delta when all are code; else each row at its own delta, in one
+        pass where the bias backend takes per-row deltas (the C++ kernel), else as two groups (same green lists)."""
         spec = self.spec
         if not code_rows or len(code_rows) == target.shape[0]:
             delta = spec.code_delta if code_rows else spec.delta
             bias_logits(target, self._tables, spec.gamma, delta, spec.hard, contexts)
             return
         chosen = set(code_rows)
-        for rows, delta in ((code_rows, spec.code_delta), ([j for j in range(target.shape[0]) if j not in chosen],
-                                                          spec.delta)):
-            index = torch.tensor(rows, device=target.device)
-            part = target.index_select(0, index)
-            bias_logits(part, self._tables, spec.gamma, delta, False, contexts.index_select(0, index))
-            target.index_copy_(0, index, part)
+        deltas = [spec.code_delta if j in chosen else spec.delta for j in range(target.shape[0])]
+        bias_logits_rows(target, self._tables, spec.gamma, deltas, contexts)
 
     # ---- detection ----------------------------------------------------------------------------
     def green_flags(self, token_ids: torch.Tensor | list[int]) -> torch.Tensor:

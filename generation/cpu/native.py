@@ -107,7 +107,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_cache_write": [i32, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, i64],
         "provmark_rms_norm": [i32, ptr, i64, ptr, f32, ptr, i64, i64],
         "provmark_silu_mul": [i32, ptr, i64, i64, ptr, i64],
-        "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
+        "provmark_watermark_bias": [ptr, i64, i64, i32, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, f32, ptr, i32, i32],
         "provmark_gumbel_survivors": [ptr, i64, i64, ptr, ptr, i64, ctypes.c_double, i64, ptr, ptr, i32],
         "provmark_top_head": [ptr, i64, i64, i64, i64, ptr, ptr, ptr, i32],
         "provmark_synthid_tournament": [ptr, i64, i64, ptr, i64, i32],
@@ -239,12 +239,12 @@ def rope_cache_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_values: torch.Tensor | None,
                    salt: torch.Tensor | None, own: torch.Tensor | None, token_mix: torch.Tensor, threshold: int,
-                   delta: float, hard: bool) -> bool:
+                   delta: float | torch.Tensor, hard: bool) -> bool:
     """watermark.greenlist's bias backend: the same integers as its tensor code, one pass in C++.
 
     ``seeds`` [B, 1] (per-row schemes) or ``context_values`` [B, h] with ``salt``/``own`` [V] (selfhash);
-    ``token_mix`` [1, V]. Returns False, untouched, for what it does not take (not contiguous CPU float32
-    logits, a kernel build without it)."""
+    ``token_mix`` [1, V]; ``delta`` one float, or float32 [B], each row's own. Returns False, untouched, for what
+    it does not take (not contiguous CPU float32 logits, a kernel build without it)."""
     lib = _library()
     batch, vocab = logits.shape if logits.dim() == 2 else (0, 0)
     if (lib is None or logits.dtype is not torch.float32 or not logits.is_cpu or not logits.is_contiguous()
@@ -264,9 +264,17 @@ def watermark_bias(logits: torch.Tensor, seeds: torch.Tensor | None, context_val
             return False
         args = (1, None, ctx.data_ptr(), ctx.shape[1], salt.data_ptr(), own.data_ptr())
         keep = (ctx, salt, own)
+    row_deltas = None
+    if isinstance(delta, torch.Tensor):
+        row_deltas = delta.to(torch.float32).reshape(-1).contiguous()
+        if row_deltas.numel() != batch or not row_deltas.is_cpu:
+            return False
+        delta = 0.0
     rc = lib.provmark_watermark_bias(logits.data_ptr(), batch, vocab, *args, mix.data_ptr(), SEED_MULTIPLIER,
-                                     int(threshold), float(delta), int(bool(hard)), torch.get_num_threads())
-    del keep
+                                     int(threshold), float(delta),
+                                     None if row_deltas is None else row_deltas.data_ptr(), int(bool(hard)),
+                                     torch.get_num_threads())
+    del keep, row_deltas
     return rc == 0
 
 

@@ -677,11 +677,11 @@ extern "C" {
 // token v of row b is green when mix64(seed, mix[v]) < threshold, mix64(s, t) = (s ^ t) * ((s * M) | 1) in
 // wrapping 64-bit arithmetic. The seed is per row (mode 0: row_seeds[b]) or, for selfhash (mode 1),
 // min(own[v], min_j ctx[b, j] ^ salt[v]) as signed 64-bit values. Soft: green logits += delta; hard: red
-// logits = -inf.
+// logits = -inf. ``row_deltas`` (or null: ``delta`` for every row) gives each row its own soft delta.
 int provmark_watermark_bias(float* logits, int64_t rows, int64_t vocab, int mode, const int64_t* row_seeds,
                             const int64_t* ctx, int64_t h, const int64_t* salt, const int64_t* own,
-                            const int64_t* mix, int64_t multiplier, int64_t threshold, float delta, int hard,
-                            int threads) {
+                            const int64_t* mix, int64_t multiplier, int64_t threshold, float delta,
+                            const float* row_deltas, int hard, int threads) {
     if (rows < 0 || vocab < 1 || (mode != 0 && mode != 1) || (mode == 1 && h < 0) || threads < 1) return -1;
     constexpr int64_t chunk = 4096;
     const int64_t chunks = (vocab + chunk - 1) / chunk;
@@ -691,16 +691,17 @@ int provmark_watermark_bias(float* logits, int64_t rows, int64_t vocab, int mode
         const int64_t b = item / chunks, v0 = (item % chunks) * chunk, v1 = v0 + chunk < vocab ? v0 + chunk : vocab;
         float* row = logits + b * vocab;
         const int64_t* c = ctx + b * h;
+        const float d = row_deltas ? row_deltas[b] : delta;
         if (mode == 0) {
-            bias_span<0>(row, v0, v1, row_seeds[b], c, nullptr, nullptr, mix, mult, threshold, delta, hard);
+            bias_span<0>(row, v0, v1, row_seeds[b], c, nullptr, nullptr, mix, mult, threshold, d, hard);
         } else {
             switch (h) {
 #define PROVMARK_H(H) \
-    case H: bias_span<H>(row, v0, v1, 0, c, salt, own, mix, mult, threshold, delta, hard); break;
+    case H: bias_span<H>(row, v0, v1, 0, c, salt, own, mix, mult, threshold, d, hard); break;
                 PROVMARK_H(1) PROVMARK_H(2) PROVMARK_H(3) PROVMARK_H(4) PROVMARK_H(5) PROVMARK_H(6)
                 PROVMARK_H(7) PROVMARK_H(8)
 #undef PROVMARK_H
-                default: bias_span<-1>(row, v0, v1, h, c, salt, own, mix, mult, threshold, delta, hard);
+                default: bias_span<-1>(row, v0, v1, h, c, salt, own, mix, mult, threshold, d, hard);
             }
         }
     }

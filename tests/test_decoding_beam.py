@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from generation.decoding import DecodingParams, run_decoding
 from generation.decoding.beam import (
@@ -78,6 +79,23 @@ def test_one_beam_is_greedy(engine, watermark, marked):
         assert beam.token_ids == greedy.token_ids
         assert beam.text == greedy.text and beam.finish_reason == greedy.finish_reason
         assert (beam.watermark is not None) == marked
+
+
+@pytest.mark.parametrize(("num_beams", "early_stopping"), [(4, False), (3, True)])
+def test_beam_search_equals_transformers_beam_search(engine, loaded, num_beams, early_stopping):
+    """Unwatermarked, the beams in the engine's block pool give transformers' own beam search, token for token."""
+    for prompt in PROMPTS:
+        prompt_ids = ids_of(engine, prompt)
+        params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
+        (ours,) = engine.decode(prompt_ids, params, DecodingParams(beam=BeamConfig(num_beams, 1.0, early_stopping)))
+        with torch.inference_mode():
+            out = loaded.model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
+                                        dtype=torch.long), max_new_tokens=NEW_TOKENS, num_beams=num_beams,
+                                        do_sample=False, length_penalty=1.0, early_stopping=early_stopping,
+                                        pad_token_id=next(iter(engine.eos_token_ids)))
+        theirs = out[0, len(prompt_ids):].tolist()
+        assert list(ours.token_ids) == theirs[:len(ours.token_ids)]
+        assert len(theirs) == len(ours.token_ids) or set(theirs[len(ours.token_ids):]) <= engine.eos_token_ids
 
 
 def test_four_beams_score_at_least_greedy(engine, watermark):

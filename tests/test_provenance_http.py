@@ -24,12 +24,17 @@ from joserfc.jwk import KeySet
 from api.detector.app import create_app as create_detector
 from api.generation.app import create_app as create_generation
 from db.rows import text_sha256
+from watermark.keys import Keyring
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 REPO = Path(__file__).resolve().parent.parent
 TRUSTED_EKUS = ["1.3.6.1.5.5.7.3.4"]  # emailProtection: what c2pa-rs's default trust configuration accepts
 PROMPT = "Write a short paragraph about lighthouses and the people who kept them."
 WATERMARK_TOKENS = 110  # enough for the default spec's verdict to say watermarked (the other tests need text only)
+# the service's active key, from a fixed secret: with the request's fixed seed the watermarked text, and so its
+# verdict, is the same every run (a fresh random key per run left the 110-token verdict short of "watermarked"
+# now and then)
+FIXED_SECRET = bytes.fromhex("5d6f0c2a9e41b7d38c15f0a4e26b9d7153c8e0fa4b2d961e7a3c5f08d1e4b62c")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +42,7 @@ def live(tmp_path_factory, loaded):
     from generation.engine import Engine
 
     home = tmp_path_factory.mktemp("provenance-home")
+    Keyring(home).create("k-provenance", secret=FIXED_SECRET)
     engine = Engine(loaded, max_num_seqs=4, max_model_len=256)
     generation = create_generation({"home": home, "engine": engine, "rate_limit": 0})
     detector = create_detector({"home": home, "vocab": shared_vocabulary(), "rate_limit": 0})

@@ -1,6 +1,7 @@
 """``provmark audit head | prove | check-proof | log-key``: the transparency log from the command line.
 
-  provmark audit head [--json]                       sign and keep a tree head over every event so far
+  provmark audit head [--every S] [--json]           sign and keep a tree head over every event so far (with
+                                                     --every: again every S seconds while the log grows)
   provmark audit prove ID [--tree-size N] [--out F]  inclusion proof of an event (seq, event id or subject id)
   provmark audit prove --consistency FIRST SECOND    consistency proof between two kept head sizes
   provmark audit check-proof FILE --log-key KEY      check a proof offline (KEY: PEM, base64, JWK(S) file or URL)
@@ -12,15 +13,18 @@ A proof that fails exits 1 with the reason; bad input exits 2 (``provmark: ...``
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from api.cli.actions import add_action
 from api.cli.documents import is_file, is_url, read_document
 from api.cli.errors import CLIError
+from api.cli.identity_keys import public_identity, signing_keys
+from api.settings import Settings
 from db.store import Store
-from db.transparency import LogError, consistency_proof, inclusion_proof, keep_tree_head
+from db.transparency import SIGNER_STATE_FILE, HeadGuard, LogError, consistency_proof, inclusion_proof, keep_tree_head
 from provenance.log_key import LogKeyError, read_public_key
-from provenance.log_signer import LogKeyFileError, LogSigner
+from provenance.log_signer import public_document
 from provenance.proof_bundle import ProofError, bundle_key_id, check_bundle
 
 MAX_KEY_BYTES = 1 << 20  # a JWKS is a few KiB; more is not a key document
@@ -31,6 +35,8 @@ def register(audit_actions, store_action) -> None:
     """Add the log actions to the ``audit`` group; ``store_action`` wraps a handler given an open Store."""
     head = store_action(audit_actions, "head", "sign and keep a tree head of the transparency log, and print it",
                         _head)
+    head.add_argument("--every", type=float, metavar="S", help="keep signing: a new head every S seconds while "
+                      "the log grows (a log-signing job for deployments without a generation service)")
     head.add_argument("--json", action="store_true", help="machine-readable output")
 
     prove = store_action(audit_actions, "prove", "a proof bundle: an event's inclusion in the log, or the "
@@ -52,24 +58,31 @@ def register(audit_actions, store_action) -> None:
                             "JWKS file, or an http(s) URL serving a JWKS or /v1/log/public-key")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
-    key = add_action(audit_actions, "log-key", "print the transparency log's public key", _log_key)
+    key = store_action(audit_actions, "log-key", "print the transparency log's public key", _log_key)
     form = key.add_mutually_exclusive_group()
     form.add_argument("--jwk", action="store_true", help="as a JWK (kid: its RFC 7638 thumbprint)")
     form.add_argument("--pem", action="store_true", help="as PEM (SubjectPublicKeyInfo)")
     key.add_argument("--json", action="store_true", help="every form, as one JSON document")
 
 
-def _signer() -> LogSigner:
+def log_guard() -> HeadGuard:
     try:
-        return LogSigner()
-    except LogKeyFileError as error:
+        return HeadGuard(Settings.load().home / SIGNER_STATE_FILE)
+    except LogError as error:
         raise CLIError(str(error)) from None
 
 
 def _head(store: Store, args) -> int:
     store.upgrade()
+    if args.every is not None and not args.every > 0:
+        raise CLIError(f"--every: expected a positive number of seconds, got {args.every}")
+    signer, guard = signing_keys(store).log, log_guard()
     try:
-        head = keep_tree_head(store, _signer())
+        head = keep_tree_head(store, signer, guard=guard)
+        while args.every is not None:
+            time.sleep(args.every)
+            head = keep_tree_head(store, signer, reuse_within_s=args.every, guard=guard)
+            print(f"tree head of size {head.tree_size}", flush=True)
     except LogError as error:
         raise CLIError(str(error)) from None
     if args.json:
@@ -95,7 +108,7 @@ def _prove(store: Store, args) -> int:
             summary = (f"consistency proof from size {bundle['first_size']} to size {bundle['second_size']} "
                        f"({len(bundle['consistency_path'])} hashes)")
         else:
-            bundle = inclusion_proof(store, _signer(), args.reference, args.tree_size)
+            bundle = inclusion_proof(store, signing_keys(store).log, args.reference, args.tree_size)
             summary = (f"inclusion proof of event {bundle['entry_json']['seq']} (leaf {bundle['leaf_index']} of "
                        f"{bundle['tree_size']})")
     except LogError as error:
@@ -127,8 +140,8 @@ def _check_proof(args) -> int:
     return 0
 
 
-def _log_key(args) -> int:
-    document = _signer().public_document()
+def _log_key(store: Store, args) -> int:
+    document = public_document(public_identity(store).log_key())
     if args.json:
         print(json.dumps(document, indent=2))
     elif args.jwk:

@@ -1,8 +1,9 @@
 """The transparency log over the audit events (``db.transparency``; formats in docs/transparency-log.md).
 
-    GET /v1/log/head                        no token: the newest signed tree head; a new one is signed and kept
-                                            when the log grew and the newest is older than HEAD_REFRESH_S
-    GET /v1/log/public-key                  no token: the log key as JWK (and JWKS), PEM and note verifier key
+    GET /v1/log/head                        no token: the newest signed tree head (signed by the generation
+                                            service every few seconds while the log grows, or `provmark log sign`)
+    GET /v1/log/public-key                  no token: the deployment's log key as JWK (and JWKS), PEM and note
+                                            verifier key (the same from every replica)
     GET /v1/log/proof/inclusion?id=&tree_size=      scopes ``audit`` and ``explain``: an event's inclusion bundle
     GET /v1/log/proof/consistency?first=&second=    scopes ``audit`` and ``explain``: a consistency bundle
 
@@ -13,8 +14,6 @@ text test guesses of the exact green count.
 """
 
 from __future__ import annotations
-
-import threading
 
 from flask import Blueprint, jsonify
 
@@ -33,30 +32,21 @@ from db.transparency import (
     LogNotFound,
     consistency_proof,
     inclusion_proof,
-    keep_tree_head,
+    newest_head,
 )
-from provenance.log_signer import LogKeyFileError, LogSigner
+from provenance.identity import IdentityError
+from provenance.log_signer import public_document
 
-HEAD_REFRESH_S = 1.0  # at most one new head per second per worker, however often /v1/log/head is asked
 PROOF_ERRORS = {404: ErrorResponse, 409: ErrorResponse}
 
 
-class _SignerOnce:
-    """The state folder's log signer, opened (or created) on first use."""
-
-    def __init__(self, home) -> None:
-        self._home, self._signer, self._lock = home, None, threading.Lock()
-
-    def __call__(self) -> LogSigner:
-        if self._signer is None:
-            with self._lock:
-                if self._signer is None:
-                    try:
-                        self._signer = LogSigner(self._home)
-                    except LogKeyFileError:  # its message names the file: for the operator's log, not callers
-                        raise ApiError(503, "log_key_unavailable", "the transparency log's key cannot be opened; "
-                                                                   "the operator is told why") from None
-        return self._signer
+def _log_key(services):
+    """The deployment's log public key (the detector holds no private key); 503 before the identity exists."""
+    try:
+        return services.public_keys.cache.require().log_key()
+    except IdentityError:
+        raise ApiError(503, "identity_missing", "this deployment has no log key yet: its identity is made by "
+                                                "`provmark identity init`") from None
 
 
 def _answering(action):
@@ -77,20 +67,20 @@ def _require_exact() -> None:
 
 def blueprint(api, services) -> Blueprint:
     bp = Blueprint("log", __name__)
-    store, signer = services.store, _SignerOnce(services.settings.home)
+    store = services.store
 
     @api.route(bp, "/v1/log/head", methods=["GET"], summary="The newest signed tree head of the transparency log",
-               responses={200: TreeHeadBody, 409: ErrorResponse, 429: ErrorResponse}, tags=["log"])
+               responses={200: TreeHeadBody, 404: ErrorResponse, 429: ErrorResponse}, tags=["log"])
     def log_head():
         services.auth.limit_anonymous()
-        head = _answering(lambda: keep_tree_head(store, signer(), reuse_within_s=HEAD_REFRESH_S))
+        head = _answering(lambda: newest_head(store))
         return jsonify(head.to_dict())
 
     @api.route(bp, "/v1/log/public-key", methods=["GET"], summary="The transparency log's public key",
-               responses={200: LogPublicKeyBody, 429: ErrorResponse}, tags=["log"])
+               responses={200: LogPublicKeyBody, 429: ErrorResponse, 503: ErrorResponse}, tags=["log"])
     def log_public_key():
         services.auth.limit_anonymous()
-        return jsonify(signer().public_document())
+        return jsonify(public_document(_log_key(services)))
 
     @api.route(bp, "/v1/log/proof/inclusion", methods=["GET"], summary="An audit event's inclusion proof",
                query=InclusionQuery, responses={200: InclusionProofBody, **PROOF_ERRORS}, scope="audit", tags=["log"])
@@ -98,7 +88,7 @@ def blueprint(api, services) -> Blueprint:
     def log_inclusion_proof():
         _require_exact()
         query: InclusionQuery = parse_query(InclusionQuery)
-        return jsonify(_answering(lambda: inclusion_proof(store, signer(), query.id, query.tree_size)))
+        return jsonify(_answering(lambda: inclusion_proof(store, None, query.id, query.tree_size)))
 
     @api.route(bp, "/v1/log/proof/consistency", methods=["GET"], summary="A consistency proof between two kept heads",
                query=ConsistencyQuery, responses={200: ConsistencyProofBody, **PROOF_ERRORS},

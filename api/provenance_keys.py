@@ -13,6 +13,7 @@ detector holds ``PublicKeys`` and never creates or opens one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -41,6 +42,8 @@ from provenance.c2pa_credential import (
 )
 from provenance.identity import C2PA_ROOT, C2PA_SIGNER, LOG, IdentityError, IdentitySeal, PublicIdentity
 from provenance.log_signer import LogSigner
+
+log = logging.getLogger(__name__)
 
 JWKS_PATH = "/.well-known/jwks.json"
 JWKS_MAX_AGE_S = 60  # a rotation reaches HTTP caches within a minute; retired keys stay listed anyway
@@ -136,7 +139,13 @@ def add_jwks_route(api, target, jwks: Callable[[], dict], before: Callable[[], N
     def jwks() -> Response:
         if before is not None:
             before()
-        response = jsonify(jwks())  # application/json, as JOSE libraries' fetchers expect
+        try:
+            document = jwks()
+        except IdentityError:  # the operator's log has the details; a forged key is never served
+            log.error("the deployment's receipt keys cannot be served", exc_info=True)
+            raise ApiError(503, "identity_unreadable", "the receipt keys cannot be read as the deployment "
+                                                       "signed them; the operator is told why") from None
+        response = jsonify(document)  # application/json, as JOSE libraries' fetchers expect
         response.headers["Cache-Control"] = f"public, max-age={JWKS_MAX_AGE_S}"
         return response
 
@@ -156,8 +165,9 @@ def add_trust_anchors_route(api, target, anchors: Callable[[], str], before: Cal
         try:
             pem = anchors()
         except IdentityError:
-            raise ApiError(503, "identity_missing", "this deployment has no C2PA trust anchor yet: its identity "
-                                                    "is made by `provmark identity init`") from None
+            log.error("the deployment's C2PA trust anchors cannot be served", exc_info=True)
+            raise ApiError(503, "identity_missing", "this deployment has no readable C2PA trust anchor; its "
+                                                    "identity is made by `provmark identity init`") from None
         return Response(pem, mimetype=PEM_MEDIA_TYPE,
                         headers={"Cache-Control": f"public, max-age={JWKS_MAX_AGE_S}"})
 

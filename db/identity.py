@@ -117,7 +117,7 @@ def create_identity(store: Store, seal: IdentitySeal, records: list[KeyRecord], 
                                         created_at=utc_now()))
                 session.flush()  # a concurrent maker fails here, before any key is written
                 session.add_all(_row(record) for record in records)
-                append_event(session, "identity.create", actor, identity.deployment_id,
+                append_event(session, "key.identity_create", actor, identity.deployment_id,
                              {"deployment_id": identity.deployment_id,
                               "keys": [{"role": r.role, "kid": r.kid} for r in records]})
     except IntegrityError:

@@ -46,7 +46,7 @@ from api.http import (
     install_error_handlers,
 )
 from api.metrics import EngineCollector, install_metrics
-from api.provenance_keys import SigningKeys, add_jwks_route, add_trust_anchors_route
+from api.provenance_keys import PublicKeys, SigningKeys, add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptError, ReceiptLinks
@@ -122,7 +122,7 @@ def create_app(config: dict | None = None) -> Flask:
     credentials = Credentials(store, keys.receipts, keys.c2pa, model_id=engine.loaded.model_id,
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars)
+                                max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store))
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
@@ -198,7 +198,7 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
 
-    add_jwks_route(api, bp, lambda: {"keys": service.signer.jwks_keys()})
+    add_jwks_route(api, bp, lambda: service.public_keys.jwks())
     add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem)
 
     @bp.get("/openapi.json")

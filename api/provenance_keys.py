@@ -131,7 +131,7 @@ class PublicKeys:
         return self._anchors if self._anchors is not None else self.cache.require().trust_anchor_pem()
 
 
-def add_jwks_route(api, target, jwks: Callable[[], dict], before: Callable[[], None] | None = None) -> None:
+def add_jwks_route(api, target, document_of: Callable[[], dict], before: Callable[[], None] | None = None) -> None:
     """``GET /.well-known/jwks.json`` on ``target`` (a Flask app or blueprint), documented in ``api``."""
 
     @api.route(target, JWKS_PATH, methods=["GET"], summary="The JWKS that verifies this issuer's receipts",
@@ -140,7 +140,7 @@ def add_jwks_route(api, target, jwks: Callable[[], dict], before: Callable[[], N
         if before is not None:
             before()
         try:
-            document = jwks()
+            document = document_of()
         except IdentityError:  # the operator's log has the details; a forged key is never served
             log.error("the deployment's receipt keys cannot be served", exc_info=True)
             raise ApiError(503, "identity_unreadable", "the receipt keys cannot be read as the deployment "

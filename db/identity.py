@@ -212,7 +212,8 @@ class IdentityCache:
             with self._lock:
                 if time.monotonic() - self._at >= self.refresh_s:
                     self._identity = load_identity(self.store, self.seal)
-                    self._at = time.monotonic()
+                    # none yet: asked again next time (it is made once, and should show at once)
+                    self._at = time.monotonic() if self._identity is not None else float("-inf")
         return self._identity
 
     def require(self) -> PublicIdentity:

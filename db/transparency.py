@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from db.audit import lock_chain, row_log_entry
 from db.audit_heads import head_of_row
 from db.rows import AuditEventRow, AuditHeadRow, TreeHeadRow, utc_now
-from db.store import Store
+from db.store import Store, StoreUnavailable
 from provenance.log_signer import LogSigner
 from provenance.merkle import DEFAULT_CHUNK, ChunkedTree, root_hash
 from provenance.proof_bundle import consistency_bundle, inclusion_bundle
@@ -276,8 +276,8 @@ class HeadSequencer:
                 if str(error) != self.failure:
                     log.error("transparency log: %s", error)
                 self.failure = str(error)
-            except Exception:  # the database is away for a moment: the next round retries
-                log.warning("transparency log: could not sign a head this round", exc_info=True)
+            except StoreUnavailable as error:  # the database is away for a moment: the next round retries
+                log.warning("transparency log: no head signed this round: %s", error)
 
 
 def find_event(session: Session, reference) -> AuditEventRow:

@@ -115,6 +115,7 @@ def create_app(config: dict | None = None) -> Flask:
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
+    sequencer = None
     if settings.log_head_interval > 0:
         guard = HeadGuard(settings.home / SIGNER_STATE_FILE)
         sequencer = HeadSequencer(store, keys.log, settings.log_head_interval, guard).start()
@@ -130,6 +131,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
+    app.extensions["provmark.log_heads"] = sequencer  # db.transparency.HeadSequencer, or None
     install_error_handlers(app)
     _install_metrics(app, worker)
     api = _openapi()

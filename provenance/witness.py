@@ -113,8 +113,8 @@ def parse_witness_vkey(text: str) -> tuple[str, Ed25519PublicKey]:
     """(name, key) of a cosignature verifier key; WitnessError if malformed or its key id does not match."""
     if not isinstance(text, str):
         raise WitnessError("a witness verifier key is text: name+hexkeyid+base64key")
-    rest, _, encoded = text.strip().rpartition("+")
-    name, _, key_id_hex = rest.rpartition("+")
+    name, _, rest = text.strip().partition("+")  # a name has no '+'; base64 may
+    key_id_hex, _, encoded = rest.partition("+")
     try:
         blob = base64.b64decode(encoded, validate=True)
         key_id = bytes.fromhex(key_id_hex)

@@ -6,7 +6,7 @@ A cosignature is one more signature line of the checkpoint note::
     — <witness name> base64(key id || timestamp || signature)
 
     key id      SHA-256(<name> || "\\n" || 0x04 || 32-byte Ed25519 public key)[:4]
-    timestamp   uint64 big-endian, POSIX seconds when the witness cosigned
+    timestamp   uint64 big-endian, POSIX seconds when the witness cosigned (at most 2^63 - 1)
     signature   Ed25519 over  "cosignature/v1\\n" "time <timestamp in decimal>\\n" <the checkpoint's body>
 
 The body is the note's text up to and including the newline that ends its last body line (no signature
@@ -37,6 +37,7 @@ from provenance.tree_head import SIGNATURE_DASH, Checkpoint, TreeHeadError, pars
 COSIGNATURE_ALGORITHM = b"\x04"  # the signed-note signature type of a timestamped Ed25519 cosignature
 COSIGNATURE_LABEL = b"cosignature/v1\n"
 KEY_ID_BYTES, TIMESTAMP_BYTES, SIGNATURE_BYTES = 4, 8, 64
+MAX_TIMESTAMP = 2**63 - 1  # the spec's bound on a cosignature's timestamp
 DEFAULT_NAME_PREFIX = "provmark.witness/"
 MAX_NAME_CHARS = 200
 
@@ -148,8 +149,8 @@ def cosign(checkpoint: str, name: str, private_key: Ed25519PrivateKey, timestamp
     name and key is replaced). ``timestamp``: POSIX seconds, default now."""
     body = _parsed(checkpoint).body
     stamp = int(time.time()) if timestamp is None else timestamp
-    if not 0 <= stamp < 2**64:
-        raise WitnessError("a cosignature timestamp is a uint64 of seconds")
+    if not 0 <= stamp <= MAX_TIMESTAMP:
+        raise WitnessError("a cosignature timestamp is POSIX seconds in [0, 2^63)")
     key_id = cosignature_key_id(check_name(name), private_key.public_key())
     blob = key_id + struct.pack(">Q", stamp) + private_key.sign(cosigned_message(body, stamp))
     kept = [line for line in checkpoint[len(body) + 1:].split("\n")[:-1] if not _is_line_of(line, name, key_id)]
@@ -177,6 +178,8 @@ def verify_cosignature(checkpoint: str, name: str, public_key: Ed25519PublicKey)
     for rest in lines:
         if len(rest) == TIMESTAMP_BYTES + SIGNATURE_BYTES:
             (stamp,) = struct.unpack(">Q", rest[:TIMESTAMP_BYTES])
+            if stamp > MAX_TIMESTAMP:
+                continue
             try:
                 public_key.verify(rest[TIMESTAMP_BYTES:], cosigned_message(parsed.body, stamp))
                 return stamp

@@ -25,7 +25,7 @@ from db.transparency import consistency_proof, inclusion_proof, keep_tree_head, 
 from provenance import merkle
 from provenance.log_key import parse_verifier_key, verifier_key
 from provenance.log_signer import LogSigner
-from provenance.tree_head import TreeHead, sign_tree_head, verify_checkpoint, verify_tree_head
+from provenance.tree_head import TreeHead, parse_checkpoint, sign_tree_head, verify_checkpoint, verify_tree_head
 from provenance.witness import (
     FORK,
     INCONSISTENT,
@@ -36,6 +36,7 @@ from provenance.witness import (
     WitnessError,
     check_update,
     cosign,
+    cosigned_message,
     merge_cosignatures,
     parse_witness_vkey,
     verify_cosignature,
@@ -100,6 +101,29 @@ def test_the_key_id_and_verifier_key_are_the_spec_s():
             parse_witness_vkey(bad)
 
 
+SPEC_EXAMPLE = """example.com/behind-the-sofa
+20852163
+CsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=
+
+\u2014 example.com/behind-the-sofa Az3grlgtzPICa5OS8npVmf1Myq/5IZniMp+ZJurmRDeOoRDe4URYN7u5/Zhcyv2q1gGzGku9nTo+zyWE+xeMcTOAYQ8=
+\u2014 witness.example.com/w1 jWbPPwAAAABkGFDLEZMHwSRaJNiIDoe9DYn/zXcrtPHeolMI5OWXEhZCB9dlrDJsX3b2oyin1nPZqhf5nNo0xUe+mbIUBkBIfZ+qnA==
+"""  # the cosigned checkpoint of C2SP tlog-cosignature's introduction; its Ed25519 signed message example is:
+SPEC_MESSAGE = b"cosignature/v1\ntime 1679315147\nexample.com/behind-the-sofa\n20852163\n" \
+    b"CsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=\n"
+
+
+def test_the_spec_s_example_note_reads_and_its_signed_message_is_ours():
+    """The spec publishes no witness key, so its cosignature cannot be verified here: its layout and message can."""
+    checkpoint = parse_checkpoint(SPEC_EXAMPLE)
+    assert (checkpoint.origin, checkpoint.tree_size) == ("example.com/behind-the-sofa", 20852163)
+    (log_name, _, _), (witness, key_id, rest) = checkpoint.signatures
+    assert (log_name, witness, len(key_id) + len(rest)) == ("example.com/behind-the-sofa", "witness.example.com/w1", 76)
+    stamp = int.from_bytes(rest[:8], "big")
+    assert stamp == 1679315147 and cosigned_message(checkpoint.body, stamp) == SPEC_MESSAGE
+    with pytest.raises(WitnessError, match="no cosignature by witness"):  # another key: another key id
+        verify_cosignature(SPEC_EXAMPLE, witness, Ed25519PrivateKey.generate().public_key())
+
+
 def test_verifier_keys_whose_base64_holds_a_plus_read_back():
     """A name has no '+', base64 may (about half of all keys): both kinds of verifier key split at the first two."""
     pluses = 0
@@ -129,6 +153,8 @@ def test_a_cosignature_verifies_by_the_spec_and_tampering_is_refused():
                                                                             witness.public_key()) == 1_700_000_999
     with pytest.raises(WitnessError, match="no cosignature by witness"):
         verify_cosignature(head.checkpoint, WITNESS_NAME, witness.public_key())
+    with pytest.raises(WitnessError, match="2\\^63"):  # the spec's bound on the timestamp
+        cosign(head.checkpoint, WITNESS_NAME, witness, timestamp=2**63)
     with pytest.raises(WitnessError, match="no cosignature by witness"):
         verify_cosignature(cosigned, WITNESS_NAME, Ed25519PrivateKey.generate().public_key())
     body, _, lines = cosigned.partition("\n\n")
@@ -293,6 +319,9 @@ def test_a_witness_refuses_a_log_key_other_than_the_pinned_one(provmark_home, tm
         assert code == 1 and "is not the key this witness pinned" in out
         code, _, err = _witness(capsys, base, state, "--name", "another-name")
         assert code == 2 and "its name is fixed" in err
+    saved = (state / "log.json").read_bytes()
+    code, out, err = _witness(capsys, base, state)  # the server is gone
+    assert code == 2 and "cannot fetch" in err and not out and (state / "log.json").read_bytes() == saved
     os.chmod(state / "witness.key", 0o644)
     assert main(["log", "witness-key", "--state", str(state)]) == 2
     assert "readable by others" in capsys.readouterr().err

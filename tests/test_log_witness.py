@@ -250,6 +250,9 @@ def test_an_outsider_s_witness_cosigns_two_heads_and_refuses_a_rewritten_or_shru
         cosigned_second = result["checkpoint"]
         assert cosigned_second.startswith(second.checkpoint) and spec_check(cosigned_second, WITNESS_NAME,
                                                                              raw(witness_key))
+        code, out, err = _witness(capsys, base, state)  # the log stood still: the same head, cosigned anew
+        assert code == 0 and "the tree it cosigned before" in err and out.startswith(second.checkpoint)
+        cosigned_second = out
         assert json.loads((state / "log.json").read_text())["checkpoint"] == cosigned_second
     saved = (state / "log.json").read_bytes()
 

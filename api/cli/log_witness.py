@@ -251,8 +251,9 @@ def _witness(args) -> int:
         _write_atomically(args.state / STATE_FILE, json.dumps(record, indent=2).encode() + b"\n")
     except OSError as error:
         raise CLIError(f"cannot write {args.state / STATE_FILE}: {error.strerror or error}") from None
-    account = (f"cosigned {origin} at size {new_size}, " +
-               (f"which extends size {old_size}" if previous is not None else "its first head (log key pinned)"))
+    account = f"cosigned {origin} at size {new_size}, " + (
+        "its first head (log key pinned)" if previous is None else
+        "the tree it cosigned before" if new_size == old_size else f"which extends size {old_size}")
     if args.json:
         print(json.dumps({"ok": True, "origin": origin, "tree_size": new_size,
                           "previous_size": old_size if previous is not None else None,

@@ -482,9 +482,10 @@ def test_the_detector_serves_heads_keys_and_proofs(provmark_home, database_url):
         assert call("GET", base + query, token=audit_only)[0] == 403
         status, bundle, _ = call("GET", base + query, token=auditor)
         assert status == 200 and check_inclusion_bundle(bundle, public_raw) and bundle["tree_head"] == head
-        status, bundle, _ = call("GET", base + f"/v1/log/proof/consistency?first={first_size}&second={first_size + 2}",
-                                 token=auditor)
+        consistency = f"/v1/log/proof/consistency?first={first_size}&second={first_size + 2}"
+        status, bundle, _ = call("GET", base + consistency)  # no token: what a witness asks for
         assert status == 200 and check_consistency_bundle(bundle, public_raw)
+        assert call("GET", base + consistency, token=audit_only)[1] == bundle
         for path, expected in (("/v1/log/proof/inclusion?id=nope", 404),
                                ("/v1/log/proof/inclusion?id=manifest-1&tree_size=0", 422),
                                ("/v1/log/proof/inclusion?id=manifest-1&tree_size=999", 404),

@@ -17,7 +17,8 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
                               the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
     GET  /v1/log/head         no token; the transparency log's newest signed tree head (routes_log.py)
     GET  /v1/log/public-key   no token; the log's public key (JWK, PEM, checkpoint verifier key)
-    GET  /v1/log/proof/*      scopes ``audit`` and ``explain``; inclusion and consistency proof bundles
+    GET  /v1/log/proof/inclusion    scopes ``audit`` and ``explain``; an event's inclusion proof bundle
+    GET  /v1/log/proof/consistency  no token; a consistency proof bundle between two kept heads
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
     GET  /docs                no token; the OpenAPI document as a browsable page (api/api_page.py)
 

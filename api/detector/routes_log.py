@@ -5,12 +5,17 @@
     GET /v1/log/public-key                  no token: the deployment's log key as JWK (and JWKS), PEM and note
                                             verifier key (the same from every replica)
     GET /v1/log/proof/inclusion?id=&tree_size=      scopes ``audit`` and ``explain``: an event's inclusion bundle
-    GET /v1/log/proof/consistency?first=&second=    scopes ``audit`` and ``explain``: a consistency bundle
+    GET /v1/log/proof/consistency?first=&second=    no token: a consistency bundle between two kept heads
 
-Proofs need ``explain`` as well as ``audit`` for the reason /v1/audit hides event hashes from ``audit``
-alone (routes_audit): a bundle carries a detection event's chain hash and row digest in its entry, and
-its path starts with a neighbouring event's leaf hash, each of which would let a caller who chose the
+Inclusion proofs need ``explain`` as well as ``audit`` for the reason /v1/audit hides event hashes from
+``audit`` alone (routes_audit): a bundle carries a detection event's chain hash and row digest in its entry,
+and its path starts with a neighbouring event's leaf hash, each of which would let a caller who chose the
 text test guesses of the exact green count.
+
+A consistency proof needs no token, so that anyone can run a witness (``provmark log witness``): every hash
+it carries is a Merkle node over whole log entries, and each entry holds its event's random event id (a
+UUID4: 122 random bits) and its chain hash (shown only with ``explain``), so no hash in it can be recomputed
+from a guess of a detection's details. An inclusion proof, which carries the entry itself, can.
 """
 
 from __future__ import annotations
@@ -91,11 +96,12 @@ def blueprint(api, services) -> Blueprint:
         return jsonify(_answering(lambda: inclusion_proof(store, None, query.id, query.tree_size)))
 
     @api.route(bp, "/v1/log/proof/consistency", methods=["GET"], summary="A consistency proof between two kept heads",
-               query=ConsistencyQuery, responses={200: ConsistencyProofBody, **PROOF_ERRORS},
-               scope="audit", tags=["log"])
-    @services.auth.require("audit")
+               query=ConsistencyQuery, responses={200: ConsistencyProofBody, 429: ErrorResponse, **PROOF_ERRORS},
+               tags=["log"])
     def log_consistency_proof():
-        _require_exact()
+        """No token (module docstring): its hashes are nodes over whole entries, each holding a random event id,
+        so unlike an inclusion proof (which carries the entry) it cannot test guesses of a detection's details."""
+        services.auth.limit_anonymous()
         query: ConsistencyQuery = parse_query(ConsistencyQuery)
         if query.first > query.second:  # each size is valid alone; no proof leads from a larger tree to a smaller one
             raise ApiError(404, "not_found", f"no consistency proof leads from size {query.first} down to size "

@@ -10,6 +10,7 @@ from identity_fixtures import signing_keys_for
 from sqlalchemy import select, update
 
 from db.audit import list_events, verify
+from db.identity import seal_of
 from db.receipts import (
     SIGNED_FIELDS,
     ReceiptError,
@@ -20,7 +21,6 @@ from db.receipts import (
     sign_receipt,
     verify_receipt,
 )
-from db.identity import seal_of
 from db.rows import SigningKeyRow, text_sha256
 from db.store import Store
 from provenance.identity import IdentityError

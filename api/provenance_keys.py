@@ -79,13 +79,13 @@ def service_identity(settings: Settings, store: Store, seal: IdentitySeal, *, cr
     return identity
 
 
-def development_ca(store: Store, seal: IdentitySeal) -> DevelopmentCa:
+def development_ca(store: Store, seal: IdentitySeal, now: datetime | None = None) -> DevelopmentCa:
     """The deployment's development CA with its keys opened; its signing certificate re-issued (and stored)
-    when it nears its end."""
+    when it nears its end (``now``: the time to judge that by)."""
     root_key, root = current_private(store, seal, C2PA_ROOT)
     signer_key, signer = current_private(store, seal, C2PA_SIGNER)
     ca = DevelopmentCa(root.certificate or "", root_key, signer_key, signer.certificate or "")
-    renewed = renewed_signer(ca, datetime.now(UTC))
+    renewed = renewed_signer(ca, now or datetime.now(UTC))
     if renewed is not None:
         replace_certificate(store, seal, signer, renewed)
         ca = DevelopmentCa(ca.root_pem, root_key, signer_key, renewed)

@@ -68,8 +68,8 @@ _IDENTITY_RE = re.compile(r"[0-9a-f]{16}")
 # Variables read outside Settings: variable -> (default, used by, meaning, read in).
 READ_ELSEWHERE = {
     "PROVMARK_MASTER_KEY": ("unset", "both, CLI, vLLM plugin",
-                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and the "
-                            "receipt signing key; unset: a generated $PROVMARK_HOME/master.key (0600)",
+                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and seals "
+                            "the deployment's signing keys; unset: a generated $PROVMARK_HOME/master.key (0600)",
                             "watermark/keyring_seal.py"),
     "PROVMARK_MODELS_DIR": ("$PROVMARK_HOME/models", "both, CLI", "the converted model and tokenizer cache",
                             "watermark/paths.py"),

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from flask import Response, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.http import ApiError
+from api.http import ApiError, ErrorResponse
 from api.settings import Settings
 from db.identity import (
     IdentityCache,
@@ -40,7 +40,15 @@ from provenance.c2pa_credential import (
     new_development_ca,
     renewed_signer,
 )
-from provenance.identity import C2PA_ROOT, C2PA_SIGNER, LOG, IdentityError, IdentitySeal, PublicIdentity
+from provenance.identity import (
+    C2PA_ROOT,
+    C2PA_SIGNER,
+    LOG,
+    IdentityError,
+    IdentityMissing,
+    IdentitySeal,
+    PublicIdentity,
+)
 from provenance.log_signer import LogSigner
 
 log = logging.getLogger(__name__)
@@ -158,16 +166,19 @@ def add_trust_anchors_route(api, target, anchors: Callable[[], str], before: Cal
     """``GET /v1/c2pa/trust-anchors`` on ``target``: the PEM roots to give c2pa's Reader (``trust_anchors``)."""
 
     @api.route(target, TRUST_ANCHORS_PATH, methods=["GET"], summary="The roots C2PA manifests chain to (PEM)",
-               responses={200: (PEM_MEDIA_TYPE, "PEM certificates")}, tags=["keys"])
+               responses={200: (PEM_MEDIA_TYPE, "PEM certificates"), 404: ErrorResponse}, tags=["keys"])
     def c2pa_trust_anchors() -> Response:
         if before is not None:
             before()
         try:
             pem = anchors()
+        except IdentityMissing:
+            raise ApiError(404, "not_found", "this deployment has no C2PA trust anchor yet: its identity is made "
+                                             "by `provmark identity init`") from None
         except IdentityError:
             log.error("the deployment's C2PA trust anchors cannot be served", exc_info=True)
-            raise ApiError(503, "identity_missing", "this deployment has no readable C2PA trust anchor; its "
-                                                    "identity is made by `provmark identity init`") from None
+            raise ApiError(503, "identity_unreadable", "the C2PA trust anchors cannot be read as the deployment "
+                                                       "signed them; the operator is told why") from None
         return Response(pem, mimetype=PEM_MEDIA_TYPE,
                         headers={"Cache-Control": f"public, max-age={JWKS_MAX_AGE_S}"})
 

@@ -36,6 +36,7 @@ from provenance.identity import (
     RECEIPT,
     ROLES,
     IdentityError,
+    IdentityMissing,
     IdentitySeal,
     KeyRecord,
     PublicIdentity,
@@ -219,6 +220,6 @@ class IdentityCache:
     def require(self) -> PublicIdentity:
         identity = self.get()
         if identity is None:
-            raise IdentityError("this database has no provenance identity yet: run `provmark identity init`")
+            raise IdentityMissing("this database has no provenance identity yet: run `provmark identity init`")
         return identity
 

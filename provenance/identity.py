@@ -45,6 +45,10 @@ class IdentityError(Exception):
     """A missing, unreadable, forged or mismatched identity. Never contains key material."""
 
 
+class IdentityMissing(IdentityError):
+    """The deployment has no identity (or no key of a role) yet."""
+
+
 def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -164,14 +168,14 @@ class PublicIdentity:
     def log_key(self) -> Ed25519PublicKey:
         record = self.current(LOG)
         if record is None:
-            raise IdentityError("the deployment has no log key")
+            raise IdentityMissing("the deployment has no log key")
         return record.public()
 
     def trust_anchor_pem(self) -> str:
         """The development CA's root certificate (PEM)."""
         record = self.current(C2PA_ROOT)
         if record is None or not record.certificate:
-            raise IdentityError("the deployment has no development C2PA root")
+            raise IdentityMissing("the deployment has no development C2PA root")
         return record.certificate
 
     @property

@@ -39,19 +39,19 @@ from db.transparency import (
     inclusion_proof,
     newest_head,
 )
-from provenance.identity import IdentityError
+from provenance.identity import IdentityMissing
 from provenance.log_signer import public_document
 
 PROOF_ERRORS = {404: ErrorResponse, 409: ErrorResponse}
 
 
 def _log_key(services):
-    """The deployment's log public key (the detector holds no private key); 503 before the identity exists."""
+    """The deployment's log public key (the detector holds no private key); 404 before the identity exists."""
     try:
         return services.public_keys.cache.require().log_key()
-    except IdentityError:
-        raise ApiError(503, "identity_missing", "this deployment has no log key yet: its identity is made by "
-                                                "`provmark identity init`") from None
+    except IdentityMissing:
+        raise ApiError(404, "not_found", "this deployment has no log key yet: its identity is made by "
+                                         "`provmark identity init`") from None
 
 
 def _answering(action):
@@ -82,7 +82,7 @@ def blueprint(api, services) -> Blueprint:
         return jsonify(head.to_dict())
 
     @api.route(bp, "/v1/log/public-key", methods=["GET"], summary="The transparency log's public key",
-               responses={200: LogPublicKeyBody, 429: ErrorResponse, 503: ErrorResponse}, tags=["log"])
+               responses={200: LogPublicKeyBody, 404: ErrorResponse, 429: ErrorResponse}, tags=["log"])
     def log_public_key():
         services.auth.limit_anonymous()
         return jsonify(public_document(_log_key(services)))

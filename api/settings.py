@@ -25,12 +25,17 @@ fields it uses and ignores the rest.
     detector_url     PROVMARK_DETECTOR_URL      http://127.0.0.1:8001: the detection tool that        generation
                                                 receipts and C2PA manifests point to
     c2pa_cert_chain  PROVMARK_C2PA_CERT_CHAIN   PEM chain signing C2PA manifests, signing cert first   generation
-                                                (unset: a development CA made in home/c2pa)
+                                                (unset: the deployment's development CA)
     c2pa_private_key PROVMARK_C2PA_PRIVATE_KEY  its PEM private key (Ed25519 or P-256); with the chain generation
     c2pa_tsa_url     PROVMARK_C2PA_TSA_URL      an RFC 3161 time-stamp authority for manifests         generation
     c2pa_trust_anchors
                      PROVMARK_C2PA_TRUST_ANCHORS  PEM roots a manifest must chain to to be Trusted     both
-                                                (unset: the development root, or the chain's root)
+                                                (unset: the development root; required with a chain)
+    identity         PROVMARK_IDENTITY          the deployment id a replica must find in the database  both
+                                                (unset: any; `provmark identity show` prints it)
+    log_head_interval
+                     PROVMARK_LOG_HEAD_INTERVAL  2 seconds between signed log heads while the log     generation
+                                                grows (0: none; `provmark log sign` signs one)
 
 The variables read elsewhere (the master key, caches, kernels, metrics) are listed in ``READ_ELSEWHERE``.
 Both tables make the settings reference of the documentation (docs/gen_reference.py), and
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,12 +62,14 @@ DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
 DEFAULT_DETECTOR_URL = "http://127.0.0.1:8001"  # the detector of `make serve`
+DEFAULT_LOG_HEAD_INTERVAL_S = 2.0  # how stale the newest signed head may be while the log grows
+_IDENTITY_RE = re.compile(r"[0-9a-f]{16}")
 
 # Variables read outside Settings: variable -> (default, used by, meaning, read in).
 READ_ELSEWHERE = {
     "PROVMARK_MASTER_KEY": ("unset", "both, CLI, vLLM plugin",
-                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and the "
-                            "receipt signing key; unset: a generated $PROVMARK_HOME/master.key (0600)",
+                            "the 32-byte master key (64 hex digits or base64url) that encrypts the keyring and seals "
+                            "the deployment's signing keys; unset: a generated $PROVMARK_HOME/master.key (0600)",
                             "watermark/keyring_seal.py"),
     "PROVMARK_MODELS_DIR": ("$PROVMARK_HOME/models", "both, CLI", "the converted model and tokenizer cache",
                             "watermark/paths.py"),
@@ -106,6 +114,8 @@ class Settings:
     c2pa_private_key: Path | None = None
     c2pa_tsa_url: str | None = None
     c2pa_trust_anchors: Path | None = None
+    identity: str | None = None
+    log_head_interval: float = DEFAULT_LOG_HEAD_INTERVAL_S
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -126,6 +136,10 @@ class Settings:
                 setattr(self, name, Path(getattr(self, name)).expanduser())
         if self.c2pa_tsa_url is not None:
             self.c2pa_tsa_url = _as_url("c2pa_tsa_url", self.c2pa_tsa_url)
+        if self.identity is not None and not _IDENTITY_RE.fullmatch(str(self.identity)):
+            raise ValueError(f"{_variable('identity')}: expected 16 hex digits (`provmark identity show`), "
+                             f"got {self.identity!r}")
+        self.log_head_interval = _as_float("log_head_interval", self.log_head_interval, minimum=0.0)
 
     def c2pa(self) -> C2paSettings:
         """The C2PA credential settings (``provenance.c2pa_credential``); a bad combination is a ValueError."""

@@ -18,6 +18,7 @@ import platform
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import c2pa
@@ -25,7 +26,7 @@ import c2pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import percentiles, write_result  # noqa: E402
-from provenance.c2pa_credential import load_c2pa_credential  # noqa: E402
+from provenance.c2pa_credential import DevelopmentCa, load_c2pa_credential, new_development_ca  # noqa: E402
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, manifest_definition, sign_text  # noqa: E402
 from provenance.c2pa_native import (  # noqa: E402
     SIGNING_SETTINGS,
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as home:
         os.environ["PROVMARK_HOME"] = home
         started = time.perf_counter()
-        credential = load_c2pa_credential()
+        root_key, root_pem, signer_key, signer_pem = new_development_ca(datetime.now(UTC))
+        credential = load_c2pa_credential(development=DevelopmentCa(root_pem, root_key, signer_key, signer_pem))
         created_ms = (time.perf_counter() - started) * 1e3
         anchors = credential.trust_anchors_pem
         detached = sign_text(credential, TEXT, CLAIMS)

@@ -32,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from api.detector import routes_detect  # noqa: E402
 from api.detector.app import create_app as create_detector  # noqa: E402
 from api.generation.credentials import Credentials  # noqa: E402
+from api.provenance_keys import SigningKeys  # noqa: E402
+from api.settings import Settings  # noqa: E402
 from benchmarks.common import percentiles, write_result  # noqa: E402
-from db.receipts import SIGNED_FIELDS, ReceiptLinks, ReceiptSigner, store_receipt  # noqa: E402
+from db.receipts import SIGNED_FIELDS, ReceiptLinks, store_receipt  # noqa: E402
 from db.rows import iso_utc, new_id, text_sha256, utc_now  # noqa: E402
 from db.store import Store  # noqa: E402
 from detector.human_corpora import HELD_OUT, documents  # noqa: E402
-from provenance.c2pa_credential import load_c2pa_credential  # noqa: E402
 from watermark.keys import Keyring  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
 
@@ -51,8 +52,9 @@ MARK = SimpleNamespace(key_id="k-main", spec="kgw:scheme=selfhash,h=4,gamma=0.25
 def issuing(home: Path, repeats: int) -> dict:
     store = Store(home=home)
     store.upgrade()
-    signer = ReceiptSigner(home)
-    credentials = Credentials(store, signer, load_c2pa_credential(home=home), model_id="smollm2-135m-instruct",
+    keys = SigningKeys(Settings.load({"home": home}), store, create=True, actor="benchmark")
+    signer = keys.receipts
+    credentials = Credentials(store, signer, keys.c2pa, model_id="smollm2-135m-instruct",
                               links=ReceiptLinks(detector="http://127.0.0.1:8001"))
     out = SimpleNamespace(text=TEXT, token_ids=list(range(200)), watermark=MARK)
 

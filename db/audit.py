@@ -26,7 +26,6 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import select
@@ -157,11 +156,11 @@ def list_events(store, after_seq: int = 0, limit: int = 100, kind: str | None = 
         return [_to_event(row) for row in session.scalars(query.order_by(AuditEventRow.seq).limit(limit))]
 
 
-def verify(store, progress=None, log_key: Ed25519PublicKey | None = None, home: Path | None = None) -> AuditReport:
+def verify(store, progress=None, log_key: Ed25519PublicKey | None = None) -> AuditReport:
     """Walk the whole chain; report every edited, deleted or reordered event by seq and id, every stored
     leaf hash that no longer matches its event, every kept tree head whose root the events no longer give
-    or whose signatures fail under ``log_key`` (default: the log key in ``home``, else ``$PROVMARK_HOME``;
-    see ``db.audit_heads``), then every verdict or receipt row that disagrees with its event, lost its row
+    or whose signatures fail under ``log_key`` (the deployment's; see ``db.audit_heads``), then every verdict
+    or receipt row that disagrees with its event, lost its row
     or has no event (audit_rows).
 
     Reads one consistent snapshot (SQLite WAL read transaction, PostgreSQL REPEATABLE READ), so it
@@ -174,7 +173,7 @@ def verify(store, progress=None, log_key: Ed25519PublicKey | None = None, home: 
         head = session.get(AuditHeadRow, HEAD_ROW_ID)
         report = AuditReport(events=0, head_seq=head.seq, head_hash=head.hash)
         expected_seq, last_hash, last_flagged = 1, GENESIS_HASH, False
-        tree, kept_heads = MerkleAccumulator(), KeptHeadCheck(session, log_key, home)
+        tree, kept_heads = MerkleAccumulator(), KeptHeadCheck(session, log_key)
         report.problems.extend(kept_heads.check_at(tree))
         while True:
             batch = list(session.scalars(

@@ -8,15 +8,14 @@ As ``db.audit.verify`` walks the events it grows a Merkle tree from each event's
     tree_head_signature   the head's TLS signature or checkpoint signature fails under the log key, or
                           there is no log key to check it with
 
-The log key is the caller's, else the one in the state folder given, else ``$PROVMARK_HOME``'s (loaded
-only when a head is kept).
+The log key is the caller's: the deployment's (``db.identity``); without one no signature is checked and
+the report says so.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import select, tuple_
@@ -24,7 +23,6 @@ from sqlalchemy.orm import Session
 
 from db.audit_report import TREE_HEAD_MISMATCH, TREE_HEAD_SIGNATURE, AuditProblem
 from db.rows import TreeHeadRow
-from provenance.log_signer import LogKeyFileError, existing_log_public_key
 from provenance.merkle import MerkleAccumulator
 from provenance.tree_head import TreeHead, TreeHeadError, verify_tree_head
 
@@ -43,15 +41,14 @@ def head_of_row(row: TreeHeadRow) -> TreeHead:
 class KeptHeadCheck:
     """The kept heads in tree-size order, compared as the walk's tree reaches each one's size."""
 
-    __slots__ = ("_after", "_home", "_key", "_key_given", "_no_key_reason", "_pending", "_session",
-                 "_unchecked_signatures", "checked")
+    __slots__ = ("_after", "_key", "_no_key_reason", "_pending", "_session", "_unchecked_signatures", "checked")
 
-    def __init__(self, session: Session, log_key: Ed25519PublicKey | None = None, home: Path | None = None) -> None:
-        self._session, self._key, self._key_given, self._home = session, log_key, log_key is not None, home
+    def __init__(self, session: Session, log_key: Ed25519PublicKey | None = None) -> None:
+        self._session, self._key = session, log_key
         self._pending: list[TreeHeadRow] = []
         self._after: tuple[int, int] = (-1, 0)  # (tree_size, id) of the last head read
         self._unchecked_signatures = 0
-        self._no_key_reason = "there is no log key (log-signing.key) in this state folder"
+        self._no_key_reason = "no log key was given (the database has no provenance identity)"
         self.checked = 0
         self._read_more()
 
@@ -102,7 +99,7 @@ class KeptHeadCheck:
         return problems
 
     def _signature_problem(self, row: TreeHeadRow) -> AuditProblem | None:
-        key = self._log_key()
+        key = self._key
         if key is None:
             self._unchecked_signatures += 1
             return None
@@ -111,15 +108,6 @@ class KeptHeadCheck:
         except TreeHeadError as error:
             return AuditProblem(None, None, TREE_HEAD_SIGNATURE, f"{_named(row)} does not verify: {error}")
         return None
-
-    def _log_key(self) -> Ed25519PublicKey | None:
-        if not self._key_given:
-            self._key_given = True  # look once
-            try:
-                self._key = existing_log_public_key(self._home)
-            except LogKeyFileError as error:  # its message names the file, never key material
-                self._key, self._no_key_reason = None, str(error)
-        return self._key
 
 
 def _named(row: TreeHeadRow) -> str:

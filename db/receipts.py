@@ -11,9 +11,9 @@ canonical JSON of exactly ``SIGNED_FIELDS`` (sorted keys, no whitespace, UTF-8),
 the key (16 hex digits of SHA-256 of its raw bytes), checked by ``verify_receipt``; new receipts carry
 it too, for one release.
 
-The private key lives in ``$PROVMARK_HOME/receipt-signing.key`` (mode 0600), sealed with AES-256-GCM
-under a key derived (HKDF, its own purpose label) from the keyring's master key: the same source as
-the watermark keyring (``PROVMARK_MASTER_KEY`` or ``master.key``, see ``watermark.keys``).
+The private key is the deployment's current receipt key (``db.identity``: sealed under the master key in
+the shared database), so every generation replica signs with it and every replica's JWKS lists it. A
+key's ``retired_at`` in the JWKS is enforced: what it signs after its retirement does not verify.
 Receipts are stored with a ``generation`` audit event whose ``subject_sha256`` is the SHA-256 of the
 JWS, so the transparency log's entry names the exact receipt; ``find_receipt_by_text_sha256`` links a
 detected text to the receipt of the exact same text (provenance by exact match).
@@ -25,34 +25,32 @@ import base64
 import binascii
 import hashlib
 import re
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from sqlalchemy import select
 
-from db.audit import append_event, canonical_json
+from db.audit import append_event, canonical_json, lock_chain
 from db.audit_rows import row_digest
+from db.identity import current_kid, current_private, load_identity, rotate_receipt_key
 from db.manifests import ManifestRecord, add_manifest
 from db.rows import ReceiptRow, iso_utc, new_id, utc_now
 from db.store import Store
+from provenance.identity import RECEIPT, IdentityError, IdentitySeal, parse_time
 from provenance.jws import JwsError, ed25519_of, key_id, sign_compact, verify_compact
-from provenance.sealed_key import SealedKeyError, SealedKeyFile, raw_public, signer_id
-from provenance.signing_keys import RotatingSigningKey
+from provenance.sealed_key import raw_public, signer_id
 from watermark.key_info import validate_key_id
-from watermark.paths import provmark_home
 
-SIGNING_KEY_FILE = "receipt-signing.key"
-KEY_FORMAT = "provmark-receipt-key/1"
 ALGORITHM = "Ed25519"
 SIGNED_FIELDS = (
     "text_sha256", "token_count", "model_id", "spec_fingerprint", "key_id", "created_at", "receipt_id",
 )
-_HKDF_PURPOSE = b"provmark/receipts/signing-key-aes-gcm"
 DEFAULT_ISSUER = "http://127.0.0.1:8000"  # the generation service of `make serve` (PROVMARK_ISSUER)
+ROTATION_RETRIES = 3  # a receipt signed during a rotation is signed again with the new key
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TIME_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
 
@@ -62,26 +60,33 @@ class ReceiptError(Exception):
 
 
 class ReceiptSigner:
-    """The receipt signing key of one state folder: loaded, or created on first use; rotatable, and the
-    keys it replaced stay in its JWKS (``provenance.signing_keys``)."""
+    """Signs receipts with the deployment's current receipt key (``db.identity``); after a rotation anywhere
+    it loads the new key before its next receipt is stored (``issue_receipt``)."""
 
-    __slots__ = ("key", "path")
+    __slots__ = ("_key", "_lock", "seal", "store")
 
-    def __init__(self, home: Path | None = None, master_key: bytes | None = None):
-        home = Path(home).expanduser() if home is not None else provmark_home()
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = home / SIGNING_KEY_FILE
+    def __init__(self, store: Store, seal: IdentitySeal):
+        self.store, self.seal = store, seal
+        self._lock = threading.Lock()
+        self._key = self._load()
+
+    def _load(self) -> Ed25519PrivateKey:
         try:
-            self.key = RotatingSigningKey(SealedKeyFile(self.path, KEY_FORMAT, _HKDF_PURPOSE, master_key))
-        except SealedKeyError as error:
-            raise ReceiptError(str(error)) from error
+            return current_private(self.store, self.seal, RECEIPT)[0]
+        except IdentityError as error:
+            raise ReceiptError(str(error)) from None
+
+    def refresh(self) -> None:
+        """Load the deployment's current key (after another process rotated it)."""
+        with self._lock:
+            self._key = self._load()
 
     def __repr__(self) -> str:
         return f"ReceiptSigner(signer_id={self.signer_id!r})"
 
     @property
     def public_key(self) -> Ed25519PublicKey:
-        return self.key.private_key.public_key()
+        return self._key.public_key()
 
     @property
     def signer_id(self) -> str:
@@ -101,22 +106,25 @@ class ReceiptSigner:
 
     def sign(self, payload: dict) -> str:
         """Base64 Ed25519 signature over the canonical JSON of ``payload`` (the legacy receipt form)."""
-        return base64.b64encode(self.key.private_key.sign(canonical_json(payload))).decode()
+        return base64.b64encode(self._key.sign(canonical_json(payload))).decode()
 
     def sign_jws(self, claims: dict) -> str:
         """A compact JWS of ``claims`` (``provenance.jws``: alg Ed25519, kid, typ provmark-receipt+jwt)."""
-        return sign_compact(self.key.private_key, claims)
+        return sign_compact(self._key, claims)
 
     def jwks_keys(self) -> list[dict]:
         """The current key's public JWK, then every retired one (each with ``retired_at``)."""
-        return self.key.jwks_keys()
+        identity = load_identity(self.store, self.seal)
+        return identity.jwks()["keys"] if identity is not None else []
 
     def rotate(self, store: Store, actor: str) -> dict:
-        """A new signing key; the old one stays in the JWKS. Logged as a ``key.receipt_rotate`` event."""
-        old, new = self.key.rotate(iso_utc(utc_now()))
-        with store.write() as session:
-            append_event(session, "key.receipt_rotate", actor, new["kid"],
-                         {"retired_kid": old["kid"], "kid": new["kid"]})
+        """A new signing key for the deployment; the old one stays in the JWKS, retired now. Logged as a
+        ``key.receipt_rotate`` event."""
+        try:
+            old, new = rotate_receipt_key(store, self.seal, actor)
+        except IdentityError as error:
+            raise ReceiptError(str(error)) from None
+        self.refresh()
         return {"retired": old, "current": new}
 
 
@@ -168,19 +176,48 @@ def verify_receipt_jws(token: str, jwks: dict) -> dict:
         _validate(verified.claims)
     except ReceiptError as error:
         raise ReceiptError(f"the receipt's claims are not a provmark receipt: {error}") from None
+    kid = verified.header.get("kid")
+    _check_not_retired(next(key for key in jwks["keys"] if key.get("kid") == kid), verified.claims["created_at"])
     return verified.claims
 
 
-def legacy_key_in(jwks: dict, signer: str) -> Ed25519PublicKey:
-    """The key of ``jwks`` whose signer id is ``signer``: how a legacy receipt (no JWS) finds its key."""
+def _check_not_retired(jwk: dict, created_at: str) -> None:
+    """ReceiptError when the key was retired (``retired_at`` in the JWKS) before ``created_at``: what a key
+    signs after its retirement (a leaked key, say) does not verify."""
+    retired_at = jwk.get("retired_at")
+    if retired_at is None:
+        return
+    try:
+        after = parse_time(created_at) > parse_time(retired_at)
+    except (TypeError, ValueError):
+        after = True  # an unreadable retirement time counts as already past
+    if after:
+        raise ReceiptError(f"the receipt is dated {created_at}, after its key {jwk.get('kid')!r} was retired at "
+                           f"{retired_at}: a retired key's later signatures are refused")
+
+
+def legacy_key_in(jwks: dict, signer: str) -> tuple[Ed25519PublicKey, dict]:
+    """The key of ``jwks`` whose signer id is ``signer`` and its JWK: how a legacy receipt (no JWS) finds
+    its key."""
     for jwk in jwks.get("keys", []) if isinstance(jwks, dict) else []:
         try:
             public = ed25519_of(jwk)
         except JwsError:
             continue
         if signer_id(public) == signer:
-            return public
+            return public, jwk
     raise ReceiptError(f"no key in the JWKS has the legacy receipt's signer id {signer!r}")
+
+
+def verify_legacy_receipt(receipt: dict, jwks: dict) -> dict:
+    """The seven signed fields of a legacy receipt (no JWS) whose signature verifies with the key of ``jwks``
+    its ``signer_id`` names, that was not retired before it was made; else ReceiptError. Nothing else the
+    object holds is returned: nothing else is signed."""
+    public, jwk = legacy_key_in(jwks, str(receipt.get("signer_id")))
+    if not verify_receipt(receipt, public):
+        raise ReceiptError("the legacy signature does not verify with the key its signer_id names")
+    _check_not_retired(jwk, receipt["created_at"])
+    return {name: receipt[name] for name in SIGNED_FIELDS}
 
 
 def verify_receipt(receipt: dict, public_key) -> bool:
@@ -214,9 +251,16 @@ def load_public_key(value) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(value)
 
 
-def store_receipt(store: Store, receipt: dict, actor: str, manifest: ManifestRecord | None = None) -> None:
+class KeyRotated(ReceiptError):
+    """The receipt was signed with a key that is no longer the deployment's current one."""
+
+
+def store_receipt(store: Store, receipt: dict, actor: str, manifest: ManifestRecord | None = None,
+                  signed_with: str | None = None) -> None:
     """Store a signed receipt and its ``generation`` audit event, and the C2PA manifest of the same text
-    with its ``manifest`` event when there is one, in one transaction."""
+    with its ``manifest`` event when there is one, in one transaction. ``signed_with``: the ``kid`` that
+    signed it, checked to still be current under the lock a rotation takes (else KeyRotated, nothing
+    stored)."""
     _validate(receipt)
     row = ReceiptRow(**{name: receipt[name] for name in SIGNED_FIELDS}, signer_id=receipt["signer_id"],
                      signature=receipt["signature"], jws=receipt.get("jws"), stored_at=utc_now())
@@ -225,6 +269,10 @@ def store_receipt(store: Store, receipt: dict, actor: str, manifest: ManifestRec
     if row.jws is not None:  # what an outsider holding the receipt finds in the transparency log's entry
         details["subject_sha256"] = hashlib.sha256(row.jws.encode("ascii")).hexdigest()
     with store.write() as session:
+        if signed_with is not None:
+            lock_chain(session)  # rotate_receipt_key swaps keys under this lock
+            if current_kid(session, RECEIPT) != signed_with:
+                raise KeyRotated("the receipt key was rotated while this receipt was signed")
         session.add(row)
         session.flush()
         append_event(session, "generation", actor, receipt["receipt_id"], details)
@@ -236,9 +284,15 @@ def issue_receipt(store: Store, signer: ReceiptSigner, actor: str, manifest: Man
                   **fields) -> dict:
     """Sign (``sign_receipt`` fields) and store in one step, with the text's manifest if any; returns the
     receipt."""
-    receipt = sign_receipt(signer, **fields)
-    store_receipt(store, receipt, actor, manifest)
-    return receipt
+    for _ in range(ROTATION_RETRIES):
+        kid = signer.kid
+        receipt = sign_receipt(signer, **fields)
+        try:
+            store_receipt(store, receipt, actor, manifest, signed_with=kid)
+            return receipt
+        except KeyRotated:
+            signer.refresh()
+    raise ReceiptError("the receipt key kept changing while this receipt was signed; try again")
 
 
 def get_receipt(store: Store, receipt_id: str) -> dict | None:

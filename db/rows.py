@@ -190,6 +190,32 @@ class TreeHeadRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class SigningKeyRow(Base):
+    """One key of the deployment's provenance identity (``provenance.identity``, ``db.identity``)."""
+
+    __tablename__ = "signing_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(20), index=True)
+    kid: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(String(64))  # base64 raw Ed25519
+    created_at: Mapped[str] = mapped_column(String(32))  # ISO UTC, as MACed
+    retired_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    certificate: Mapped[str | None] = mapped_column(Text, nullable=True)  # PEM (the C2PA roles)
+    sealed: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON; NULL once retired
+    mac: Mapped[str] = mapped_column(String(64))
+
+
+class IdentityRow(Base):
+    """The one row that says a deployment's identity exists: concurrent creators collide on its key."""
+
+    __tablename__ = "deployment_identity"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    deployment_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class ApiTokenRow(Base):
     """An API token: its SHA-256 only (see ``db.api_tokens``)."""
 

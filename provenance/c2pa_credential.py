@@ -1,29 +1,23 @@
 """The X.509 credential that signs C2PA manifests for generated text.
 
-Development (no chain configured): on first use, ``$PROVMARK_HOME/c2pa/`` gets
+Development (no chain configured): the deployment's development CA (``DevelopmentCa``), made once with
+its identity (``db.identity``): a root certificate (10 years), the trust anchor verifiers are given, and a
+signing certificate (2 years) under it, as it goes into every manifest's x5chain; both keys are Ed25519,
+sealed under the master key. The signing certificate is re-issued under the same root when it has less
+than 30 days left (``renewed_signer``), so verifiers keep the one root for ten years.
 
-    root.pem     the development CA's certificate (10 years): the trust anchor verifiers are given
-    chain.pem    the signing certificate (2 years), as it goes into every manifest's x5chain
-    root.key     the CA's Ed25519 key, sealed under the master key (it re-issues the signing certificate)
-    signer.key   the signing Ed25519 key, sealed under the master key (``provenance.sealed_key``)
-
-and later loads reuse them. The signing certificate is re-issued under the same root when it has less
-than 30 days left, so verifiers keep the one root.pem for ten years.
-
-Production: ``C2paSettings(cert_chain=..., private_key=...)`` loads a PEM chain (signing certificate
-first) and its unencrypted PEM private key (Ed25519, or ECDSA P-256 for ES256). Either way a
-certificate that expires within 7 days, is not yet valid, lacks a C2PA signing EKU, or does not match
-the key is refused with ``C2paCredentialError`` (which never contains key material).
+Production: ``C2paSettings(cert_chain=..., private_key=..., trust_anchors=...)`` loads a PEM chain (signing
+certificate first), its unencrypted PEM private key (Ed25519, or ECDSA P-256 for ES256) and the roots
+verifiers trust, which must be named: the chain's own root is never assumed to be one (a public CA's root
+would make any S/MIME certificate under it read as trusted). Either way a certificate that expires within
+7 days, is not yet valid, lacks a C2PA signing EKU, or does not match the key is refused with
+``C2paCredentialError`` (which never contains key material).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import re
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,24 +32,17 @@ from provenance.c2pa_x509 import (
     SigningKey,
     has_digital_signature,
     is_ca,
-    is_self_signed,
     make_root,
     make_signing_cert,
     public_key_der,
     signing_ekus,
     to_pem,
 )
-from provenance.sealed_key import SealedKeyError, SealedKeyFile
-from watermark.paths import PRIVATE_MODE, provmark_home, write_private_atomic
 
-DEV_FOLDER = "c2pa"
 ROOT_DAYS = 3650
 SIGNER_DAYS = 730
 RENEW_BEFORE = timedelta(days=30)  # the development signing certificate is re-issued this long before expiry
 MIN_VALIDITY_LEFT = timedelta(days=7)  # a certificate closer to expiry than this is refused
-_ROOT_KEY = ("root.key", "provmark-c2pa-root-key/1", b"provmark/c2pa/root-key-aes-gcm")
-_SIGNER_KEY = ("signer.key", "provmark-c2pa-key/1", b"provmark/c2pa/signing-key-aes-gcm")
-_PUBLIC_MODE = 0o644  # root.pem and chain.pem hold no secret; verifiers are meant to get them
 _URL_RE = re.compile(r"https?://[^\s]+")
 
 
@@ -65,13 +52,13 @@ class C2paCredentialError(Exception):
 
 @dataclass(frozen=True)
 class C2paSettings:
-    """Where the C2PA credential comes from. All ``None``: the development CA of the home folder.
+    """Where the C2PA credential comes from. All ``None``: the deployment's development CA.
 
     cert_chain      PROVMARK_C2PA_CERT_CHAIN      PEM certificates, the signing certificate first
     private_key     PROVMARK_C2PA_PRIVATE_KEY     its unencrypted PEM private key (Ed25519 or P-256)
     tsa_url         PROVMARK_C2PA_TSA_URL         an RFC 3161 time-stamp authority (http or https)
     trust_anchors   PROVMARK_C2PA_TRUST_ANCHORS   PEM roots the reading side trusts; default: the
-                                                  development root, or the chain's own self-signed root
+                                                  development root; required with a production chain
     """
 
     cert_chain: Path | None = None
@@ -110,25 +97,65 @@ class C2paCredential:
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
 
-def load_c2pa_credential(settings: C2paSettings | None = None, home: Path | None = None,
+@dataclass(frozen=True)
+class DevelopmentCa:
+    """The deployment's development CA: root certificate and key, signing key and its certificate (PEM)."""
+
+    root_pem: str
+    root_key: ed25519.Ed25519PrivateKey = field(repr=False)
+    signer_key: ed25519.Ed25519PrivateKey = field(repr=False)
+    signer_pem: str
+
+
+def new_development_ca(now: datetime) -> tuple[ed25519.Ed25519PrivateKey, str, ed25519.Ed25519PrivateKey, str]:
+    """A fresh development CA: (root key, root PEM, signing key, signing certificate PEM)."""
+    root_key, signer_key = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    root = make_root(root_key, now, ROOT_DAYS)
+    return root_key, to_pem(root), signer_key, to_pem(make_signing_cert(root, root_key, signer_key, now, SIGNER_DAYS))
+
+
+def renewed_signer(ca: DevelopmentCa, now: datetime) -> str | None:
+    """A new signing certificate (PEM) under the same root when the stored one is no longer the one to use
+    (under 30 days left, another key, another issuer); None when it still is."""
+    root = _parse_certificates(ca.root_pem, "the development root")[0]
+    if public_key_der(root.public_key()) != public_key_der(ca.root_key):
+        raise C2paCredentialError("the development root certificate does not belong to its key")
+    if root.not_valid_after_utc - now < RENEW_BEFORE:
+        raise C2paCredentialError(f"the development root expires at {root.not_valid_after_utc.isoformat()}: "
+                                  "make a new deployment CA (verifiers then need the new root)")
+    leaf = _parse_certificates(ca.signer_pem, "the development signing certificate")[0]
+    if _current(leaf, root, ca.signer_key, now):
+        return None
+    return to_pem(make_signing_cert(root, ca.root_key, ca.signer_key, now, SIGNER_DAYS))
+
+
+def load_c2pa_credential(settings: C2paSettings | None = None, development: DevelopmentCa | None = None,
                          now: datetime | None = None) -> C2paCredential:
-    """The credential ``settings`` name, checked: a production chain and key, or (no chain set) the
-    development CA of ``home`` (default ``provmark_home()``), created on first use and reused after.
-    Raises ``C2paCredentialError`` for anything unusable."""
+    """The credential ``settings`` name, checked: a production chain and key (with named trust anchors), or
+    (no chain set) the deployment's development CA. Raises ``C2paCredentialError`` for anything unusable."""
     settings = settings or C2paSettings()
     now = now or datetime.now(UTC)
     if settings.cert_chain is not None:
+        if settings.trust_anchors is None:
+            raise C2paCredentialError(
+                "a production C2PA chain needs PROVMARK_C2PA_TRUST_ANCHORS: the roots verifiers trust (the "
+                "chain's own root is not assumed to be one)")
         chain = _read_certificates(settings.cert_chain)
         key = _read_private_key(settings.private_key)
-        if settings.trust_anchors is not None:
-            anchors = to_pem(*_read_certificates(settings.trust_anchors))
-        else:
-            anchors = to_pem(chain[-1]) if len(chain) > 1 and is_self_signed(chain[-1]) else ""
+        anchors = to_pem(*_read_certificates(settings.trust_anchors))
         return _checked(chain, key, anchors, settings.tsa_url, now, "production", str(settings.cert_chain))
-    home = Path(home).expanduser() if home is not None else provmark_home()
-    root, leaf, key = _development_ca(home, now)
+    if development is None:
+        raise C2paCredentialError("no C2PA credential: the deployment has no development CA and no chain is set")
+    root = _parse_certificates(development.root_pem, "the development root")[0]
+    leaf = _parse_certificates(development.signer_pem, "the development signing certificate")[0]
     anchors = to_pem(*_read_certificates(settings.trust_anchors)) if settings.trust_anchors else to_pem(root)
-    return _checked([leaf], key, anchors, settings.tsa_url, now, "development", str(home / DEV_FOLDER))
+    return _checked([leaf], development.signer_key, anchors, settings.tsa_url, now, "development",
+                    "the development CA")
+
+
+def configured_trust_anchors(settings: C2paSettings) -> str | None:
+    """The PEM roots ``settings`` name for readers (PROVMARK_C2PA_TRUST_ANCHORS), or None when unset."""
+    return to_pem(*_read_certificates(settings.trust_anchors)) if settings.trust_anchors is not None else None
 
 
 def _checked(chain: list[x509.Certificate], key, anchors: str, tsa_url: str | None, now: datetime,
@@ -171,11 +198,14 @@ def _read_certificates(path: Path) -> list[x509.Certificate]:
         data = Path(path).read_bytes()
     except OSError as error:
         raise C2paCredentialError(f"{path} cannot be read ({error.strerror})") from error
+    return _parse_certificates(data, str(path))
+
+
+def _parse_certificates(data: bytes | str, what: str) -> list[x509.Certificate]:
     try:
-        certificates = x509.load_pem_x509_certificates(data)
+        return x509.load_pem_x509_certificates(data.encode() if isinstance(data, str) else data)
     except ValueError as error:
-        raise C2paCredentialError(f"{path} is not a PEM certificate file") from error
-    return certificates
+        raise C2paCredentialError(f"{what} is not a PEM certificate file") from error
 
 
 def _read_private_key(path: Path) -> SigningKey:
@@ -188,54 +218,6 @@ def _read_private_key(path: Path) -> SigningKey:
     except (ValueError, TypeError, UnsupportedAlgorithm):
         # from None: the parser's message may quote the file
         raise C2paCredentialError(f"{path} is not an unencrypted PEM private key") from None
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, PRIVATE_MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # one process creates or renews; the others then read its files
-        yield
-    finally:
-        os.close(fd)
-
-
-def _sealed_key(home: Path, folder: Path, spec: tuple[str, str, bytes]) -> ed25519.Ed25519PrivateKey:
-    name, key_format, purpose = spec
-    try:
-        return SealedKeyFile(folder / name, key_format, purpose, keyring_home=home).load_or_create()
-    except SealedKeyError as error:
-        raise C2paCredentialError(str(error)) from error
-
-
-def _write_public(path: Path, text: str) -> None:
-    write_private_atomic(path, text.encode())
-    path.chmod(_PUBLIC_MODE)
-
-
-def _development_ca(home: Path, now: datetime) -> tuple[x509.Certificate, x509.Certificate, SigningKey]:
-    folder = home / DEV_FOLDER
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with _locked(folder):
-        root_key = _sealed_key(home, folder, _ROOT_KEY)
-        signer_key = _sealed_key(home, folder, _SIGNER_KEY)
-        root_path, chain_path = folder / "root.pem", folder / "chain.pem"
-        if root_path.exists():
-            root = _read_certificates(root_path)[0]
-            if public_key_der(root.public_key()) != public_key_der(root_key):
-                raise C2paCredentialError(f"{root_path} does not belong to {folder / 'root.key'}")
-            if root.not_valid_after_utc - now < RENEW_BEFORE:
-                raise C2paCredentialError(f"the development root {root_path} expires at "
-                                          f"{root.not_valid_after_utc.isoformat()}: move {folder} away to "
-                                          "make a new one (verifiers then need the new root.pem)")
-        else:
-            root = make_root(root_key, now, ROOT_DAYS)
-            _write_public(root_path, to_pem(root))
-        leaf = _read_certificates(chain_path)[0] if chain_path.exists() else None
-        if leaf is None or not _current(leaf, root, signer_key, now):
-            leaf = make_signing_cert(root, root_key, signer_key, now, SIGNER_DAYS)
-            _write_public(chain_path, to_pem(leaf))
-    return root, leaf, signer_key
 
 
 def _current(leaf: x509.Certificate, root: x509.Certificate, key: SigningKey, now: datetime) -> bool:

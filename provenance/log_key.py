@@ -74,8 +74,8 @@ def verifier_key(name: str, public_key: Ed25519PublicKey) -> str:
 
 def parse_verifier_key(text: str) -> tuple[str, Ed25519PublicKey]:
     """(name, key) of a verifier key string; LogKeyError if malformed or its key hash does not match."""
-    name, _, rest = text.strip().rpartition("+")
-    name, _, hash_hex = name.rpartition("+")
+    name, _, rest = text.strip().partition("+")  # a name has no '+'; the base64 key may
+    hash_hex, _, rest = rest.partition("+")
     try:
         blob = base64.b64decode(rest, validate=True)
         key_hash = bytes.fromhex(hash_hex)

@@ -1,5 +1,5 @@
-"""The transparency log's signing key: ``$PROVMARK_HOME/log-signing.key``, an Ed25519 key sealed under the
-master key (``provenance.sealed_key``, its own HKDF purpose), created on first use.
+"""The transparency log's signing key: the deployment's log key (``db.identity``), or for a standalone
+log a key file sealed under the master key (``provenance.sealed_key``, its own HKDF purpose).
 
 The log's origin (the checkpoint's first line and the note key's name) is ``provmark.log/<signer id>``:
 16 hex digits of SHA-256 of the raw public key, so a log is named by its key.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from provenance.log_key import (
     jwk_thumbprint,
@@ -42,17 +42,21 @@ def origin_of(public_key: Ed25519PublicKey) -> str:
 
 
 class LogSigner:
-    """The log key of one state folder: signs tree heads and publishes its public forms."""
+    """A log key: signs tree heads and publishes its public forms. ``private_key``: the deployment's log
+    key; without it, the key file of the state folder ``home`` (created on first use)."""
 
     __slots__ = ("_private_key", "origin", "public_key")
 
-    def __init__(self, home: Path | None = None, master_key: bytes | None = None):
-        home = Path(home).expanduser() if home is not None else provmark_home()
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            self._private_key = log_key_file(home, master_key).load_or_create()
-        except SealedKeyError as error:
-            raise LogKeyFileError(str(error)) from None
+    def __init__(self, home: Path | None = None, master_key: bytes | None = None,
+                 private_key: Ed25519PrivateKey | None = None):
+        if private_key is None:
+            home = Path(home).expanduser() if home is not None else provmark_home()
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                private_key = log_key_file(home, master_key).load_or_create()
+            except SealedKeyError as error:
+                raise LogKeyFileError(str(error)) from None
+        self._private_key = private_key
         self.public_key = self._private_key.public_key()
         self.origin = origin_of(self.public_key)
 
@@ -70,19 +74,13 @@ class LogSigner:
 
     def public_document(self) -> dict:
         """What the service publishes: the JWK (and a JWKS of it), PEM, checkpoint verifier key, ids."""
-        jwk = public_jwk(self.public_key)
-        return {"key_id": jwk["kid"], "log_id": log_id(self.public_key), "origin": self.origin, "jwk": jwk,
-                "jwks": {"keys": [jwk]}, "pem": public_pem(self.public_key),
-                "verifier_key": verifier_key(self.origin, self.public_key)}
+        return public_document(self.public_key)
 
 
-def existing_log_public_key(home: Path | None = None) -> Ed25519PublicKey | None:
-    """The log's public key if ``home`` has a log key file (it is opened, so its seal is checked), else None.
-    Creates nothing."""
-    home = Path(home).expanduser() if home is not None else provmark_home()
-    if not (home / LOG_KEY_FILE).exists():
-        return None
-    try:
-        return log_key_file(home).load().public_key()
-    except SealedKeyError as error:
-        raise LogKeyFileError(str(error)) from None
+def public_document(public_key: Ed25519PublicKey) -> dict:
+    """A log key's published forms: the JWK (and a JWKS of it), PEM, checkpoint verifier key, ids."""
+    jwk = public_jwk(public_key)
+    origin = origin_of(public_key)
+    return {"key_id": jwk["kid"], "log_id": log_id(public_key), "origin": origin, "jwk": jwk,
+            "jwks": {"keys": [jwk]}, "pem": public_pem(public_key), "verifier_key": verifier_key(origin, public_key)}
+

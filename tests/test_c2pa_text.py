@@ -18,10 +18,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from identity_fixtures import signing_keys_for
+from sqlalchemy import select
 
+from api.provenance_keys import development_ca
+from db.identity import seal_of
+from db.rows import SigningKeyRow
+from db.store import Store
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings, load_c2pa_credential
 from provenance.c2pa_manifest import C2paSigningError, TextClaims, WatermarkClaim, sign_text
 from provenance.c2pa_reading import C2paReadError, read_credentials
+from watermark.keyring_seal import MASTER_KEY_ENV, format_master_key
 
 # about 200 tokens; "Cafe\u0301" is not NFC, so the embedded form visibly normalises it
 TEXT = ("Cafe\u0301 owners in the old town agree that the summer was unusually quiet. " * 9
@@ -35,8 +42,15 @@ LOCATION_RULE = ("assertion.dataHash.mismatch", "data hash exclusion does not ma
 
 
 @pytest.fixture
-def credential(provmark_home):
-    return load_c2pa_credential(home=provmark_home)
+def home_store(provmark_home):
+    store = Store(home=provmark_home)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def credential(home_store, provmark_home):
+    return signing_keys_for(home_store, provmark_home).c2pa
 
 
 def c2pa_read(data: bytes, store: bytes, anchors: str | None):
@@ -179,23 +193,29 @@ def test_garbage_stores_and_broken_wrappers_give_clear_invalid_reports(credentia
         read_credentials(TEXT, "not bytes")
 
 
-def test_credential_files_are_created_once_and_reused(provmark_home):
-    first = load_c2pa_credential(home=provmark_home)
-    folder = provmark_home / "c2pa"
-    assert {p.name for p in folder.iterdir()} >= {"root.pem", "chain.pem", "root.key", "signer.key"}
-    assert not (folder / "master.key").exists() and (provmark_home / "master.key").exists()
-    assert (folder / "signer.key").stat().st_mode & 0o777 == 0o600
-    assert "PRIVATE" not in (folder / "signer.key").read_text()
-    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix in (".pem", ".key")}
-    second = load_c2pa_credential(home=provmark_home)
-    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix in (".pem", ".key")} == before
-    assert second.chain_pem == first.chain_pem and second.trust_anchors_pem == (folder / "root.pem").read_text()
+def test_the_development_ca_is_made_once_per_deployment_and_reused(home_store, provmark_home, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv(MASTER_KEY_ENV, format_master_key(bytes(range(32))))  # the deployment's, on every replica
+    first = signing_keys_for(home_store, provmark_home).c2pa
+    assert first.source == "development" and not (provmark_home / "c2pa").exists()  # in the database, not a home
+    with home_store.read() as session:
+        rows = {row.role: row for row in session.scalars(select(SigningKeyRow))}
+    assert "BEGIN CERTIFICATE" in rows["c2pa-root"].certificate and "PRIVATE" not in rows["c2pa-signer"].sealed
+    assert first.trust_anchors_pem == rows["c2pa-root"].certificate
+    second = signing_keys_for(home_store, tmp_path / "another-replica").c2pa  # another replica
+    assert second.chain_pem == first.chain_pem and second.trust_anchors_pem == first.trust_anchors_pem
     assert second.sign(b"x") == first.sign(b"x")  # Ed25519 is deterministic: the same key
-    # near its end the signing certificate is re-issued under the same root, with the same key
+    # near its end the signing certificate is re-issued under the same root, with the same key, and stored
     later = first.not_after - timedelta(days=20)
-    renewed = load_c2pa_credential(home=provmark_home, now=later)
+    ca = development_ca(home_store, seal_of(provmark_home), now=later)
+    renewed = load_c2pa_credential(development=ca, now=later)
     assert renewed.chain_pem != first.chain_pem and renewed.trust_anchors_pem == first.trust_anchors_pem
     assert renewed.not_after > first.not_after and renewed.sign(b"x") == first.sign(b"x")
+    with home_store.read() as session:  # stored for every replica
+        stored = session.scalar(select(SigningKeyRow.certificate).where(SigningKeyRow.role == "c2pa-signer"))
+    assert stored.strip() == renewed.chain_pem.strip()
+    with pytest.raises(C2paCredentialError, match="development root expires at"):
+        development_ca(home_store, seal_of(provmark_home), now=datetime.now(UTC) + timedelta(days=3640))
 
 
 def key_usage(signing: bool) -> x509.KeyUsage:
@@ -226,12 +246,14 @@ def make_p256_chain(folder, leaf_days=365, leaf_eku=ExtendedKeyUsageOID.EMAIL_PR
     (folder / "chain.pem").write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
     (folder / "key.pem").write_bytes(leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                                             serialization.NoEncryption()))
+    (folder / "anchors.pem").write_bytes(ca.public_bytes(pem))
     return folder / "chain.pem", folder / "key.pem", ca.public_bytes(pem).decode()
 
 
 def test_a_production_chain_from_pem_paths_signs_trusted_manifests(tmp_path):
     chain, key, root = make_p256_chain(tmp_path)
-    credential = load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=key))
+    credential = load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=key,
+                                                   trust_anchors=tmp_path / "anchors.pem"))
     assert (credential.algorithm, credential.source, credential.trust_anchors_pem) == ("es256", "production", root)
     signed = sign_text(credential, TEXT, CLAIMS)
     state, _, summary = c2pa_read(TEXT.encode(), signed.manifest_store, root)
@@ -239,36 +261,36 @@ def test_a_production_chain_from_pem_paths_signs_trusted_manifests(tmp_path):
     assert read_credentials(TEXT, signed.manifest_store, credential.trust_anchors_pem).trusted
 
 
-def test_unusable_credentials_are_refused_clearly(tmp_path, provmark_home):
+def test_unusable_credentials_are_refused_clearly(tmp_path):
     chain, key, _ = make_p256_chain(tmp_path)
+    anchors = tmp_path / "anchors.pem"
+    with pytest.raises(C2paCredentialError, match="PROVMARK_C2PA_TRUST_ANCHORS"):
+        load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=key))  # its own root is not assumed
     other_dir = tmp_path / "other"
     other_dir.mkdir()
     _, other_key, _ = make_p256_chain(other_dir)
     with pytest.raises(C2paCredentialError, match="does not match"):
-        load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=other_key))
+        load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=other_key, trust_anchors=anchors))
     soon_dir = tmp_path / "soon"
     soon_dir.mkdir()
     soon_chain, soon_key, _ = make_p256_chain(soon_dir, leaf_days=3)
     with pytest.raises(C2paCredentialError, match="expires"):
-        load_c2pa_credential(C2paSettings(cert_chain=soon_chain, private_key=soon_key))
+        load_c2pa_credential(C2paSettings(cert_chain=soon_chain, private_key=soon_key, trust_anchors=anchors))
     tls_dir = tmp_path / "tls"
     tls_dir.mkdir()
     tls_chain, tls_key, _ = make_p256_chain(tls_dir, leaf_eku=ExtendedKeyUsageOID.SERVER_AUTH)
     with pytest.raises(C2paCredentialError, match="EKU"):
-        load_c2pa_credential(C2paSettings(cert_chain=tls_chain, private_key=tls_key))
+        load_c2pa_credential(C2paSettings(cert_chain=tls_chain, private_key=tls_key, trust_anchors=anchors))
     secret = key.read_text()
     damaged = tmp_path / "damaged.pem"
     damaged.write_text(secret[:60] + "!" + secret[61:])
     with pytest.raises(C2paCredentialError, match="not an unencrypted PEM private key") as caught:
-        load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=damaged))
+        load_c2pa_credential(C2paSettings(cert_chain=chain, private_key=damaged, trust_anchors=anchors))
     assert secret[40:80] not in str(caught.value) and caught.value.__cause__ is None
     with pytest.raises(C2paCredentialError, match="together"):
         C2paSettings(cert_chain=chain)
     with pytest.raises(C2paCredentialError, match="URL"):
         C2paSettings(tsa_url="ftp://tsa.example")
-    load_c2pa_credential(home=provmark_home)
-    with pytest.raises(C2paCredentialError, match="development root .* expires"):
-        load_c2pa_credential(home=provmark_home, now=datetime.now(UTC) + timedelta(days=3640))
 
 
 def test_bad_text_or_claims_are_refused(credential):

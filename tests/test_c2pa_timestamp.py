@@ -17,9 +17,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from http_fixtures import serve
+from identity_fixtures import signing_keys_for
 from werkzeug.wrappers import Request, Response
 
-from provenance.c2pa_credential import C2paSettings, load_c2pa_credential
+from api.provenance_keys import development_ca
+from db.store import Store
+from provenance.c2pa_credential import load_c2pa_credential
 from provenance.c2pa_manifest import TextClaims, sign_text
 
 TEXT = "A paragraph the service signed, with the time a third party vouches for."
@@ -94,7 +97,10 @@ def tsa(tmp_path):
 
 def test_a_manifest_signed_with_a_tsa_carries_a_time_stamp_the_reader_trusts(tsa, provmark_home):
     url, tsa_root, answered = tsa
-    credential = load_c2pa_credential(C2paSettings(tsa_url=url), home=provmark_home)
+    store = Store(home=provmark_home)
+    keys = signing_keys_for(store, provmark_home, c2pa_tsa_url=url)
+    credential = keys.c2pa
+    assert credential.tsa_url == url.rstrip("/")
     signed = sign_text(credential, TEXT, CLAIMS)
     assert answered == ["application/timestamp-query"]  # c2pa-rs asked the authority once, RFC 3161's way
     context = c2pa.Context.from_dict({"verify": {"verify_trust": True},
@@ -104,7 +110,8 @@ def test_a_manifest_signed_with_a_tsa_carries_a_time_stamp_the_reader_trusts(tsa
         state, results = reader.get_validation_state(), reader.get_validation_results()["activeManifest"]
     codes = {item["code"] for item in results["success"]}
     assert state == "Trusted" and {"timeStamp.validated", "timeStamp.trusted"} <= codes, results
-    unstamped = sign_text(load_c2pa_credential(home=provmark_home), TEXT, CLAIMS)
+    unstamped = sign_text(load_c2pa_credential(development=development_ca(store, keys.seal)), TEXT, CLAIMS)
+    store.close()
     with c2pa.Reader("text/plain", io.BytesIO(TEXT.encode()), manifest_data=unstamped.manifest_store,
                      context=context) as reader:
         plain = {item["code"] for item in reader.get_validation_results()["activeManifest"]["success"]}

@@ -17,10 +17,11 @@ from http_fixtures import (
     shared_vocabulary,
     watermarked_text,
 )
+from identity_fixtures import signing_keys_for
 from sqlalchemy import func, select
 
 from api.detector.app import create_app, services_of
-from db.receipts import ReceiptSigner, issue_receipt
+from db.receipts import issue_receipt
 from db.rows import AuditEventRow, VerdictRow, text_sha256
 from watermark.keys import Keyring
 
@@ -215,7 +216,8 @@ def test_request_errors_are_json_and_name_the_field(provmark_home, keyring):
 def test_provenance_links_the_receipt_of_the_same_text(service, keyring, provmark_home, texts):
     base_url, store, admin = service
     text = marked(keyring, texts)
-    receipt = issue_receipt(store, ReceiptSigner(provmark_home), "test", text_sha256=text_sha256(text),
+    receipt = issue_receipt(store, signing_keys_for(store, provmark_home).receipts, "test",
+                            text_sha256=text_sha256(text),
                             token_count=200, model_id="SmolLM2-135M-Instruct", spec_fingerprint="f" * 32,
                             key_id=KEY)
     status, body, _ = detect(base_url, admin, text)

@@ -18,6 +18,8 @@ from http_fixtures import call, human_text
 
 from watermark.keys import Keyring
 
+pytest_plugins = ["pg"]
+
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = 8
 WORKERS = 2
@@ -37,8 +39,8 @@ def free_port() -> int:
 class DetectorProcess:
     """``python -m api.detector.wsgi`` in its own process group (so SIGKILL reaches every worker)."""
 
-    def __init__(self, home: Path, port: int, log_dir: Path):
-        self.home, self.port, self.log_dir = home, port, log_dir
+    def __init__(self, home: Path, port: int, log_dir: Path, database_url: str | None = None):
+        self.home, self.port, self.log_dir, self.database_url = home, port, log_dir, database_url
         self.base_url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
         self.starts = 0
@@ -47,7 +49,9 @@ class DetectorProcess:
         self.starts += 1
         env = {**os.environ, "PROVMARK_HOME": str(self.home), "PROVMARK_RATE_LIMIT": "1000000",
                "PYTHONPATH": str(REPO)}
-        env.pop("PROVMARK_DATABASE_URL", None)  # SQLite in the home folder
+        env.pop("PROVMARK_DATABASE_URL", None)  # SQLite in the home folder, unless given
+        if self.database_url is not None:
+            env["PROVMARK_DATABASE_URL"] = self.database_url
         with open(self.log_dir / f"server-{self.starts}.log", "wb") as out:  # the child keeps its own copy
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "api.detector.wsgi", "--host", "127.0.0.1", "--port", str(self.port),
@@ -115,34 +119,49 @@ class Clients:
             time.sleep(0.05)
 
 
+def burst_with_a_kill(server: DetectorProcess, home: Path) -> str:
+    """Clients post through a SIGKILL and a restart; every acknowledged verdict must read back. The admin token."""
+    texts = [human_text(1200, start) for start in range(0, 60000, 6000)]
+    server.start()
+    token = (home / "admin.token").read_text().strip()
+    clients = Clients(server.base_url, token, texts)
+    for thread in clients.threads:
+        thread.start()
+    clients.wait_for(OK_BEFORE_KILL)
+    server.kill()
+    acknowledged_at_kill = clients.count()
+    server.start()
+    clients.wait_for(acknowledged_at_kill + OK_AFTER_RESTART)
+    clients.stop.set()
+    for thread in clients.threads:
+        thread.join(timeout=REQUEST_TIMEOUT_S + 5)
+
+    for verdict_id, sha in clients.ok:
+        status, stored, _ = call("GET", f"{server.base_url}/v1/verdicts/{verdict_id}", token=token)
+        assert status == 200, f"acknowledged verdict {verdict_id} is missing after the SIGKILL"
+        assert stored["text_sha256"] == sha
+    assert len({verdict_id for verdict_id, _ in clients.ok}) == len(clients.ok)
+    assert clients.failures > 0  # the kill did land while clients were posting
+    status, report, _ = call("GET", server.base_url + "/v1/audit/verify", token=token)
+    assert status == 200 and report["ok"] is True, report["problems"]
+    assert report["events"] >= len(clients.ok) + 1  # every detection + the bootstrap token
+    return token
+
+
+def test_sigkill_mid_run_on_postgresql_loses_no_acknowledged_verdict(provmark_home, tmp_path, postgresql_url):
+    Keyring(provmark_home).create("k-durable")
+    server = DetectorProcess(provmark_home, free_port(), tmp_path, postgresql_url)
+    try:
+        burst_with_a_kill(server, provmark_home)
+    finally:
+        server.kill()
+
+
 def test_sigkill_mid_run_loses_no_acknowledged_verdict(provmark_home, tmp_path):
     Keyring(provmark_home).create("k-durable")
     server = DetectorProcess(provmark_home, free_port(), tmp_path)
-    texts = [human_text(1200, start) for start in range(0, 60000, 6000)]
     try:
-        server.start()
-        token = (provmark_home / "admin.token").read_text().strip()
-        clients = Clients(server.base_url, token, texts)
-        for thread in clients.threads:
-            thread.start()
-        clients.wait_for(OK_BEFORE_KILL)
-        server.kill()
-        acknowledged_at_kill = clients.count()
-        server.start()
-        clients.wait_for(acknowledged_at_kill + OK_AFTER_RESTART)
-        clients.stop.set()
-        for thread in clients.threads:
-            thread.join(timeout=REQUEST_TIMEOUT_S + 5)
-
-        for verdict_id, sha in clients.ok:
-            status, stored, _ = call("GET", f"{server.base_url}/v1/verdicts/{verdict_id}", token=token)
-            assert status == 200, f"acknowledged verdict {verdict_id} is missing after the SIGKILL"
-            assert stored["text_sha256"] == sha
-        assert len({verdict_id for verdict_id, _ in clients.ok}) == len(clients.ok)
-        assert clients.failures > 0  # the kill did land while clients were posting
-        status, report, _ = call("GET", server.base_url + "/v1/audit/verify", token=token)
-        assert status == 200 and report["ok"] is True, report["problems"]
-        assert report["events"] >= len(clients.ok) + 1  # every detection + the bootstrap token
+        token = burst_with_a_kill(server, provmark_home)
 
         # Hand-edit one stored detection event: verify must fail and name exactly that event.
         with sqlite3.connect(provmark_home / "provmark.db") as db:

@@ -20,10 +20,10 @@ from http_fixtures import (
     shared_vocabulary,
     watermarked_text,
 )
+from identity_fixtures import signing_keys_for
 
 from api.detector.app import create_app, services_of
 from detector.service import Detector
-from provenance.c2pa_credential import load_c2pa_credential
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, sign_text
 from watermark.keys import Keyring
 
@@ -165,7 +165,7 @@ def test_the_page_shows_the_content_credentials_beside_the_watermark_verdict(bro
                         issuer="http://127.0.0.1:8000", detector_url=base_url,
                         watermark=WatermarkClaim(family="kgw", spec=verdict.watermark,
                                                  spec_fingerprint=verdict.fingerprint, key_id=KEY))
-    credential = load_c2pa_credential(home=provmark_home)  # the development CA the service trusts
+    credential = signing_keys_for(store, provmark_home).c2pa  # the deployment's development CA, which it trusts
     page = browser.new_page()
     page.goto(base_url + "/")
     page.fill("#token", make_token(store, "detect"))

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from identity_fixtures import signing_keys_for
 from sqlalchemy import text
 
 from api.cli import main
 from db.audit import verify
 from db.audit_rows import ROW_DELETED, ROW_EDITED, ROW_UNLOGGED
 from db.caller import Caller
-from db.receipts import ReceiptSigner, issue_receipt
+from db.receipts import issue_receipt
 from db.store import Store
 from db.verdicts import VerdictRecord
 
@@ -30,12 +31,12 @@ def _record(z: float, verdict: str = "not_watermarked") -> VerdictRecord:
 
 
 @pytest.fixture
-def filled(database_url, tmp_path):
+def filled(database_url, tmp_path, provmark_home):
     store = Store(url=database_url, home=tmp_path)
     store.upgrade()
     caller = Caller(name="tester")
     verdicts = [store.record_verdict(_record(0.1 * i), caller) for i in range(5)]
-    signer = ReceiptSigner(tmp_path)
+    signer = signing_keys_for(store, provmark_home).receipts
     receipts = [issue_receipt(store, signer, "tester", text_sha256="cd" * 32, token_count=3 + i,
                               model_id="m", key_id="k-1", spec_fingerprint="f" * 16)["receipt_id"] for i in range(3)]
     yield store, verdicts, receipts

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from http_fixtures import call, make_token, serve, shared_vocabulary
+from identity_fixtures import signing_keys_for
 from sqlalchemy import func, select, text
 
 from api.cli import main
@@ -33,7 +33,7 @@ from db.audit_report import (
 )
 from db.caller import Caller
 from db.migrations import alembic_config, head_revision
-from db.receipts import ReceiptSigner, issue_receipt
+from db.receipts import ReceiptSigner, sign_receipt, store_receipt
 from db.rows import AuditEventRow, TreeHeadRow, iso_utc, utc_now
 from db.store import Store
 from db.transparency import (
@@ -236,8 +236,10 @@ def _fill(store: Store, start: int, count: int, receipts: ReceiptSigner) -> list
             subjects.append(f"manifest-{i}")
             _append(store, "key.rotate", subjects[-1], {"subject_sha256": MANIFEST_DIGEST, "row_sha256": ROW_DIGEST})
         else:
-            subjects.append(issue_receipt(store, receipts, "tester", text_sha256="cd" * 32, token_count=3 + i,
-                                          model_id="m", key_id="k-1", spec_fingerprint="f" * 16)["receipt_id"])
+            receipt = sign_receipt(receipts, text_sha256="cd" * 32, token_count=3 + i, model_id="m", key_id="k-1",
+                                   spec_fingerprint="f" * 16)
+            store_receipt(store, receipt, "tester")
+            subjects.append(receipt["receipt_id"])
     return subjects
 
 
@@ -249,7 +251,8 @@ class Log:
         self.store.upgrade()
         self.signer = LogSigner(home)
         self.public_raw = raw_public(self.signer.public_key)
-        receipts = ReceiptSigner(home)
+        self.home_store = Store(home=home)  # the deployment's identity (receipt keys) in another database
+        receipts = signing_keys_for(self.home_store, home).receipts
         self.subjects = _fill(self.store, 0, 6, receipts)  # subjects[i] is event seq i + 1
         self.first = keep_tree_head(self.store, self.signer)
         self.subjects += _fill(self.store, 6, 5, receipts)
@@ -261,6 +264,7 @@ def log(database_url, provmark_home):
     log = Log(database_url, provmark_home)
     yield log
     log.store.close()
+    log.home_store.close()
 
 
 def _sql(store: Store, statement: str, **params) -> None:
@@ -322,7 +326,7 @@ def test_an_edited_event_is_reported_and_no_longer_proves_against_the_kept_head(
     store, signer, public_raw = log.store, log.signer, log.public_raw
     before = inclusion_proof(store, signer, "manifest-1", tree_size=11)
     _sql(store, "UPDATE audit_events SET details = :d WHERE seq = 2", d=json.dumps({"subject_sha256": "ee" * 32}))
-    report = verify(store)
+    report = verify(store, log_key=signer.public_key)
     assert [(p.seq, p.problem) for p in report.problems if p.seq is not None] == [(2, EDITED)]
     assert [p.problem for p in report.problems if p.seq is None] == [TREE_HEAD_MISMATCH] * 2, report.problems
     after = inclusion_proof(store, signer, "manifest-1", tree_size=11)
@@ -333,7 +337,7 @@ def test_an_edited_event_is_reported_and_no_longer_proves_against_the_kept_head(
 def test_a_deleted_event_is_reported_and_the_log_refuses_to_prove_or_sign(log):
     store, signer = log.store, log.signer
     _sql(store, "DELETE FROM audit_events WHERE seq = 2")
-    report = verify(store)
+    report = verify(store, log_key=signer.public_key)
     assert report.problems[0].problem == DELETED and report.problems[0].seq == 2
     assert [p.problem for p in report.problems if p.seq is None] == [TREE_HEAD_MISMATCH] * 2, report.problems
     with pytest.raises(LogError, match="event 2"):
@@ -345,12 +349,13 @@ def test_a_deleted_event_is_reported_and_the_log_refuses_to_prove_or_sign(log):
 def test_a_forged_head_or_a_rewritten_leaf_hash_is_caught(log):
     store, signer, first = log.store, log.signer, log.first
     _sql(store, "UPDATE tree_heads SET root_hash = :r WHERE tree_size = 6", r="00" * 32)
-    report = verify(store)  # the log key from PROVMARK_HOME
+    report = verify(store, log_key=signer.public_key)
     assert {p.problem for p in report.problems} == {TREE_HEAD_SIGNATURE, TREE_HEAD_MISMATCH}, report.problems
+    assert TREE_HEAD_SIGNATURE in {p.problem for p in verify(store).problems}  # no key given: nothing vouched for
     _sql(store, "UPDATE tree_heads SET root_hash = :r WHERE tree_size = 6", r=first.root_hash.hex())
-    assert verify(store).ok
+    assert verify(store, log_key=signer.public_key).ok
     _sql(store, "UPDATE audit_events SET leaf_hash = :h WHERE seq = 2", h="11" * 32)
-    assert [p.problem for p in verify(store).problems] == [LEAF_MISMATCH]
+    assert [p.problem for p in verify(store, log_key=signer.public_key).problems] == [LEAF_MISMATCH]
     with pytest.raises(LogError, match="refusing to sign"):
         keep_tree_head(store, signer)  # never a head that forks from one already signed
 
@@ -380,7 +385,7 @@ def test_the_migration_gives_existing_events_their_leaf_hashes(database_url, pro
     bundle = inclusion_proof(store, signer, "v-3")
     assert check_inclusion_bundle(bundle, raw_public(signer.public_key))
     assert bundle["entry_json"]["subject_sha256"] == ROW_DIGEST and bundle["tree_size"] == 5
-    report = verify(store)
+    report = verify(store, log_key=signer.public_key)
     assert report.ok and report.tree_heads_checked == 1, report.problems
     store.close()
 
@@ -397,12 +402,11 @@ def test_the_cli_proves_and_checks_offline(provmark_home, tmp_path, monkeypatch,
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("PROVMARK_DATABASE_URL", url)
     store = Store(url=url)
-    store.upgrade()
-    receipts = ReceiptSigner(provmark_home)
+    receipts = signing_keys_for(store, provmark_home).receipts  # the identity: event 1
     _fill(store, 0, 5, receipts)
     assert main(["audit", "head", "--json"]) == 0
     head = json.loads(capsys.readouterr().out)
-    assert head["tree_size"] == 5
+    assert head["tree_size"] == 6
     assert main(["audit", "log-key", "--pem"]) == 0
     pem = tmp_path / "log.pem"
     pem.write_text(capsys.readouterr().out)
@@ -410,9 +414,9 @@ def test_the_cli_proves_and_checks_offline(provmark_home, tmp_path, monkeypatch,
     (tmp_path / "jwks.json").write_text(json.dumps(json.loads(capsys.readouterr().out)["jwks"]))
     proof = tmp_path / "proof.json"
     made = _cli("audit", "prove", "manifest-1", "--out", str(proof), env_home=provmark_home, url=url)
-    assert made.returncode == 0 and "leaf 1 of 5" in made.stdout, made.stderr
+    assert made.returncode == 0 and "leaf 2 of 6" in made.stdout, made.stderr
     checked = _cli("audit", "check-proof", str(proof), "--log-key", str(pem), env_home=provmark_home, url=url)
-    assert checked.returncode == 0 and checked.stdout.startswith("OK: event 2 (key.rotate, subject manifest-1)"), \
+    assert checked.returncode == 0 and checked.stdout.startswith("OK: event 3 (key.rotate, subject manifest-1)"), \
         checked.stderr
     assert check_inclusion_bundle(json.loads(proof.read_text()), base64.b64decode(pem.read_text().split("\n")[1])[-32:])
     bad_key = _cli("audit", "check-proof", str(proof), "--log-key", "not-a-key", env_home=provmark_home, url=url)
@@ -429,14 +433,14 @@ def test_the_cli_proves_and_checks_offline(provmark_home, tmp_path, monkeypatch,
     assert capsys.readouterr().out.startswith("FAILED: the inclusion path does not lead")
     _fill(store, 5, 2, receipts)
     store.close()
-    assert main(["audit", "head"]) == 0 and "tree head of size 7" in capsys.readouterr().out
-    assert main(["audit", "prove", "--consistency", "5", "7", "--out", str(proof)]) == 0
+    assert main(["audit", "head"]) == 0 and "tree head of size 8" in capsys.readouterr().out
+    assert main(["audit", "prove", "--consistency", "6", "8", "--out", str(proof)]) == 0
     capsys.readouterr()
     assert main(["audit", "check-proof", str(proof), "--log-key", pem.read_text()]) == 0
-    assert "extends the log at size 5" in capsys.readouterr().out
+    assert "extends the log at size 6" in capsys.readouterr().out
     missing = str(tmp_path / "gone.json")
     for argv, message in ((["audit", "prove", "nothing-like-this"], "no audit event"),
-                          (["audit", "prove", "--consistency", "5", "6"], "no kept tree head has size 6"),
+                          (["audit", "prove", "--consistency", "6", "7"], "no kept tree head has size 7"),
                           (["audit", "prove"], "give an event ID"),
                           (["audit", "check-proof", missing, "--log-key", str(pem)], "cannot read")):
         assert main(argv) == 2
@@ -448,25 +452,29 @@ def test_the_cli_proves_and_checks_offline(provmark_home, tmp_path, monkeypatch,
 def test_the_detector_serves_heads_keys_and_proofs(provmark_home, database_url):
     app = create_app({"home": provmark_home, "vocab": shared_vocabulary(), "database_url": database_url})
     store = services_of(app).store
-    receipts = ReceiptSigner(provmark_home)
-    subjects = _fill(store, 0, 4, receipts)
+    keys = signing_keys_for(store, provmark_home)  # the deployment's identity, as `provmark identity init` makes it
+    subjects = _fill(store, 0, 4, keys.receipts)
     auditor, audit_only = make_token(store, "audit", "explain"), make_token(store, "audit")
     with serve(app) as base:
         status, key, _ = call("GET", base + "/v1/log/public-key")
         assert status == 200 and key["jwk"]["kty"] == "OKP" and key["jwk"]["crv"] == "Ed25519"
         public_raw = base64.urlsafe_b64decode(key["jwk"]["x"] + "=")
+        assert public_raw == raw_public(keys.log.public_key)
         thumbprint = base64.urlsafe_b64encode(hashlib.sha256(json.dumps(
             {"crv": "Ed25519", "kty": "OKP", "x": key["jwk"]["x"]}, sort_keys=True, separators=(",", ":")).encode())
             .digest()).rstrip(b"=").decode()
         assert key["jwk"]["kid"] == key["key_id"] == thumbprint
+        status, body, _ = call("GET", base + "/v1/log/head")
+        assert status == 404 and set(body) == {"error"}  # the detector signs nothing: no head yet
+        status, body, _ = call("GET", base + "/v1/log/proof/inclusion?id=manifest-1", token=auditor)
+        assert status == 409 and "no signed tree head covers it yet" in body["error"]["message"]
+        keep_tree_head(store, keys.log)  # what the generation service's sequencer does every few seconds
         status, head, _ = call("GET", base + "/v1/log/head")
         assert status == 200 and check_head(head, public_raw) and head["key_id"] == thumbprint
-        first_size = head["tree_size"]  # token creation is logged too
-        assert call("GET", base + "/v1/log/head")[1] == head  # not re-signed while the log stands still
-        subjects += _fill(store, 4, 2, receipts)
-        early = call("GET", base + "/v1/log/head")[1]  # nor within a second of the last head
-        assert early == head or early["timestamp"] - head["timestamp"] >= 1000
-        time.sleep(1.05)
+        first_size = head["tree_size"]  # the identity and token creation are logged too
+        subjects += _fill(store, 4, 2, keys.receipts)
+        assert call("GET", base + "/v1/log/head")[1] == head  # the newest kept head, until one is signed
+        keep_tree_head(store, keys.log)
         status, grown, _ = call("GET", base + "/v1/log/head")
         assert status == 200 and grown["tree_size"] == first_size + 2 and check_head(grown, public_raw)
         query = f"/v1/log/proof/inclusion?id=manifest-1&tree_size={first_size}"
@@ -474,9 +482,10 @@ def test_the_detector_serves_heads_keys_and_proofs(provmark_home, database_url):
         assert call("GET", base + query, token=audit_only)[0] == 403
         status, bundle, _ = call("GET", base + query, token=auditor)
         assert status == 200 and check_inclusion_bundle(bundle, public_raw) and bundle["tree_head"] == head
-        status, bundle, _ = call("GET", base + f"/v1/log/proof/consistency?first={first_size}&second={first_size + 2}",
-                                 token=auditor)
+        consistency = f"/v1/log/proof/consistency?first={first_size}&second={first_size + 2}"
+        status, bundle, _ = call("GET", base + consistency)  # no token: what a witness asks for
         assert status == 200 and check_consistency_bundle(bundle, public_raw)
+        assert call("GET", base + consistency, token=audit_only)[1] == bundle
         for path, expected in (("/v1/log/proof/inclusion?id=nope", 404),
                                ("/v1/log/proof/inclusion?id=manifest-1&tree_size=0", 422),
                                ("/v1/log/proof/inclusion?id=manifest-1&tree_size=999", 404),
@@ -495,7 +504,7 @@ def test_the_detector_serves_heads_keys_and_proofs(provmark_home, database_url):
 
 
 def test_a_head_signature_check_fails_for_another_key(log, tmp_path):
-    other = LogSigner(tmp_path / "elsewhere").public_key
+    other = LogSigner(tmp_path / "elsewhere").public_key  # a standalone log key file
     with pytest.raises(InvalidSignature):
         check_head(log.second.to_dict(), raw_public(other))
     problems = verify(log.store, log_key=other).problems

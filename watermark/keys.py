@@ -239,6 +239,14 @@ class Keyring:
         first use like any keyring write."""
         return self._master_keys(create=True).derive(purpose)
 
+    def derive_existing_key(self, purpose: bytes) -> bytes:
+        """``derive_key`` without creating anything: MasterKeyError when there is no master key."""
+        keys = self._master_keys(create=False)
+        if keys is None:
+            raise MasterKeyError(f"there is no master key: set {MASTER_KEY_ENV} (or put {MASTER_KEY_FILE} in "
+                                 f"{self.home})")
+        return keys.derive(purpose)
+
     def _restatus(self, entry: SealedEntry, **changes) -> SealedEntry:
         keys = self._master_keys(create=True)
         return seal(keys, replace(entry.info, **changes), open_secret(keys, entry))  # new metadata -> new AD

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from api.cli import audit_log
 from api.cli.actions import add_action, usage
 from api.cli.errors import CLIError
+from api.cli.identity_keys import optional_log_key
 from db.api_tokens import SCOPES, TokenError, create_token, list_tokens, revoke_token
 from db.audit import HEAD_ROW_ID, verify
 from db.rows import AuditHeadRow
@@ -110,7 +111,7 @@ def _audit_verify(store: Store, args) -> int:
         steps = 3 * (head.seq if head is not None else 0)
     # on a terminal only (tqdm's disable=None); --json output stays clean either way (the bar is on stderr)
     with tqdm(total=steps, desc="verifying audit log", unit="ev", disable=None, leave=False) as bar:
-        report = verify(store, progress=bar.update)
+        report = verify(store, progress=bar.update, log_key=optional_log_key(store))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.ok:

@@ -10,11 +10,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from api.cli import db, detect, detect_batch, evaluate, generate, keys, manifests, receipts, serve
+from api.cli import (
+    db,
+    detect,
+    detect_batch,
+    evaluate,
+    generate,
+    identity,
+    keys,
+    log_witness,
+    manifests,
+    receipts,
+    serve,
+)
 from api.cli.errors import CLIError
 
 # Modules that add sub-commands, in help order.
-COMMAND_MODULES = (keys, detect, detect_batch, generate, receipts, manifests, db, serve, evaluate)
+COMMAND_MODULES = (keys, detect, detect_batch, generate, receipts, manifests, identity, db, log_witness, serve,
+                   evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

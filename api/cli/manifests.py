@@ -3,7 +3,8 @@
   provmark manifests get ID --out FILE          a stored manifest store (.c2pa), by manifest id
   provmark manifests check TEXT [--manifest FILE] [--trust-anchors PEM] [--json]
         the Content Credentials of a text file: embedded in it (C2PA 2.4 Annex A.8) or in a .c2pa file
-        beside it; trusted under PEM roots (default: this home's, as the detector trusts them).
+        beside it; trusted under PEM roots: the service's (GET /v1/c2pa/trust-anchors, saved to a file); on
+        a machine of the deployment, the default is the roots its detector trusts.
         Exit 0: valid and trusted; 1: not (the report says why); 2: bad input.
 """
 
@@ -16,9 +17,13 @@ from api.cli.actions import add_action, usage
 from api.cli.db import opened_store
 from api.cli.documents import read_document
 from api.cli.errors import CLIError
+from api.cli.identity_keys import public_identity
+from api.settings import Settings
 from db.manifests import get_manifest
-from provenance.c2pa_credential import C2paCredentialError, C2paSettings, load_c2pa_credential
+from db.store import SQLITE_FILE
+from provenance.c2pa_credential import C2paCredentialError, configured_trust_anchors
 from provenance.c2pa_reading import read_credentials
+from provenance.identity import IdentityError
 
 MAX_FILE_BYTES = 16 << 20  # a manifest store is a few KB, a text far less than this
 
@@ -37,7 +42,8 @@ def register(subparsers) -> None:
     check.add_argument("--manifest", type=Path, metavar="FILE", help="its detached manifest store (.c2pa); "
                                                                     "without it, the manifest embedded in the text")
     check.add_argument("--trust-anchors", type=Path, metavar="PEM",
-                       help="PEM roots to trust (default: this home's C2PA trust anchors)")
+                       help="PEM roots to trust, e.g. saved from the service's /v1/c2pa/trust-anchors (default, on "
+                            "a machine of the deployment: PROVMARK_C2PA_TRUST_ANCHORS, else its development root)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -64,11 +70,8 @@ def _check(args) -> int:
     except UnicodeDecodeError:
         raise CLIError(f"{args.text} is not UTF-8 text") from None
     manifest = _read(args.manifest) if args.manifest is not None else None
-    try:
-        anchors = (_read(args.trust_anchors).decode("ascii", "replace") if args.trust_anchors is not None
-                   else load_c2pa_credential(C2paSettings()).trust_anchors_pem)
-    except C2paCredentialError as error:
-        raise CLIError(str(error)) from None
+    anchors = (_read(args.trust_anchors).decode("ascii", "replace") if args.trust_anchors is not None
+               else _deployment_anchors())
     report = read_credentials(text, manifest, anchors)
     if report is None:
         raise CLIError(f"{args.text} carries no C2PA manifest: give its .c2pa file with --manifest")
@@ -82,6 +85,25 @@ def _check(args) -> int:
         reasons = report.problem or ", ".join(report.failures) or report.validation_state
         print(f"{report.validation_state}: manifest {report.manifest_id or '-'} ({report.source}): {reasons}")
     return 0 if ok else 1
+
+
+def _deployment_anchors() -> str:
+    """The roots this machine's deployment trusts; never made here (an outsider names them instead)."""
+    settings = Settings.load()
+    try:
+        configured = configured_trust_anchors(settings.c2pa())
+    except (C2paCredentialError, ValueError) as error:
+        raise CLIError(str(error)) from None
+    if configured is not None:
+        return configured
+    if settings.database_url is None and not (settings.home / SQLITE_FILE).exists():
+        raise CLIError("give --trust-anchors PEM: the roots the issuing service publishes at "
+                       "/v1/c2pa/trust-anchors (this machine holds no deployment to take them from)")
+    with opened_store() as store:
+        try:
+            return public_identity(store).trust_anchor_pem()
+        except IdentityError as error:
+            raise CLIError(str(error)) from None
 
 
 def _read(path: Path) -> bytes:

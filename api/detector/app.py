@@ -17,7 +17,8 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
                               the C2PA Soft Binding Resolution API (api/detector/routes_resolution.py)
     GET  /v1/log/head         no token; the transparency log's newest signed tree head (routes_log.py)
     GET  /v1/log/public-key   no token; the log's public key (JWK, PEM, checkpoint verifier key)
-    GET  /v1/log/proof/*      scopes ``audit`` and ``explain``; inclusion and consistency proof bundles
+    GET  /v1/log/proof/inclusion    scopes ``audit`` and ``explain``; an event's inclusion proof bundle
+    GET  /v1/log/proof/consistency  no token; a consistency proof bundle between two kept heads
     GET  /metrics             Prometheus text format, no token by default (see api/metrics.py)
     GET  /docs                no token; the OpenAPI document as a browsable page (api/api_page.py)
 
@@ -58,12 +59,15 @@ from api.detector import (
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_deprecation_headers, install_error_handlers
 from api.metrics import count_verdict, install_metrics
+from api.provenance_keys import PublicKeys
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
 from db.output_memory import MemoryMirror, OutputMemory
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
+from provenance.identity import IdentityError
+from provenance.identity_files import home_conflicts
 from watermark.keys import Keyring
 from watermark.vocab import load_vocabulary
 
@@ -73,7 +77,8 @@ SERVICE_NAME = "provmark-detector"
 API_VERSION = "1.0.0"
 OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
 EXTENSION = "provmark_detector"
-# need no database (a published key half comes from the keyring, receipt and log keys from their files)
+# need no bootstrap (a published key half comes from the keyring; the JWKS, trust anchors and log key are read
+# from the database's identity when it answers)
 PAGE_ENDPOINTS = frozenset({"static", "page.index", "openapi_json", "prometheus_metrics", "keys.public_key",
                             "keys.jwks", "keys.c2pa_trust_anchors", "resolution.supported_algorithms",
                             "log.log_public_key"}) | API_PAGE_ENDPOINTS
@@ -92,8 +97,7 @@ class DetectorServices:
     detect_lock: threading.Lock = field(default_factory=threading.Lock)
     bootstrapped: bool = False
     usage: Any = None  # db.budget.UsageLedger of this process
-    receipt_signer: Any = None  # db.receipts.ReceiptSigner, loaded on first use (api/detector/routes_keys.py)
-    c2pa_trust_anchors: str | None = None  # PEM, loaded on first use (api/detector/credential_layer.py)
+    public_keys: Any = None  # api.provenance_keys.PublicKeys: the deployment's JWKS, log key, trust anchors
     bootstrap_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_bootstrapped(self) -> None:
@@ -104,11 +108,26 @@ class DetectorServices:
             if self.bootstrapped:
                 return
             self.store.upgrade()
+            self._check_identity()
             token = ensure_admin_token(self.settings.home, self.store)
             if token is not None:
                 path = self.settings.home / ADMIN_TOKEN_FILE
                 announce_admin_token("detector", token, path)
             self.bootstrapped = True
+
+    def _check_identity(self) -> None:
+        """Refuse to serve with another identity than the database's (``PROVMARK_IDENTITY``, or key files in
+        this replica's home that are not the deployment's); no identity yet is fine: nothing is made here."""
+        identity = self.public_keys.cache.get()
+        if identity is None:
+            return
+        problems = home_conflicts(self.settings.home, identity)
+        if self.settings.identity is not None and identity.deployment_id != self.settings.identity:
+            problems.append(f"the database holds deployment {identity.deployment_id}, not {self.settings.identity} "
+                            "(PROVMARK_IDENTITY)")
+        if problems:
+            raise IdentityError("; ".join(problems) + ": this replica would serve with another identity than "
+                                "the database's")
 
 
 def create_app(config: dict | None = None) -> Flask:
@@ -122,7 +141,8 @@ def create_app(config: dict | None = None) -> Flask:
                                           retain_text=settings.retain_text)
     detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"), store)
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
-    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store))
+    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store),
+                                public_keys=PublicKeys(settings, store))
 
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)

@@ -12,17 +12,17 @@ import base64
 import binascii
 
 from api.http import ApiError
-from provenance.c2pa_credential import load_c2pa_credential
 from provenance.c2pa_reading import CredentialReport, read_credentials
+from provenance.identity import IdentityError
 
 
 def trust_anchors(services) -> str:
-    """The PEM roots a manifest must chain to (``PROVMARK_C2PA_TRUST_ANCHORS``, else the home's development
-    root or the configured chain's root), loaded once per process."""
-    if services.c2pa_trust_anchors is None:
-        services.c2pa_trust_anchors = load_c2pa_credential(services.settings.c2pa(),
-                                                           services.settings.home).trust_anchors_pem
-    return services.c2pa_trust_anchors
+    """The PEM roots a manifest must chain to: ``PROVMARK_C2PA_TRUST_ANCHORS``, else the deployment's
+    development root (``api.provenance_keys.PublicKeys``); none before the deployment has an identity."""
+    try:
+        return services.public_keys.trust_anchors()
+    except IdentityError:
+        return ""
 
 
 def credentials_of(services, text: str, manifest_b64: str | None) -> CredentialReport | None:

@@ -42,7 +42,8 @@ def blueprint(api, services) -> Blueprint:
                responses={200: AuditReportBody}, scope="audit", tags=["audit"])
     @services.auth.require("audit")
     def verify_audit_chain():
-        report = verify(store, home=services.settings.home).to_dict()  # its log key checks the kept heads
+        identity = services.public_keys.cache.get()  # the deployment's log key checks the kept heads
+        report = verify(store, log_key=identity.log_key() if identity is not None else None).to_dict()
         if not reads_exact():
             report["head_hash"] = None  # the newest event's hash: a detection's would test guesses of its G
         return jsonify(report)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
-from api.detector.credential_layer import trust_anchors
 from api.detector.schemas import PublicKeyDocument
 from api.http import ApiError, ErrorResponse
 from api.provenance_keys import add_jwks_route, add_trust_anchors_route
-from db.receipts import ReceiptSigner
 from detector.two_part import published_document
 from watermark.key_info import KEY_ID_RE, KeyNotFoundError, KeyStateError
 
@@ -41,13 +39,6 @@ def blueprint(api, services) -> Blueprint:
             raise ApiError(404, "key_not_found", NOT_PUBLISHED) from None
         return jsonify(PublicKeyDocument.model_validate(document.to_dict()).model_dump())
 
-    add_jwks_route(api, bp, lambda: _receipt_signer(services), before=services.auth.limit_anonymous)
-    add_trust_anchors_route(api, bp, lambda: trust_anchors(services), before=services.auth.limit_anonymous)
+    add_jwks_route(api, bp, services.public_keys.jwks, before=services.auth.limit_anonymous)
+    add_trust_anchors_route(api, bp, services.public_keys.trust_anchors, before=services.auth.limit_anonymous)
     return bp
-
-
-def _receipt_signer(services) -> ReceiptSigner:
-    """The receipt keys of the home this service shares with the generation service (loaded once)."""
-    if services.receipt_signer is None:
-        services.receipt_signer = ReceiptSigner(services.settings.home)
-    return services.receipt_signer

@@ -1,20 +1,24 @@
 """The transparency log over the audit events (``db.transparency``; formats in docs/transparency-log.md).
 
-    GET /v1/log/head                        no token: the newest signed tree head; a new one is signed and kept
-                                            when the log grew and the newest is older than HEAD_REFRESH_S
-    GET /v1/log/public-key                  no token: the log key as JWK (and JWKS), PEM and note verifier key
+    GET /v1/log/head                        no token: the newest signed tree head (signed by the generation
+                                            service every few seconds while the log grows, or `provmark log sign`)
+    GET /v1/log/public-key                  no token: the deployment's log key as JWK (and JWKS), PEM and note
+                                            verifier key (the same from every replica)
     GET /v1/log/proof/inclusion?id=&tree_size=      scopes ``audit`` and ``explain``: an event's inclusion bundle
-    GET /v1/log/proof/consistency?first=&second=    scopes ``audit`` and ``explain``: a consistency bundle
+    GET /v1/log/proof/consistency?first=&second=    no token: a consistency bundle between two kept heads
 
-Proofs need ``explain`` as well as ``audit`` for the reason /v1/audit hides event hashes from ``audit``
-alone (routes_audit): a bundle carries a detection event's chain hash and row digest in its entry, and
-its path starts with a neighbouring event's leaf hash, each of which would let a caller who chose the
+Inclusion proofs need ``explain`` as well as ``audit`` for the reason /v1/audit hides event hashes from
+``audit`` alone (routes_audit): a bundle carries a detection event's chain hash and row digest in its entry,
+and its path starts with a neighbouring event's leaf hash, each of which would let a caller who chose the
 text test guesses of the exact green count.
+
+A consistency proof needs no token, so that anyone can run a witness (``provmark log witness``): every hash
+it carries is a Merkle node over whole log entries, and each entry holds its event's random event id (a
+UUID4: 122 random bits) and its chain hash (shown only with ``explain``), so no hash in it can be recomputed
+from a guess of a detection's details. An inclusion proof, which carries the entry itself, can.
 """
 
 from __future__ import annotations
-
-import threading
 
 from flask import Blueprint, jsonify
 
@@ -33,30 +37,21 @@ from db.transparency import (
     LogNotFound,
     consistency_proof,
     inclusion_proof,
-    keep_tree_head,
+    newest_head,
 )
-from provenance.log_signer import LogKeyFileError, LogSigner
+from provenance.identity import IdentityMissing
+from provenance.log_signer import public_document
 
-HEAD_REFRESH_S = 1.0  # at most one new head per second per worker, however often /v1/log/head is asked
 PROOF_ERRORS = {404: ErrorResponse, 409: ErrorResponse}
 
 
-class _SignerOnce:
-    """The state folder's log signer, opened (or created) on first use."""
-
-    def __init__(self, home) -> None:
-        self._home, self._signer, self._lock = home, None, threading.Lock()
-
-    def __call__(self) -> LogSigner:
-        if self._signer is None:
-            with self._lock:
-                if self._signer is None:
-                    try:
-                        self._signer = LogSigner(self._home)
-                    except LogKeyFileError:  # its message names the file: for the operator's log, not callers
-                        raise ApiError(503, "log_key_unavailable", "the transparency log's key cannot be opened; "
-                                                                   "the operator is told why") from None
-        return self._signer
+def _log_key(services):
+    """The deployment's log public key (the detector holds no private key); 404 before the identity exists."""
+    try:
+        return services.public_keys.cache.require().log_key()
+    except IdentityMissing:
+        raise ApiError(404, "not_found", "this deployment has no log key yet: its identity is made by "
+                                         "`provmark identity init`") from None
 
 
 def _answering(action):
@@ -77,20 +72,20 @@ def _require_exact() -> None:
 
 def blueprint(api, services) -> Blueprint:
     bp = Blueprint("log", __name__)
-    store, signer = services.store, _SignerOnce(services.settings.home)
+    store = services.store
 
     @api.route(bp, "/v1/log/head", methods=["GET"], summary="The newest signed tree head of the transparency log",
-               responses={200: TreeHeadBody, 409: ErrorResponse, 429: ErrorResponse}, tags=["log"])
+               responses={200: TreeHeadBody, 404: ErrorResponse, 429: ErrorResponse}, tags=["log"])
     def log_head():
         services.auth.limit_anonymous()
-        head = _answering(lambda: keep_tree_head(store, signer(), reuse_within_s=HEAD_REFRESH_S))
+        head = _answering(lambda: newest_head(store))
         return jsonify(head.to_dict())
 
     @api.route(bp, "/v1/log/public-key", methods=["GET"], summary="The transparency log's public key",
-               responses={200: LogPublicKeyBody, 429: ErrorResponse}, tags=["log"])
+               responses={200: LogPublicKeyBody, 404: ErrorResponse, 429: ErrorResponse}, tags=["log"])
     def log_public_key():
         services.auth.limit_anonymous()
-        return jsonify(signer().public_document())
+        return jsonify(public_document(_log_key(services)))
 
     @api.route(bp, "/v1/log/proof/inclusion", methods=["GET"], summary="An audit event's inclusion proof",
                query=InclusionQuery, responses={200: InclusionProofBody, **PROOF_ERRORS}, scope="audit", tags=["log"])
@@ -98,14 +93,15 @@ def blueprint(api, services) -> Blueprint:
     def log_inclusion_proof():
         _require_exact()
         query: InclusionQuery = parse_query(InclusionQuery)
-        return jsonify(_answering(lambda: inclusion_proof(store, signer(), query.id, query.tree_size)))
+        return jsonify(_answering(lambda: inclusion_proof(store, None, query.id, query.tree_size)))
 
     @api.route(bp, "/v1/log/proof/consistency", methods=["GET"], summary="A consistency proof between two kept heads",
-               query=ConsistencyQuery, responses={200: ConsistencyProofBody, **PROOF_ERRORS},
-               scope="audit", tags=["log"])
-    @services.auth.require("audit")
+               query=ConsistencyQuery, responses={200: ConsistencyProofBody, 429: ErrorResponse, **PROOF_ERRORS},
+               tags=["log"])
     def log_consistency_proof():
-        _require_exact()
+        """No token (module docstring): its hashes are nodes over whole entries, each holding a random event id,
+        so unlike an inclusion proof (which carries the entry) it cannot test guesses of a detection's details."""
+        services.auth.limit_anonymous()
         query: ConsistencyQuery = parse_query(ConsistencyQuery)
         if query.first > query.second:  # each size is valid alone; no proof leads from a larger tree to a smaller one
             raise ApiError(404, "not_found", f"no consistency proof leads from size {query.first} down to size "

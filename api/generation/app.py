@@ -2,6 +2,7 @@
 
 Routes: POST /v1/generate (provmark's API), POST /v1/completions, POST /v1/chat/completions and
 GET /v1/models (OpenAI-compatible), GET /.well-known/jwks.json (no auth: the keys that verify receipts),
+GET /v1/c2pa/trust-anchors (no auth: the roots its C2PA manifests chain to),
 GET /v1/receipts/public-key (no auth; the legacy form of the current key), GET /healthz (no auth),
 GET /openapi.json, GET /docs (the same document as a page: api/api_page.py), GET /metrics (Prometheus, no
 token by default: api/metrics.py). The model loads once at start; one engine runs in a background thread
@@ -14,7 +15,9 @@ override them, same names in lower case); generation reads ``home``, ``database_
 
 ``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model).
 On first start an admin token is created, written to ``home/admin.token`` (0600) and printed once;
-an empty keyring gets a first (active) watermark key so the default watermark works.
+an empty keyring gets a first (active) watermark key so the default watermark works. The service signs
+with the deployment's identity (``api.provenance_keys.SigningKeys``) and keeps the transparency log's
+signed heads fresh (``db.transparency.HeadSequencer``, every ``log_head_interval`` seconds while it grows).
 """
 
 from __future__ import annotations
@@ -43,15 +46,17 @@ from api.http import (
     install_error_handlers,
 )
 from api.metrics import EngineCollector, install_metrics
-from api.provenance_keys import add_jwks_route, add_trust_anchors_route
+from api.provenance_keys import PublicKeys, SigningKeys, add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
-from db.receipts import ReceiptLinks, ReceiptSigner
+from db.receipts import ReceiptError, ReceiptLinks
 from db.store import Store
+from db.transparency import SIGNER_STATE_FILE, HeadGuard, HeadSequencer
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
-from provenance.c2pa_credential import load_c2pa_credential
+from provenance.c2pa_credential import C2paCredentialError
+from provenance.identity import IdentityError
 from watermark.keys import Keyring
 from watermark.processor import warm_up
 
@@ -104,17 +109,21 @@ def create_app(config: dict | None = None) -> Flask:
     store.upgrade()
     _bootstrap_admin(settings.home, store)
     keyring = Keyring(settings.home)
-    signer = ReceiptSigner(settings.home)
+    keys = _signing_keys(settings, store)
     engine = (config or {}).get("engine") or _load_engine(settings)
     _ensure_watermark_key(keyring, store, engine.loaded.vocab)
     worker = EngineWorker(engine, max_pending=settings.max_pending).start()
     atexit.register(worker.stop)
     _warm_up_watermark(engine)
-    credentials = Credentials(store, signer, load_c2pa_credential(settings.c2pa(), settings.home),
-                              model_id=engine.loaded.model_id,
+    sequencer = None
+    if settings.log_head_interval > 0:
+        guard = HeadGuard(settings.home / SIGNER_STATE_FILE)
+        sequencer = HeadSequencer(store, keys.log, settings.log_head_interval, guard).start()
+        atexit.register(sequencer.stop)
+    credentials = Credentials(store, keys.receipts, keys.c2pa, model_id=engine.loaded.model_id,
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars)
+                                max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store))
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
@@ -122,6 +131,7 @@ def create_app(config: dict | None = None) -> Flask:
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
+    app.extensions["provmark.log_heads"] = sequencer  # db.transparency.HeadSequencer, or None
     install_error_handlers(app)
     _install_metrics(app, worker)
     api = _openapi()
@@ -190,7 +200,7 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
 
-    add_jwks_route(api, bp, lambda: service.signer)
+    add_jwks_route(api, bp, lambda: service.public_keys.jwks())
     add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem)
 
     @bp.get("/openapi.json")
@@ -229,6 +239,25 @@ def _bound_token_ids(node, largest: int) -> None:
 def _load_engine(settings: Settings):
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     return Engine(loaded, max_num_seqs=settings.max_num_seqs)
+
+
+def _signing_keys(settings: Settings, store: Store) -> SigningKeys:
+    """The deployment's signing keys. The first start of a single-machine install (SQLite) makes the
+    identity; on a shared database it is made once by `provmark identity init`, and a replica that finds
+    none, or another than its own, refuses to start."""
+    try:
+        keys = SigningKeys(settings, store, create=store.dialect == "sqlite", actor=SERVICE_ACTOR)
+    except (IdentityError, ReceiptError, C2paCredentialError) as error:
+        raise ValueError(f"the generation service cannot sign: {error}") from None
+    if store.dialect != "sqlite" and any(_is_loopback(url) for url in (settings.issuer, settings.detector_url)):
+        log.warning("receipts and manifests name %s and %s: set PROVMARK_ISSUER and PROVMARK_DETECTOR_URL to the "
+                    "public URLs verifiers use", settings.issuer, settings.detector_url)
+    return keys
+
+
+def _is_loopback(url: str) -> bool:
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _bootstrap_admin(home: Path, store) -> None:

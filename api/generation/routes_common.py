@@ -72,8 +72,9 @@ class GenerationService:
     """The engine worker plus what a route needs around it; one per app."""
 
     def __init__(self, worker: EngineWorker, store: Store, keyring, credentials: Credentials, *,
-                 model_id: str, max_prompt_chars: int) -> None:
+                 model_id: str, max_prompt_chars: int, public_keys=None) -> None:
         self.worker = worker
+        self.public_keys = public_keys  # api.provenance_keys.PublicKeys: the JWKS every replica serves
         self.store = store
         self.keyring = keyring
         self.credentials = credentials

@@ -62,7 +62,6 @@ from watermark.specs import AnySpec, parse_spec
 from watermark.stats import Z_THRESHOLD
 
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
-BATCH_ACTOR = "provmark-batch-detect"
 
 
 class BatchError(Exception):

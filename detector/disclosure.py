@@ -1,4 +1,4 @@
-"""What a verdict tells each caller (issue #17): the ``detect`` scope gets what a user needs, no more.
+"""What a verdict tells each caller, so the detector is no colour oracle: the ``detect`` scope gets what a user needs, no more.
 
 A caller who can read exact counts or an exact z learns colours: a text with one scored unit turns
 ``num_green_tokens`` into that unit's colour, and two texts that differ in one unit differ in G by

@@ -1,4 +1,4 @@
-"""Two-part keys (issue #17, ``watermark.public_key``): a detection half anyone may hold, a private half that
+"""Two-part keys (``watermark.public_key``): a detection half anyone may hold, a private half that
 decides our verdict and catches spoofs steered by the published half.
 
 The statistical test runs in a toy world over single-token words with Zipf frequencies (no model): genuine

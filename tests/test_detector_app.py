@@ -200,8 +200,15 @@ def test_request_errors_are_json_and_name_the_field(provmark_home, keyring):
             assert field in [d["field"] for d in body["error"]["details"]], (payload, body)
         status, body, _ = call("POST", url, {"text": "hi", "keys": ["k-unknown"]}, token=token)
         assert status == 404 and "k-unknown" in body["error"]["message"]
-        status, body, _ = call("POST", url, {"text": "x" * 51}, token=token)
-        assert status == 413 and body["error"]["code"] == "text_too_large"
+        status, body, headers = call("POST", url, {"text": "x" * 51}, token=token)
+        # one name for a refusal past a limit on every route of both services; the old code rides along one release
+        assert status == 413 and body["error"]["code"] == "too_large" and body["error"]["param"] == "text"
+        assert body["error"]["details"][0]["deprecated_code"] == "text_too_large"
+        assert headers.get("Deprecation") == "true" and "too_large" in headers.get("Warning", "")
+        status, body, _ = call("POST", base_url + "/v1/matches/byContent", raw=b"y" * 51, token=token,
+                               headers={"Content-Type": "text/plain"})
+        assert status == 413 and body["error"]["code"] == "too_large"
+        assert body["error"]["details"][0]["deprecated_code"] == "text_too_large"
         status, body, _ = call("POST", url, {"text": "é" * 50}, token=token)
         assert status == 200  # the limit counts characters, not bytes
         status, body, _ = call("GET", base_url + "/no/such/route")

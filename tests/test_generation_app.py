@@ -167,7 +167,9 @@ def test_request_errors(live):
     assert status == 403 and "generate" in body["error"]["message"]
     status, body, _ = generate(live, {"prompt": "x", "key_id": "k-missing"})
     assert status == 404 and body["error"]["code"] == "key_not_found"
-    assert generate(live, {"prompt": "y" * (MAX_TEXT_CHARS + 1)})[0] == 413
+    status, body, _ = generate(live, {"prompt": "y" * (MAX_TEXT_CHARS + 1)})
+    assert status == 413 and body["error"]["code"] == "too_large" and body["error"]["param"] == "prompt"
+    assert body["error"]["details"][0]["limit"] == MAX_TEXT_CHARS
     status, body, _ = generate(live, {"prompt": "word " * 390, "max_new_tokens": 2})  # 1950 chars, 390 tokens > max_model_len
     assert status == 422 and body["error"]["details"][0]["field"] == "prompt"
 

@@ -29,6 +29,7 @@ from flask import Blueprint, g, jsonify
 from api.detector.credential_layer import credential_layer, credentials_of
 from api.detector.schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, deprecated, parse_body
+from api.limits import too_large
 from db import budget
 from detector.calibration import null_record
 from detector.disclosure import EXPLAIN_SCOPE, recorded
@@ -58,8 +59,8 @@ def blueprint(api, services) -> Blueprint:
                                              "colours reveal part of the green lists")
         limit = services.settings.max_text_chars
         if len(request_body.text) > limit:
-            raise ApiError(413, "text_too_large",
-                           f"text has {len(request_body.text)} characters; the limit is {limit}")
+            raise too_large("text", f"text has {len(request_body.text)} characters; the limit is {limit}", limit,
+                            formerly="text_too_large")
         spec = _parse_spec(request_body.watermark)
         budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
         daily = services.settings.detect_budget

@@ -67,6 +67,15 @@ RECORDED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "dec
                    "spoof_suspected", "matches_own_output")
 
 
+def with_spec_fingerprint(verdict: dict) -> dict:
+    """``verdict`` (a ``Verdict.to_dict`` or a scope's view of it, changed in place) with ``spec_fingerprint``: the
+    scored spec's fingerprint under the name stored verdicts and receipts give it (``fingerprint`` alone is a key's,
+    in key listings). The old ``fingerprint`` stays beside it for one release."""
+    if "fingerprint" in verdict:
+        verdict["spec_fingerprint"] = verdict["fingerprint"]
+    return verdict
+
+
 def recorded(coarse: dict) -> dict:
     """The part of a detect-scope view (``disclose``) a stored verdict records (``RECORDED_FIELDS``)."""
     return {name: coarse[name] for name in RECORDED_FIELDS}

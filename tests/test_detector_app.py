@@ -79,6 +79,8 @@ def test_detect_stores_the_verdict_with_its_audit_event(database_url, provmark_h
         assert status == 200
         assert body["verdict"] == "watermarked" and body["z_score"] > 4.0 and body["key_id"] == KEY
         assert body["text_sha256"] == text_sha256(watermarked) and body["provenance"] is None
+        # the spec's fingerprint is named as stored verdicts and receipts name it; `fingerprint` stays one release
+        assert body["spec_fingerprint"] == body["fingerprint"] and len(body["spec_fingerprint"]) > 0
         assert body.get("explanation") is None  # never sent unless asked (and allowed)
         # a detect token sees a coarse z, never above the exact one; the row keeps the exact numbers
         assert "num_tokens_scored" not in body and body["disclosure"]
@@ -86,6 +88,7 @@ def test_detect_stores_the_verdict_with_its_audit_event(database_url, provmark_h
         assert status == 200
         assert stored["verdict"] == "watermarked" and stored["z"] >= body["z_score"]
         assert stored["options"]["disclosed"]["z_score"] == body["z_score"]
+        assert stored["spec_fingerprint"] == body["spec_fingerprint"]
         assert stored["scored_count"] > 0 and stored["green_count"] > 0 and stored["text"] is None
         assert stored["options"]["windows"] is True and stored["options"]["keys_tested"] == [KEY]
         assert stored["windows"]["detected"] is True

@@ -71,7 +71,8 @@ def test_generate_returns_text_usage_watermark_and_a_verifiable_stored_receipt(l
     assert body["watermark"]["spec"] == WatermarkSpec.default().format()
     receipt = body["receipt"]
     assert receipt["text_sha256"] == text_sha256(body["text"]) and receipt["token_count"] == len(body["token_ids"])
-    assert receipt["spec_fingerprint"] == body["watermark"]["fingerprint"] and receipt["receipt_id"] == body["id"]
+    assert receipt["spec_fingerprint"] == body["watermark"]["spec_fingerprint"] and receipt["receipt_id"] == body["id"]
+    assert body["watermark"]["fingerprint"] == body["watermark"]["spec_fingerprint"]  # the old name, one release
     assert verify_receipt(receipt, public_key(live))
     assert not verify_receipt({**receipt, "token_count": receipt["token_count"] + 1}, public_key(live))
     assert get_receipt(live.store, receipt["receipt_id"]) == receipt

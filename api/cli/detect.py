@@ -25,6 +25,7 @@ from api.cli.actions import DeprecatedFlag
 from api.cli.errors import CLIError
 from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import Calibration, ShippedCalibrations
+from detector.disclosure import with_spec_fingerprint
 from detector.service import Detector
 from watermark.config import SpecError
 from watermark.key_binding import same_colours
@@ -104,7 +105,7 @@ def _run(args) -> int:
         return _run_jsonl(detector, args.jsonl, options)
     verdict = _detect(detector, _read_text(args.file), options)
     if args.json:
-        print(json.dumps(verdict.to_dict(), indent=2))
+        print(json.dumps(with_spec_fingerprint(verdict.to_dict()), indent=2))
     else:
         print(format_verdict(verdict))
     return 0
@@ -187,7 +188,7 @@ def _run_jsonl(detector, path: str, options: dict) -> int:
                 record_options = options
                 if record.get("forced_positions"):  # e.g. `provmark generate --json` output of a constrained run
                     record_options = {**options, "forced_positions": record["forced_positions"]}
-                verdict = _detect(detector, record["text"], record_options).to_dict()
+                verdict = with_spec_fingerprint(_detect(detector, record["text"], record_options).to_dict())
                 if "id" in record:
                     verdict = {"id": record["id"], **verdict}
                 print(json.dumps(verdict, separators=(",", ":")), flush=False)

@@ -32,7 +32,7 @@ from api.http import ApiError, ErrorResponse, deprecated, parse_body
 from api.limits import too_large
 from db import budget
 from detector.calibration import null_record
-from detector.disclosure import EXPLAIN_SCOPE, recorded
+from detector.disclosure import EXPLAIN_SCOPE, recorded, with_spec_fingerprint
 from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
@@ -77,7 +77,8 @@ def blueprint(api, services) -> Blueprint:
         verdict_id = services.store.record_verdict(record, g.token.caller, text=text)
         if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)
             services.usage.charge(g.token.caller, cost, daily)
-        return jsonify({"id": verdict_id, **shown, "provenance": provenance, "credentials": credentials})
+        return jsonify({"id": verdict_id, **with_spec_fingerprint(shown), "provenance": provenance,
+                        "credentials": credentials})
 
     return bp
 

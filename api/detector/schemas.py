@@ -148,7 +148,8 @@ class DetectResponse(BaseModel):
     p_value: float | None = Field(description="exact for explain; for detect an upper bound on it, coarse and dithered")
     key_id: str | None
     watermark: str
-    fingerprint: str
+    spec_fingerprint: str = Field(description="the scored spec's fingerprint (the spec and the vocabulary size)")
+    fingerprint: str = Field(description="deprecated for one release: spec_fingerprint")
     text_sha256: str
     common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
     windows: dict[str, Any] | None

@@ -210,7 +210,8 @@ class GenerationService:
     @staticmethod
     def watermark_info(out) -> dict | None:
         mark = out.watermark
-        return None if mark is None else {"spec": mark.spec, "key_id": mark.key_id, "fingerprint": mark.fingerprint}
+        return None if mark is None else {"spec": mark.spec, "key_id": mark.key_id,
+                                          "spec_fingerprint": mark.fingerprint, "fingerprint": mark.fingerprint}
 
     @staticmethod
     def usage(out) -> dict:

@@ -170,7 +170,7 @@ def test_the_public_key_route_is_rate_limited_per_address(provmark_home, keyring
     keyring.create("pub", public_half=True)
     app = make_app(provmark_home, rate_limit=1, rate_burst=2)
     with serve(app) as base_url:
-        statuses = [call("GET", f"{base_url}/v1/keys/pub/public")[0] for _ in range(2)]
+        statuses = [call("GET", f"{base_url}/v1/keys/pub/public-half")[0] for _ in range(2)]
         status, body, headers = call("GET", f"{base_url}/v1/keys/nobody/public")  # unknown ids count too
     assert statuses == [200, 200]
     assert status == 429 and body["error"]["code"] == "rate_limited" and int(headers["Retry-After"]) >= 1

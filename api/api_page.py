@@ -30,7 +30,7 @@ class Operation:
     path: str
     summary: str
     tag: str
-    scope: str | None
+    scopes: tuple[str, ...]  # every scope the route needs (all of them); empty: no token
     parameters: list[dict]
     body: str | None  # the request body's schema name
     responses: list[tuple[str, str, str | None]]  # (status, description, schema name or media type)
@@ -55,9 +55,17 @@ def operations(document: dict) -> Iterator[Operation]:
                     shown = name if name else (shown or media)
                 responses.append((status, response.get("description", ""), shown))
             yield Operation(method=method.upper(), path=path, summary=op.get("summary", ""),
-                            tag=(op.get("tags") or ["other"])[0], scope=op.get("x-required-scope"),
+                            tag=(op.get("tags") or ["other"])[0], scopes=scopes_of(op),
                             parameters=op.get("parameters", []), body=body, responses=responses,
                             operation_id=op.get("operationId", f"{method}_{path}"))
+
+
+def scopes_of(operation: dict) -> tuple[str, ...]:
+    """The scopes an operation needs: ``x-required-scope`` is one name, or a list of names a token must all hold."""
+    needed = operation.get("x-required-scope")
+    if not needed:
+        return ()
+    return (needed,) if isinstance(needed, str) else tuple(needed)
 
 
 def schemas(document: dict) -> Iterator[tuple[str, str, list[dict]]]:
@@ -198,11 +206,18 @@ def render_html(document: dict, style_url: str) -> str:
     return "\n".join(out)
 
 
+def _scopes_html(scopes: tuple[str, ...]) -> str:
+    if not scopes:
+        return "<p>No token needed.</p>"
+    label = "Scope" if len(scopes) == 1 else "Scopes (all of them)"
+    return f"<p>{label}: " + " and ".join(f"<code>{escape(s)}</code>" for s in scopes) + "</p>"
+
+
 def _operation_html(op: Operation) -> str:
     out = [f'<article class="operation" id="{_anchor(op)}">',
            f'<h3><span class="method {op.method.lower()}">{op.method}</span> <code>{escape(op.path)}</code></h3>',
            f"<p>{escape(op.summary)}</p>",
-           f"<p>Scope: <code>{escape(op.scope)}</code></p>" if op.scope else "<p>No token needed.</p>"]
+           _scopes_html(op.scopes)]
     if op.parameters:
         out.append("<table><thead><tr><th>parameter</th><th>in</th><th>type</th><th>required</th>"
                    "<th>description</th></tr></thead><tbody>")

@@ -116,10 +116,6 @@ def install_metrics(app: Flask, service: str) -> ServiceMetrics:
     return metrics
 
 
-def metrics_of(app: Flask) -> ServiceMetrics:
-    return app.extensions[EXTENSION]
-
-
 def count_verdict(metrics: ServiceMetrics, response) -> None:
     """After a 200 from /v1/detect: count its verdict (read from the JSON answer)."""
     if response.status_code != 200 or not response.is_json:

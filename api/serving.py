@@ -2,7 +2,7 @@
 requests; the generation app runs on a thread pool behind a2wsgi, the detector app on the worker's
 own thread once its request has fully arrived (``InlineWSGI``).
 
-Why this layer (issue #16, measured in docs/deploy.md): gunicorn's ``sync`` and ``gthread`` workers
+Why this layer (measured in docs/deploy.md): gunicorn's ``sync`` and ``gthread`` workers
 give a connection a thread as soon as its first bytes arrive and then block that thread in the header
 parser, so a few clients that send half a request and wait stop a service (2 such connections held the
 detector for 120 s; 64 held the generation service). gunicorn's ``asgi`` worker parses on an event

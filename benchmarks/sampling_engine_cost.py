@@ -9,7 +9,7 @@ decode step (every row decoding) is timed, and so is its post-processing (the Lo
 every watermark runs). Reported per watermark: median step and post-processing times, the step's change
 against the unwatermarked step (noisy on a shared machine: the forward pass dominates), and the
 watermark's own cost, its extra post-processing time as a share of the unwatermarked step. Watermarks
-are interleaved round by round so machine noise hits all alike. The bar (issue #19): <= 3 % of a step.
+are interleaved round by round so machine noise hits all alike. The bar: <= 3 % of a step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The detection budget: tokens scored per UTC day per API token, shared by every worker (issue #17).
+"""The detection budget: tokens scored per UTC day per API token, shared by every worker.
 
 The request rate limit (``api.http.RateLimiter``) is per process and per minute: it bounds load, not
 what a caller learns. Every verdict a ``detect`` caller reads is a noisy look at the key's colours,

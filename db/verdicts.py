@@ -5,8 +5,9 @@ and batch detection both call it), and the queries: one verdict, pages newest fi
 A cursor is the (created_at, id) of the last row of a page, base64url JSON: pages stay stable while new
 verdicts arrive.
 
-Two views of a row (#17). ``exact=True`` (a reader trusted with colours: the ``explain`` scope, or the
-operator's CLI) gets the row whole. ``exact=False`` (the ``audit`` scope alone) gets the detect-scope view the
+Two views of a row, so a caller never reads colours its scope does not grant. ``exact=True`` (a reader
+trusted with colours: the ``explain`` scope, or the operator's CLI) gets the row whole.
+``exact=False`` (the ``audit`` scope alone) gets the detect-scope view the
 row recorded (``options["disclosed"]``: verdict, coarse dithered z and p, the key only for a shown
 ``watermarked``), no counts and none of the options that carry exact numbers, and its ``verdict``, ``min_z``
 and ``key_id`` filters act on that view (the ``shown_verdict`` and ``shown_z`` columns). Otherwise a token

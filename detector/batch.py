@@ -49,7 +49,7 @@ import torch
 
 from detector.batch_secrets import DITHER_ID, KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, shipped_calibrations
-from detector.disclosure import recorded
+from detector.disclosure import recorded, with_spec_fingerprint
 from detector.key_source import has_master_key
 from detector.service import Detector, dither_key_of
 from detector.your_units import YourUnits
@@ -62,7 +62,6 @@ from watermark.specs import AnySpec, parse_spec
 from watermark.stats import Z_THRESHOLD
 
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
-BATCH_ACTOR = "provmark-batch-detect"
 
 
 class BatchError(Exception):
@@ -281,7 +280,8 @@ class ChunkDetector:
         except (KeyringError, SpecError, ValueError, TypeError) as exc:
             return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         full, coarse = verdict.views("explain")
-        return json.dumps({"verdict": full, "disclosed": recorded(coarse)}, separators=(",", ":"))
+        return json.dumps({"verdict": with_spec_fingerprint(full), "disclosed": recorded(coarse)},
+                          separators=(",", ":"))
 
     def __call__(self, batch: dict) -> dict:
         """Ray Data batch (numpy format): columns index, task, text -> index, result."""

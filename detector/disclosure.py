@@ -1,4 +1,4 @@
-"""What a verdict tells each caller (issue #17): the ``detect`` scope gets what a user needs, no more.
+"""What a verdict tells each caller, so the detector is no colour oracle: the ``detect`` scope gets what a user needs, no more.
 
 A caller who can read exact counts or an exact z learns colours: a text with one scored unit turns
 ``num_green_tokens`` into that unit's colour, and two texts that differ in one unit differ in G by
@@ -65,6 +65,15 @@ _DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
 # what every stored verdict records of its detect-scope view (options["disclosed"]; the audit scope alone reads it)
 RECORDED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
                    "spoof_suspected", "matches_own_output")
+
+
+def with_spec_fingerprint(verdict: dict) -> dict:
+    """``verdict`` (a ``Verdict.to_dict`` or a scope's view of it, changed in place) with ``spec_fingerprint``: the
+    scored spec's fingerprint under the name stored verdicts and receipts give it (``fingerprint`` alone is a key's,
+    in key listings). The old ``fingerprint`` stays beside it for one release."""
+    if "fingerprint" in verdict:
+        verdict["spec_fingerprint"] = verdict["fingerprint"]
+    return verdict
 
 
 def recorded(coarse: dict) -> dict:

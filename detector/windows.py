@@ -16,7 +16,6 @@ position adds to an interval of starts), i.e. O(T) vectorised work per size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +117,3 @@ def _z_scores(green: np.ndarray, total: np.ndarray, gamma: float) -> np.ndarray:
 def corrected(p_value: float, tests: int) -> float:
     return min(1.0, p_value * max(1, tests))
 
-
-def is_finite(x: float) -> bool:
-    return x is not None and math.isfinite(x)

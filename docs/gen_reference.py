@@ -213,11 +213,12 @@ def _service_section(key: str, title: str, document: dict) -> list[str]:
     for op in ops:
         anchor = _slug(key, op.method, op.path)
         out.append(f"| {op.method} | [`{op.path}`](#{anchor}) | {_cell(op.summary)} | "
-                   f"{'`' + op.scope + '`' if op.scope else 'none'} |")
+                   f"{_scopes(op.scopes) or 'none'} |")
     out.append("")
     for op in ops:
         out += [f"### {op.method} `{op.path}` {{#{_slug(key, op.method, op.path)}}}", "", _cell(op.summary) + ".", "",
-                f"Scope: `{op.scope}`." if op.scope else "No token.", ""]
+                f"{'Scope' if len(op.scopes) == 1 else 'Scopes (all of them)'}: {_scopes(op.scopes)}." if op.scopes
+                else "No token.", ""]
         if op.parameters:
             out += ["| parameter | in | type | required | meaning |", "|---|---|---|---|---|"]
             for param in op.parameters:
@@ -244,6 +245,10 @@ def _service_section(key: str, title: str, document: dict) -> list[str]:
                            f"| {_cell(row['description'])} | {_cell(row['constraints'])} |")
             out.append("")
     return out
+
+
+def _scopes(scopes: tuple[str, ...]) -> str:
+    return " and ".join(f"`{scope}`" for scope in scopes)
 
 
 def _link(key: str, name: str) -> str:

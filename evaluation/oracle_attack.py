@@ -1,4 +1,4 @@
-"""The detector as a colour oracle (issue #17): attacks run by a client holding only a ``detect`` token.
+"""The detector as a colour oracle: attacks run by a client holding only a ``detect`` token.
 
 A *target* is a real in-process detector with its own fresh key (default spec), seen through what a
 detect-scope caller receives: ``before`` = the service as it was (the whole verdict; any spec under the

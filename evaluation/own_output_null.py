@@ -1,4 +1,4 @@
-"""The spoof check's false-flag rate on the service's own output, as the service lives it (issue #17).
+"""The spoof check's false-flag rate on the service's own output, as the service lives it.
 
     python -m evaluation.own_output_null [--texts 2000] [--tokens 200] [--spec SPEC] [--out DIR]
 

@@ -8,7 +8,7 @@ What it reports (docs/security.md holds a measured table):
 * per attack and mode: queries per unit, balanced accuracy, refused queries;
 * the best attack on the defended view: queries and budget tokens per unit at >= ``TARGET_ACCURACY``,
   units learnable per day under the budget, and whether learning 1 % of a 200-token text's units
-  needs more than one token's daily budget (the issue's target);
+  needs more than one token's daily budget (the target: one token's budget must not buy it);
 * detection power of the detect-scope view on watermarked text at T = 200 (exact verdict vs shown).
 """
 
@@ -126,7 +126,7 @@ def _power(detector, mark, words: list[int], config: SecurityConfig, progress: b
 
 
 def summarise(results: dict, config: SecurityConfig) -> dict:
-    """Queries and budget tokens per learned unit; what a day of budget buys; the issue's target."""
+    """Queries and budget tokens per learned unit; what a day of budget buys; the target above."""
     after = results["attacks"]["after"]["paired_difference"]["accuracy_by_pairs"]
     pairs = next((int(n) for n, acc in sorted(after.items(), key=lambda kv: int(kv[0])) if acc >= TARGET_ACCURACY), None)
     charge = budget.charge_for(config.prefix_tokens + 5)

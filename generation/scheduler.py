@@ -25,7 +25,7 @@ from generation.sequence import Sequence, SequenceStatus
 # wasted rows is accepted in exchange for batching (measured in benchmarks/engine_throughput.py).
 PREFILL_PADDING_SLACK = 0.15
 # Chunked prefill: prompt tokens a step computes beside running decodes, however many decode. With 16
-# decoding rows on the 2-core box, 8 more rows raise the step's time by about a third; 32 more by 2.5x.
+# decoding rows on a 2-core Sapphire Rapids CPU, 8 more rows raise the step's time by about a third; 32 more by 2.5x.
 MIN_CHUNK_TOKENS = 8
 # Prompts longer than this (uncached tokens) arriving while requests decode are prefilled in chunks; shorter
 # ones in one prefill step, as when nothing decodes (a step of up to this many tokens stalls the decodes

@@ -1,4 +1,4 @@
-"""The ``audit`` scope reads the trail at the ``detect`` scope's precision (#17).
+"""The ``audit`` scope reads the trail at the ``detect`` scope's precision.
 
 A token that may both detect and audit (or one person holding two tokens) would otherwise get the exact
 oracle back: submit a text, read its stored row's exact G and T, or bisect its exact z with the ``min_z``

@@ -12,7 +12,7 @@ from watermark.vocab import load_vocabulary
 TEXT = ("The committee met on Tuesday to discuss the budget. Members argued about the cost of the new "
         "bridge, and the chair promised a decision within a month after hearing from residents.")
 FIELDS = ("verdict", "z_score", "p_value", "num_tokens_scored", "num_green_tokens", "green_fraction", "key_id",
-          "watermark", "fingerprint", "windows", "normalizations")
+          "watermark", "spec_fingerprint", "fingerprint", "windows", "normalizations")
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def test_json_verdict_with_all_detection_keys_and_no_secret(capsys, keyring, tex
     assert code == 0, err
     verdict = json.loads(out)
     assert all(field in verdict for field in FIELDS)
+    assert verdict["spec_fingerprint"] == verdict["fingerprint"]  # the old name, kept one release
     assert {k["key_id"] for k in verdict["keys"]} == {"alpha", "beta"}
     assert verdict["verdict"] in ("not_watermarked", "insufficient_text")
     for key_id in ("alpha", "beta"):
@@ -53,7 +54,7 @@ def test_jsonl_one_verdict_per_line(capsys, keyring, tmp_path):
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
     assert len(lines) == 2 and lines[1]["id"] == "b" and lines[1]["verdict"] == "insufficient_text"
-    assert lines[0]["key_id"] == "beta"
+    assert lines[0]["key_id"] == "beta" and lines[0]["spec_fingerprint"] == lines[0]["fingerprint"]
 
 
 def test_hf_spec_needs_no_key(capsys, text_file):

@@ -29,7 +29,7 @@ from watermark.stats import z_score
 
 SECRET = bytes(range(32))  # a fixed test key
 SEEDS = range(6)  # per constraint kind, each run with and without the watermark: 12 outputs per kind
-Z_DETECT = 4.0  # the bar: one-sided p ~ 3.2e-5 under the null (z ~ N(0, 1))
+Z_DETECT = 4.0  # the detector's threshold: one-sided p ~ 3.2e-5 under the null (z ~ N(0, 1))
 
 REGEX = r"(?:[A-Z][a-z]{1,8} ){1,3}is [0-9]{1,3} years old\."
 SCHEMA = {

@@ -1,4 +1,4 @@
-"""Decoding core (issue #7): beam search, n/best_of, DecodingParams, Engine.decode (the branches over the engine's
+"""Decoding core: beam search, n/best_of, DecodingParams, Engine.decode (the branches over the engine's
 KV pool they run on: tests/test_branches.py).
 
 Against the real embedded model (fp32, one torch thread). Beam scores are re-computed here independently
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived a"]
 NEW_TOKENS = 16
 SCORE_TOLERANCE = 1e-3  # nats over 16 tokens of float32 log-softmax
-Z_THRESHOLD = 4.0  # the issue's bar: one-sided p ~ 3.2e-5
+Z_THRESHOLD = 4.0  # the detector's threshold: one-sided p ~ 3.2e-5
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from generation.sequence import RequestOutput, Usage
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-Z_THRESHOLD = 4.0  # issue #7: watermarked outputs detected at z >= 4 (one-sided p ~ 3.2e-5)
+Z_THRESHOLD = 4.0  # the detector's threshold: watermarked outputs detected at z >= 4 (one-sided p ~ 3.2e-5)
 WATERMARK_TOKENS = 200  # ... at 200 tokens
 
 

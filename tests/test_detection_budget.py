@@ -1,4 +1,4 @@
-"""The per-token daily detection budget (issue #17): shared by every worker through the database, 429 with
+"""The per-token daily detection budget: shared by every worker through the database, 429 with
 Retry-After beyond it, one audit event when a token reaches it; explain-scope tokens are not budgeted."""
 
 from datetime import UTC, datetime

@@ -80,6 +80,8 @@ def test_detect_stores_the_verdict_with_its_audit_event(database_url, provmark_h
         assert status == 200
         assert body["verdict"] == "watermarked" and body["z_score"] > 4.0 and body["key_id"] == KEY
         assert body["text_sha256"] == text_sha256(watermarked) and body["provenance"] is None
+        # the spec's fingerprint is named as stored verdicts and receipts name it; `fingerprint` stays one release
+        assert body["spec_fingerprint"] == body["fingerprint"] and len(body["spec_fingerprint"]) > 0
         assert body.get("explanation") is None  # never sent unless asked (and allowed)
         # a detect token sees a coarse z, never above the exact one; the row keeps the exact numbers
         assert "num_tokens_scored" not in body and body["disclosure"]
@@ -87,6 +89,7 @@ def test_detect_stores_the_verdict_with_its_audit_event(database_url, provmark_h
         assert status == 200
         assert stored["verdict"] == "watermarked" and stored["z"] >= body["z_score"]
         assert stored["options"]["disclosed"]["z_score"] == body["z_score"]
+        assert stored["spec_fingerprint"] == body["spec_fingerprint"]
         assert stored["scored_count"] > 0 and stored["green_count"] > 0 and stored["text"] is None
         assert stored["options"]["windows"] is True and stored["options"]["keys_tested"] == [KEY]
         assert stored["windows"]["detected"] is True
@@ -168,7 +171,7 @@ def test_the_public_key_route_is_rate_limited_per_address(provmark_home, keyring
     keyring.create("pub", public_half=True)
     app = make_app(provmark_home, rate_limit=1, rate_burst=2)
     with serve(app) as base_url:
-        statuses = [call("GET", f"{base_url}/v1/keys/pub/public")[0] for _ in range(2)]
+        statuses = [call("GET", f"{base_url}/v1/keys/pub/public-half")[0] for _ in range(2)]
         status, body, headers = call("GET", f"{base_url}/v1/keys/nobody/public")  # unknown ids count too
     assert statuses == [200, 200]
     assert status == 429 and body["error"]["code"] == "rate_limited" and int(headers["Retry-After"]) >= 1
@@ -201,8 +204,15 @@ def test_request_errors_are_json_and_name_the_field(provmark_home, keyring):
             assert field in [d["field"] for d in body["error"]["details"]], (payload, body)
         status, body, _ = call("POST", url, {"text": "hi", "keys": ["k-unknown"]}, token=token)
         assert status == 404 and "k-unknown" in body["error"]["message"]
-        status, body, _ = call("POST", url, {"text": "x" * 51}, token=token)
-        assert status == 413 and body["error"]["code"] == "text_too_large"
+        status, body, headers = call("POST", url, {"text": "x" * 51}, token=token)
+        # one name for a refusal past a limit on every route of both services; the old code rides along one release
+        assert status == 413 and body["error"]["code"] == "too_large" and body["error"]["param"] == "text"
+        assert body["error"]["details"][0]["deprecated_code"] == "text_too_large"
+        assert headers.get("Deprecation") == "true" and "too_large" in headers.get("Warning", "")
+        status, body, _ = call("POST", base_url + "/v1/matches/byContent", raw=b"y" * 51, token=token,
+                               headers={"Content-Type": "text/plain"})
+        assert status == 413 and body["error"]["code"] == "too_large"
+        assert body["error"]["details"][0]["deprecated_code"] == "text_too_large"
         status, body, _ = call("POST", url, {"text": "é" * 50}, token=token)
         assert status == 200  # the limit counts characters, not bytes
         status, body, _ = call("GET", base_url + "/no/such/route")

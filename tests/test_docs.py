@@ -45,10 +45,14 @@ def test_the_site_builds_in_strict_mode(tmp_path, monkeypatch):
         pytest.fail(f"the documentation site does not build in strict mode: {error}")
     site = tmp_path / "site"
     for page in ("index.html", "tutorial/getting-started.html", "how-to/make-a-verdict-surer.html",
-                 "reference/cli.html", "reference/http.html", "reference/settings.html", "research/index.html"):
+                 "reference/cli.html", "reference/http.html", "reference/settings.html", "research/index.html",
+                 "how-to/troubleshooting.html", "explanation/receiving-a-verdict.html"):
         assert (site / page).is_file(), page
     surer = (site / "how-to" / "make-a-verdict-surer.html").read_text()
     assert "keys calibrate --corpus" in surer
+    tutorial = (site / "tutorial" / "getting-started.html").read_text()
+    assert "paste-page.png" in tutorial and (site / "img" / "paste-page.png").is_file()
+    assert "--scopes detect" in tutorial  # the paste page needs a token: the tutorial says how to get one
 
 
 def test_the_committed_reference_pages_are_what_the_code_generates(gen_reference):
@@ -174,3 +178,41 @@ def test_os_environ_is_left_as_it_was(gen_reference):
     before = dict(os.environ)
     gen_reference.cli_page()
     assert dict(os.environ) == before
+
+
+def test_a_route_needing_two_scopes_names_both(gen_reference):
+    """``x-required-scope`` is one name or a list a token must all hold; the reference and /docs name each."""
+    from api.api_page import _operation_html, operations
+
+    document = {"paths": {"/v1/x": {"get": {"summary": "x", "x-required-scope": ["audit", "explain"]}},
+                          "/v1/y": {"get": {"summary": "y", "x-required-scope": "detect"}},
+                          "/v1/z": {"get": {"summary": "z"}}}}
+    x, y, z = operations(document)
+    assert (x.scopes, y.scopes, z.scopes) == (("audit", "explain"), ("detect",), ())
+    assert "<code>audit</code> and <code>explain</code>" in _operation_html(x)
+    page = "\n".join(gen_reference._service_section("t", "T", document))
+    assert "Scopes (all of them): `audit` and `explain`." in page and "Scope: `detect`." in page
+    assert "| `audit` and `explain` |" in page and "No token." in page
+
+
+@pytest.mark.xfail(strict=True, reason="api/detector/routes_log.py still declares scope='audit' on the proof routes; "
+                                       "with scope=('audit', 'explain') this passes: drop the mark")
+def test_the_proof_routes_name_both_scopes_they_need():
+    page = (ROOT / "docs" / "reference" / "http.md").read_text(encoding="utf-8")
+    for path in ("/v1/log/proof/inclusion", "/v1/log/proof/consistency"):
+        section = page.split(f"### GET `{path}`", 1)[1].split("\n### ", 1)[0]
+        assert "`audit` and `explain`" in section, path
+
+
+HISTORY = re.compile(r"[Ii]ssue #[0-9]|\(#[0-9]+[),]|, #[0-9]+\)|the 2-core box")
+
+
+def test_no_file_cites_a_tracker_issue():
+    """Comments and pages say why a thing is so, never which tracker issue asked for it."""
+    found = subprocess.run(["git", "grep", "-n", "-I", "-E", HISTORY.pattern], cwd=ROOT, capture_output=True, text=True)
+    if found.returncode not in (0, 1):
+        pytest.skip("not a git checkout")
+    # the scheme refactor rewrites these two modules' docstrings; drop them from here with it
+    pending = ("db/output_memory.py:", "db/output_grams.py:", "tests/test_docs.py:")
+    hits = [line for line in found.stdout.splitlines() if not line.startswith(pending)]
+    assert not hits, hits

@@ -1,5 +1,5 @@
 """The robustness harness: metric definitions (unit), then one reduced evaluation on the real model
-whose results must show the issue's sanity properties, resume from its cache, and run from the CLI.
+whose results must show the expected sanity properties, resume from its cache, and run from the CLI.
 
 Sizes of the reduced run: n = 12 texts of T = 150 tokens, default spec, rates 0, 0.25, 0.5, the fast
 attacks that the sanity checks are about. Its statistical assertions and their bounds:

@@ -1,4 +1,4 @@
-"""The robustness evaluation compares KGW, Gumbel and SynthID side by side (issue #19, item 5)."""
+"""The robustness evaluation compares KGW, Gumbel and SynthID side by side."""
 
 from __future__ import annotations
 

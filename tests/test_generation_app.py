@@ -71,7 +71,8 @@ def test_generate_returns_text_usage_watermark_and_a_verifiable_stored_receipt(l
     assert body["watermark"]["spec"] == WatermarkSpec.default().format()
     receipt = body["receipt"]
     assert receipt["text_sha256"] == text_sha256(body["text"]) and receipt["token_count"] == len(body["token_ids"])
-    assert receipt["spec_fingerprint"] == body["watermark"]["fingerprint"] and receipt["receipt_id"] == body["id"]
+    assert receipt["spec_fingerprint"] == body["watermark"]["spec_fingerprint"] and receipt["receipt_id"] == body["id"]
+    assert body["watermark"]["fingerprint"] == body["watermark"]["spec_fingerprint"]  # the old name, one release
     assert verify_receipt(receipt, public_key(live))
     assert not verify_receipt({**receipt, "token_count": receipt["token_count"] + 1}, public_key(live))
     assert get_receipt(live.store, receipt["receipt_id"]) == receipt
@@ -167,7 +168,9 @@ def test_request_errors(live):
     assert status == 403 and "generate" in body["error"]["message"]
     status, body, _ = generate(live, {"prompt": "x", "key_id": "k-missing"})
     assert status == 404 and body["error"]["code"] == "key_not_found"
-    assert generate(live, {"prompt": "y" * (MAX_TEXT_CHARS + 1)})[0] == 413
+    status, body, _ = generate(live, {"prompt": "y" * (MAX_TEXT_CHARS + 1)})
+    assert status == 413 and body["error"]["code"] == "too_large" and body["error"]["param"] == "prompt"
+    assert body["error"]["details"][0]["limit"] == MAX_TEXT_CHARS
     status, body, _ = generate(live, {"prompt": "word " * 390, "max_new_tokens": 2})  # 1950 chars, 390 tokens > max_model_len
     assert status == 422 and body["error"]["details"][0]["field"] == "prompt"
 

@@ -1,4 +1,4 @@
-"""Hostile request bodies against both services over real sockets (issue #16, rows 2-5): what a
+"""Hostile request bodies against both services over real sockets: what a
 client sends must end in a JSON 4xx naming the problem, never a 500, never a body read past the
 limit, and the same spec bounds on both services.
 

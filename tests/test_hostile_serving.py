@@ -1,5 +1,5 @@
-"""Hostile clients against both services as `provmark serve` runs them (gunicorn, real sockets;
-issue #16 rows 1, 2, 7, 8, 10): half-sent requests and idle connections do not starve a service,
+"""Hostile clients against both services as `provmark serve` runs them (gunicorn, real sockets):
+half-sent requests and idle connections do not starve a service,
 bodies past the limit are refused from their Content-Length, gunicorn's own refusals are JSON,
 /metrics sums over workers, and the bootstrap admin token stays out of the service's output.
 """

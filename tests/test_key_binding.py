@@ -1,4 +1,4 @@
-"""A key records the spec it watermarks with (issue #17): stored sealed with the secret, read back from
+"""A key records the spec it watermarks with: stored sealed with the secret, read back from
 keyrings written before the field existed, bound through the CLI."""
 
 from __future__ import annotations

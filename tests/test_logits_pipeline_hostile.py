@@ -1,4 +1,4 @@
-"""Every decoding method through the hostile inputs the engine's sampler survives (issue #18, item 1).
+"""Every decoding method through the hostile inputs the engine's sampler survives.
 
 Hostile: temperature 1e-30 (greedy) and 1e30, repetition penalty 1e-190 (seen positive logits pushed
 past the float range), logit_bias of +-100 on thousands of ids. Each method must finish with valid
@@ -236,7 +236,7 @@ def test_the_vllm_rows_bias_overflowed_logits_as_the_engines_watermark_stage(fix
     assert not torch.isnan(got).any()
 
 
-# ---- decoding sees the engine through its public interface only (issue #18, item 2) ----
+# ---- decoding sees the engine through its public interface only ----
 
 class _PublicOnly:
     """The engine behind generation.decoding.engine_interface.DecodingEngine's members, and nothing else."""

@@ -2,6 +2,8 @@
 completions, chat, streaming both; what it gets back is detected as watermarked, and the receipt
 in the ``provmark`` field verifies offline with the service's public key."""
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import c2pa_unstructured_text
@@ -9,6 +11,7 @@ import openai
 import pytest
 from http_fixtures import call, make_token, serve
 
+from api.cli.main import main
 from api.generation.app import create_app
 from db.receipts import verify_receipt
 from db.rows import text_sha256
@@ -17,6 +20,7 @@ from watermark.keys import Keyring
 from watermark.stats import Z_THRESHOLD
 
 pytestmark = pytest.mark.slow  # loads the embedded model
+ROOT = Path(__file__).resolve().parent.parent
 STORY_PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 STORY_SEED = 1  # fixed: the same request gives the same 200 tokens; z ~ 11 for this seed (threshold 4)
 STORY_TOKENS = 200
@@ -152,3 +156,35 @@ def test_the_official_client_raises_its_own_errors_with_the_servers_message_on_e
     with pytest.raises(openai.AuthenticationError) as refused:
         outsider.models.list()
     assert refused.value.type == "authentication_error" and "token" in refused.value.message
+
+
+def _documented_example() -> str:
+    """The OpenAI-client example of docs/how-to/watermark-and-detect.md, as a reader copies it."""
+    page = (ROOT / "docs" / "how-to" / "watermark-and-detect.md").read_text(encoding="utf-8")
+    section = page.split("### From an OpenAI client", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_example_runs_and_its_receipt_verifies(live, tmp_path, monkeypatch, capsys):
+    code = _documented_example()
+    assert 'model="default"' in code and 'model_extra["provmark"]' in code and "key_id=" not in code
+    home_line = 'home = Path.home() / ".local/share/provmark"'
+    assert home_line in code and '"http://127.0.0.1:8000/v1"' in code
+    code = code.replace(home_line, f"home = Path({str(live.home)!r})").replace(
+        '"http://127.0.0.1:8000/v1"', repr(live.url + "/v1"))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "watermark-and-detect.md", "exec"), {})  # noqa: S102 - the page's own example
+    printed = capsys.readouterr().out
+    text = (tmp_path / "text.txt").read_text(encoding="utf-8")
+    reply = json.loads((tmp_path / "reply.json").read_text(encoding="utf-8"))
+    assert text and text in printed and reply["provmark"]["receipt"]["receipt_id"] in printed
+    assert reply["provmark"]["receipt"]["text_sha256"] == text_sha256(text)
+    assert main(["receipts", "verify", "reply.json", "--jwks", live.url + "/.well-known/jwks.json",
+                 "--text", "text.txt"]) == 0
+    # the page's way to pick a key: keys=[id] in extra_body, no deprecation
+    key_id = reply["provmark"]["watermark"]["key_id"]
+    raw = live.client.chat.completions.with_raw_response.create(
+        model="default", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=4,
+        extra_body={"keys": [key_id]})
+    assert raw.headers.get("Deprecation") is None
+    assert provenance(raw.parse())["watermark"]["key_id"] == key_id

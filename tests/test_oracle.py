@@ -1,6 +1,6 @@
-"""The detector must not be a colour oracle for a caller holding only a ``detect`` token (issue #17).
+"""The detector must not be a colour oracle for a caller holding only a ``detect`` token.
 
-Three attacks from the issue, each run against the real detector (the Python API and the HTTP
+Three attacks of the threat model, each run against the real detector (the Python API and the HTTP
 service with a detect-scope token):
 
 (a) one scored position: a 5-token text has exactly one scored unit under the default spec (h = 4), so

@@ -1,4 +1,4 @@
-"""What a ``detect``-scope caller sees must not reveal colours (issue #17, attack (a); spec switching and
+"""What a ``detect``-scope caller sees must not reveal colours (attack (a) of the threat model; spec switching and
 gamma stepping are in test_oracle.py).
 
 A 5-token text has exactly one scored unit under the default spec (h = 4), so any score field of its

@@ -1,4 +1,4 @@
-"""``matches_own_output`` (issue #17, scrubbing): the detector recognises the wording of an output the service
+"""``matches_own_output`` (against scrubbing): the detector recognises the wording of an output the service
 wrote under a key (``db.output_grams``) after edits that took its watermark away, and says so beside the
 verdict without changing it; a remembered output it recognises gets its spoof check without itself, as the
 check's null was made. Human text and output the service never wrote match nothing.

@@ -199,3 +199,26 @@ def test_the_cli_fetches_a_stored_manifest_and_checks_a_texts_credentials(live, 
     edited.write_bytes(visible.read_bytes().replace(b" ", b"  ", 1))
     refused = cli("manifests", "check", str(edited), "--manifest", str(store))
     assert refused.returncode == 1 and refused.stdout.startswith("Invalid"), refused.stdout
+
+
+def test_an_outsider_checks_the_manifest_with_the_services_trust_anchors(live, tmp_path):
+    """docs/how-to/verify-provenance.md: on a machine that never ran the service (an empty PROVMARK_HOME), the text,
+    its manifest and the trust anchors fetched over HTTP check as trusted; without --trust-anchors they do not."""
+    body = generate(live)
+    outsider = tmp_path / "outsider-home"
+    env = {**os.environ, "PROVMARK_HOME": str(outsider)}
+    (tmp_path / "answer.txt").write_bytes(body["text"].encode())
+    for url, name in [(live.det + "/v1/manifests/" + body["c2pa"]["manifest_id"], "answer.c2pa"),
+                      (live.gen + "/v1/c2pa/trust-anchors", "anchors.pem")]:
+        with urllib.request.urlopen(url, timeout=30) as answer:  # no token, as the page's curl
+            (tmp_path / name).write_bytes(answer.read())
+
+    def check(*extra):
+        return subprocess.run([sys.executable, "-m", "api.cli", "manifests", "check", str(tmp_path / "answer.txt"),
+                               "--manifest", str(tmp_path / "answer.c2pa"), *extra], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    trusted = check("--trust-anchors", str(tmp_path / "anchors.pem"))
+    assert trusted.returncode == 0 and trusted.stdout.startswith("Trusted"), trusted.stdout + trusted.stderr
+    assert check().returncode == 1  # the outsider's own roots do not include the service's
+    assert body["c2pa"]["manifest_url"].endswith("/v1/manifests/" + body["c2pa"]["manifest_id"])

@@ -1,4 +1,4 @@
-"""Two-part keys (issue #17, ``watermark.public_key``): a detection half anyone may hold, a private half that
+"""Two-part keys (``watermark.public_key``): a detection half anyone may hold, a private half that
 decides our verdict and catches spoofs steered by the published half.
 
 The statistical test runs in a toy world over single-token words with Zipf frequencies (no model): genuine
@@ -210,20 +210,23 @@ def test_cli_creates_exports_and_verifies_with_the_published_half(tmp_path, monk
     ids = sample(vocab, word_ids(vocab), mark, torch.Generator().manual_seed(1))[0]
     paste = tmp_path / "text.txt"
     paste.write_text(vocab.tokenizer.decode(ids))
-    code, out, _ = run("detect", str(paste), "--public-key", str(published), "--json")
+    code, out, err = run("detect", str(paste), "--public-half", str(published), "--json")
     verdict = json.loads(out)
+    assert "deprecated" not in err
+    code, old_out, err = run("detect", str(paste), "--public-key", str(published), "--json")  # one release more
+    assert code == 0 and json.loads(old_out)["verdict"] == verdict["verdict"] and "--public-half" in err
     assert code == 0 and verdict["verdict"] == "watermarked" and verdict["key_id"] == KEY
     assert verdict["public_half"] is None  # the published half alone is a plain key to its holder
     assert verdict["calibration"] is not None  # the published null guards the public verdict too
     code, out, _ = run("detect", str(paste), "--key", KEY)
-    assert code == 0 and "published half" in out
+    assert code == 0 and "public half" in out
 
     broken = tmp_path / "broken.json"
     broken.write_text(text.replace(PublicKey.from_json(text).fingerprint, "0" * 16))
     for bad, message in [(broken, "fingerprint"), (tmp_path / "missing.json", "cannot read")]:
-        code, out, err = run("detect", str(paste), "--public-key", str(bad))
+        code, out, err = run("detect", str(paste), "--public-half", str(bad))
         assert code == 2 and message in err and out == ""
-    code, _, err = run("detect", str(paste), "--public-key", str(published), "--key", KEY)
+    code, _, err = run("detect", str(paste), "--public-half", str(published), "--key", KEY)
     assert code == 2 and "--key" in err
 
 
@@ -246,12 +249,16 @@ def test_the_service_publishes_the_half_and_flags_spoofs_over_http(tmp_path):
     mark = generation_watermark(None, vocab.vocab_size, KEY, ring)
     generator = torch.Generator().manual_seed(11)
     with serve(app) as base_url:
-        status, document, _ = call("GET", f"{base_url}/v1/keys/{KEY}/public")  # no token: it is public
+        status, document, headers = call("GET", f"{base_url}/v1/keys/{KEY}/public-half")  # no token: it is public
+        assert headers.get("Deprecation") is None
+        status_old, old, headers = call("GET", f"{base_url}/v1/keys/{KEY}/public")  # the old path, one release more
+        assert (status_old, old) == (status, document) and headers.get("Deprecation") == "true"
         assert status == 200 and PublicKey.from_json(json.dumps(document)).secret == public_half_secret(SECRET)
         assert SECRET.hex() not in json.dumps(document)
         for missing in ("plain", "nobody", "Not%20an%20id"):
-            status, body, _ = call("GET", f"{base_url}/v1/keys/{missing}/public")
-            assert status == 404 and body["error"]["code"] == "key_not_found"
+            for path in ("public-half", "public"):
+                status, body, _ = call("GET", f"{base_url}/v1/keys/{missing}/{path}")
+                assert status == 404 and body["error"]["code"] == "key_not_found"
         spoofer = Watermark(mark.spec.with_(delta=SPOOF_DELTA), bytes.fromhex(document["detection_half"]),
                             vocab.vocab_size, "spoofer")
         spoof = vocab.tokenizer.decode(sample(vocab, word_ids(vocab), spoofer, generator)[0])

@@ -1,4 +1,4 @@
-"""Sampler numerics at the edges (issue #16, row 3): a temperature down to the smallest positive float
+"""Sampler numerics at the edges: a temperature down to the smallest positive float
 decodes greedily in every decoding path (``SamplingParams.greedy`` is what each path asks), never a
 draw over logits that overflowed fp32; the paths that refuse greedy refuse it there too."""
 

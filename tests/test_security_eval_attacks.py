@@ -1,4 +1,4 @@
-"""Watermark stealing, spoofing and scrubbing (issue #17): the estimator, the spoofer's bias, the CLI's refusals.
+"""Watermark stealing, spoofing and scrubbing: the estimator, the spoofer's bias, the CLI's refusals.
 
 The estimator runs on a synthetic stream whose colours are known: a random base model over a small
 vocabulary, watermarked by +delta on the green tokens of each one-token context (lefthash, h = 1).

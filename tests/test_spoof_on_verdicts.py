@@ -1,4 +1,4 @@
-"""The spoof check on verdicts (issue #17), end to end without a model: the generation service's memory of
+"""The spoof check on verdicts, end to end without a model: the generation service's memory of
 its own output (``db.output_memory``, on SQLite and PostgreSQL), filled by the generation side's hook
 (``api.generation.own_output``), read by the detector service for every positive verdict of a KGW, gumbel:
 or synthid: key.

@@ -1,4 +1,4 @@
-"""Tamper evidence for what users read (issue #16, row 6): a verdict or receipt row edited, deleted or
+"""Tamper evidence for what users read: a verdict or receipt row edited, deleted or
 added by SQL is named by `provmark audit verify`, on SQLite and PostgreSQL, while an untouched
 database verifies clean. Before this, a forged verdict was served and verify said the chain was intact.
 """

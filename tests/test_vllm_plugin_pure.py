@@ -86,7 +86,9 @@ def test_rows_follow_removes_moves_swaps_and_live_output_lists(keyring):
 
 def test_request_arguments_are_validated_with_the_field_named():
     assert WatermarkRequest.from_extra_args(None) == WatermarkRequest(WatermarkSpec.default(), None)
-    assert WatermarkRequest.from_extra_args({WATERMARK_ARG: False}).spec is None
+    # "off" is the watermark's one name for none, as over HTTP; False (and "none") keep working
+    for off in ("off", "OFF", False, "none"):
+        assert WatermarkRequest.from_extra_args({WATERMARK_ARG: off}) == WatermarkRequest(None, None), off
     with pytest.raises(ValueError, match=WATERMARK_ARG):
         WatermarkRequest.from_extra_args({WATERMARK_ARG: "kgw:gamma=2"})
     with pytest.raises(ValueError, match=WATERMARK_ARG):

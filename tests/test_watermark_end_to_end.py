@@ -1,4 +1,4 @@
-"""Issue #4's bar: 20 watermarked generations of 200 tokens at temperature 1.0 with the default spec
+"""The watermark's bar: 20 watermarked generations of 200 tokens at temperature 1.0 with the default spec
 are all detected by `provmark detect` at z >= 4; 20 unwatermarked ones are not.
 
 Unwatermarked text reaches z >= 4 with probability ~3.2e-5 per text under H0 (dedup makes the

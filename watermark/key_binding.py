@@ -1,4 +1,4 @@
-"""A key is bound to the spec it watermarks with (issue #17).
+"""A key is bound to the spec it watermarks with, so its colours cannot be probed under other specs.
 
 Whoever may score text under a key with a spec of their choice learns the key's colours through
 that spec: ``selfhash, h=1`` seeds predict ``h=4`` colours, and stepping ``gamma`` locates a unit's

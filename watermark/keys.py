@@ -20,7 +20,7 @@ Lifecycle (``status``):
   ``retired``  no longer used for detection. The secret is kept for audits of old verdicts unless
                ``purge=True`` erases it for good. The active key cannot be retired: rotate first.
 
-Spec binding (issue #17): a key watermarks with one spec, recorded in its public metadata (``spec``,
+Spec binding: a key watermarks with one spec, recorded in its public metadata (``spec``,
 canonical string; keys made before this field existed are bound to the default spec). The detector
 scores a key only under a spec with the same colours (``watermark.key_binding``), so a caller cannot
 query the key under another scheme, h or gamma to learn its green lists.

@@ -1,4 +1,4 @@
-"""Two-part keys (issue #17): a private half that never leaves the keyring and a detection half that may be
+"""Two-part keys: a private half that never leaves the keyring and a detection half that may be
 published, so that anyone can verify text without asking us, while a spoof made with the published half is
 still told apart from our own output.
 

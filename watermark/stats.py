@@ -52,10 +52,6 @@ def z_threshold_for_fpr(fpr: float) -> float:
     return z_for_p(fpr)
 
 
-def fpr_for_z_threshold(z: float) -> float:
-    return p_value_normal(z)
-
-
 def min_tokens_for_threshold(z_threshold: float, gamma: float) -> int:
     """Fewest scored positions at which an all-green text reaches ``z_threshold``.
 

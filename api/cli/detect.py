@@ -21,10 +21,11 @@ import sys
 
 import torch
 
-from api.cli.actions import DeprecatedFlag
+from api.cli.actions import DeprecatedFlag, Spelling
 from api.cli.errors import CLIError
 from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import Calibration, ShippedCalibrations
+from detector.disclosure import with_spec_fingerprint
 from detector.service import Detector
 from watermark.config import SpecError
 from watermark.key_binding import same_colours
@@ -43,9 +44,11 @@ def register(subparsers) -> None:
                         help="text file to score, or - for standard input (default)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--jsonl", metavar="IN.jsonl", help='score every {"text": ...} line; JSON lines out')
-    parser.add_argument("--public-key", metavar="FILE",
-                        help="verify with a published two-part key (`provmark keys export-public`), no keyring needed; "
-                             "a spoof made with the same published half passes this test: the key's owner tells them apart")
+    parser.add_argument("--public-half", "--public-key", dest="public_key", metavar="FILE", action=Spelling,
+                        current="--public-half",
+                        help="verify with the public half of a two-part key (`provmark keys export-public`), no keyring "
+                             "needed; a spoof made with the same public half passes this test: the key's owner tells "
+                             "them apart (`--public-key`: its deprecated spelling, one release)")
     add_scoring_options(parser)
     parser.set_defaults(func=run)
 
@@ -104,7 +107,7 @@ def _run(args) -> int:
         return _run_jsonl(detector, args.jsonl, options)
     verdict = _detect(detector, _read_text(args.file), options)
     if args.json:
-        print(json.dumps(verdict.to_dict(), indent=2))
+        print(json.dumps(with_spec_fingerprint(verdict.to_dict()), indent=2))
     else:
         print(format_verdict(verdict))
     return 0
@@ -119,10 +122,10 @@ def _detector(model: str | None):
 
 
 def _published_half_detector(args):
-    """(Detector, spec, [key id]) testing only the published half in ``args.public_key``: a PublicKey document
+    """(Detector, spec, [key id]) testing only the public half in ``args.public_key``: a PublicKey document
     checked against the tokenizer in use, its calibration as the guard (``detector.calibration``)."""
     if args.keys or args.all_keys:
-        raise CLIError("--public-key: the document names its key; pass no --key")
+        raise CLIError("--public-half: the document names its key; pass no --key")
     try:
         with open(args.public_key, "rb") as handle:
             document = PublicKey.from_json(handle.read(MAX_DOCUMENT_BYTES + 1))
@@ -187,7 +190,7 @@ def _run_jsonl(detector, path: str, options: dict) -> int:
                 record_options = options
                 if record.get("forced_positions"):  # e.g. `provmark generate --json` output of a constrained run
                     record_options = {**options, "forced_positions": record["forced_positions"]}
-                verdict = _detect(detector, record["text"], record_options).to_dict()
+                verdict = with_spec_fingerprint(_detect(detector, record["text"], record_options).to_dict())
                 if "id" in record:
                     verdict = {"id": record["id"], **verdict}
                 print(json.dumps(verdict, separators=(",", ":")), flush=False)
@@ -219,11 +222,11 @@ def format_verdict(verdict) -> str:
         f"key: {d['key_id'] or '-'}; watermark: {d['watermark']}",
     ]
     public = d.get("public_half")
-    if public is not None:  # a two-part key: what its published half says, and whether that was spoofed
+    if public is not None:  # a two-part key: what its public half says, and whether that was spoofed
         z = "n/a" if public["z_score"] is None else f"{public['z_score']:.2f}"
-        lines.append(f"published half ({public['fingerprint']}): {public['verdict']}, z = {z}; paired test of the "
+        lines.append(f"public half ({public['fingerprint']}): {public['verdict']}, z = {z}; paired test of the "
                      f"halves p = {public['spoof_test']['p_value']:.3g}"
-                     + ("; SPOOF SUSPECTED: green under the published half only" if d["spoof_suspected"] else ""))
+                     + ("; SPOOF SUSPECTED: green under the public half only" if d["spoof_suspected"] else ""))
     if d["normalizations"]:
         lines.append("normalised: " + ", ".join(d["normalizations"]))
     windows = d["windows"]

@@ -81,7 +81,7 @@ SECURITY_DESCRIPTION = """Attacks on the watermark's secrecy, each run by a clie
              a thief told every unit by the key)
   spoofing   the unwatermarked model steered by the stolen colours, scored by the real detector
   scrubbing  watermarked text edited with the stolen colours, against blind edits at the same rate
-  public-half  a two-part key against a spoofer who holds its published half (evaluation.public_half;
+  public-half  a two-part key against a spoofer who holds its public half (evaluation.public_half;
              --eval-texts prompts, --tokens, --spoof-delta)
 
 Results (cached, resumable) in OUT/results.json with a plot per attack; docs/security.md has the
@@ -94,7 +94,7 @@ def _register_security(commands) -> None:
     p.add_argument("--attack", default="oracle", metavar="NAME",
                    help="oracle (default; a detect-token client learning colours from verdicts), stealing, spoofing, "
                         "scrubbing (from watermarked text; evaluation.security_attacks), public-half (a two-part "
-                        "key against its published half's spoofer), or all")
+                        "key against its public half's spoofer), or all")
     p.add_argument("--units", type=int, default=40, help="target units per attack, half green (default 40)")
     p.add_argument("--max-pairs", type=int, default=64, help="paired-difference pairs per unit, at most (default 64)")
     p.add_argument("--prefix-tokens", type=int, default=200, help="tokens of each query text (default 200)")

@@ -313,7 +313,8 @@ def result_json(out) -> dict:
         "usage": {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens,
                   "total_tokens": out.usage.total_tokens},
         "watermark": None if out.watermark is None else {
-            "spec": out.watermark.spec, "key_id": out.watermark.key_id, "fingerprint": out.watermark.fingerprint},
+            "spec": out.watermark.spec, "key_id": out.watermark.key_id,
+            "spec_fingerprint": out.watermark.fingerprint, "fingerprint": out.watermark.fingerprint},
     }
     body["forced_positions"] = out.forced_positions
     if out.error is not None:

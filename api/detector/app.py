@@ -10,7 +10,7 @@ Routes (``/openapi.json`` documents them from the same pydantic models that vali
     GET  /v1/verdicts/<id>    scope ``audit``
     GET  /v1/audit            scope ``audit``; the hash-chained audit events, paged
     GET  /v1/audit/verify     scope ``audit``; the chain check (``AuditReport``)
-    GET  /v1/keys/<id>/public no token; a two-part key's publishable detection half (``watermark.public_key``)
+    GET  /v1/keys/<id>/public-half no token; a two-part key's public half (``watermark.public_key``)
     GET  /.well-known/jwks.json  no token; the keys that verify generation receipts (api/provenance_keys.py)
     GET  /v1/c2pa/trust-anchors  no token; the PEM roots C2PA manifests chain to (api/provenance_keys.py)
     GET  /v1/manifests/<id>, /v1/services/supportedAlgorithms, /v1/matches/byBinding, POST /v1/matches/byContent

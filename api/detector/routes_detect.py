@@ -29,9 +29,10 @@ from flask import Blueprint, g, jsonify
 from api.detector.credential_layer import credential_layer, credentials_of
 from api.detector.schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, deprecated, parse_body
+from api.limits import too_large
 from db import budget
 from detector.calibration import null_record
-from detector.disclosure import EXPLAIN_SCOPE, recorded
+from detector.disclosure import EXPLAIN_SCOPE, recorded, with_spec_fingerprint
 from detector.normalize import normalize as normalize_text
 from db.receipts import find_receipt_by_text_sha256
 from db.rows import text_sha256
@@ -58,8 +59,8 @@ def blueprint(api, services) -> Blueprint:
                                              "colours reveal part of the green lists")
         limit = services.settings.max_text_chars
         if len(request_body.text) > limit:
-            raise ApiError(413, "text_too_large",
-                           f"text has {len(request_body.text)} characters; the limit is {limit}")
+            raise too_large("text", f"text has {len(request_body.text)} characters; the limit is {limit}", limit,
+                            formerly="text_too_large")
         spec = _parse_spec(request_body.watermark)
         budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
         daily = services.settings.detect_budget
@@ -76,7 +77,8 @@ def blueprint(api, services) -> Blueprint:
         verdict_id = services.store.record_verdict(record, g.token.caller, text=text)
         if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)
             services.usage.charge(g.token.caller, cost, daily)
-        return jsonify({"id": verdict_id, **shown, "provenance": provenance, "credentials": credentials})
+        return jsonify({"id": verdict_id, **with_spec_fingerprint(shown), "provenance": provenance,
+                        "credentials": credentials})
 
     return bp
 

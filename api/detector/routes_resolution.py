@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, StrictStr
 from api.detector.credential_layer import credentials_of
 from api.detector.routes_detect import refuse_when_over_budget
 from api.http import ApiError, ErrorResponse, StrictModel, parse_body, parse_query
+from api.limits import too_large
 from db import budget
 from db.manifests import MANIFEST_MEDIA_TYPE, find_manifests, get_manifest
 from db.rows import text_sha256
@@ -176,5 +177,6 @@ def _text_body(limit: int) -> str:
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_text", "the body is not UTF-8 text") from None
     if len(text) > limit:
-        raise ApiError(413, "text_too_large", f"text has {len(text)} characters; the limit is {limit}")
+        raise too_large("text", f"text has {len(text)} characters; the limit is {limit}", limit,
+                        formerly="text_too_large")
     return text

@@ -1,7 +1,7 @@
 """GET /v1/verdicts (filters, cursor pages, CSV export) and GET /v1/verdicts/<id>; scope ``audit``.
 
 A token that also holds ``explain`` reads rows whole; ``audit`` alone reads the detect-scope view each row
-recorded, and the ``verdict``, ``min_z`` and ``key_id`` filters act on that view (``db.verdicts``, #17).
+recorded, and the ``verdict``, ``min_z`` and ``key_id`` filters act on that view (``db.verdicts``).
 """
 
 from __future__ import annotations

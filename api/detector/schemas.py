@@ -148,7 +148,8 @@ class DetectResponse(BaseModel):
     p_value: float | None = Field(description="exact for explain; for detect an upper bound on it, coarse and dithered")
     key_id: str | None
     watermark: str
-    fingerprint: str
+    spec_fingerprint: str = Field(description="the scored spec's fingerprint (the spec and the vocabulary size)")
+    fingerprint: str = Field(description="deprecated for one release: spec_fingerprint")
     text_sha256: str
     common_units: str | None = Field(description="the common-unit table that named them (None for hf specs)")
     windows: dict[str, Any] | None
@@ -179,7 +180,7 @@ class DetectResponse(BaseModel):
                           "on the units the service's own output made learnable, as a watermark thief's do (p <= "
                           "1e-3 under the key's own outputs); None when it cannot judge (too few units, too "
                           "little recorded output, or a gumbel: key, where the check has no measured power). Negative "
-                          "verdicts under a two-part key: the published half says watermarked and the private "
+                          "verdicts under a two-part key: the public half says watermarked and the private "
                           "half says it was spoofed (paired test, p <= 1e-3)")
     spoof_check: dict[str, Any] | None = Field(
         None, description="explain scope: the spoof check's z, p-values (normal fit, empirical), units and null size")
@@ -192,14 +193,14 @@ class DetectResponse(BaseModel):
         None, description="explain scope: matched, the sampled 5-grams the text shares with its best-matching "
                           "remembered output, the text's sampled 5-grams, and the match threshold")
     public_half: dict[str, Any] | None = Field(
-        None, description="explain scope, two-part keys: the published half's verdict, counts and z, and the paired "
-                          "test of the two halves (a spoof made with the published half is green under it only)")
+        None, description="explain scope, two-part keys: the public half's verdict, counts and z, and the paired "
+                          "test of the two halves (a spoof made with the public half is green under it only)")
     explanation: list[dict[str, Any]] | None = None
 
 
 class PublicKeyDocument(BaseModel):
     """The publishable half of a two-part key (``watermark.public_key.PublicKey``): verify text with it offline,
-    ``provmark detect --public-key FILE``. Anyone holding it can also write text that passes it; the key's
+    ``provmark detect --public-half FILE``. Anyone holding it can also write text that passes it; the key's
     owner tells such spoofs apart with the private half (``spoof_suspected`` on its verdicts)."""
 
     key_id: str
@@ -207,9 +208,9 @@ class PublicKeyDocument(BaseModel):
     vocab_size: int
     tokenizer_fingerprint: str
     model_id: str
-    detection_half: str = Field(description="64 hex digits: the published half's PRF key (never the private half)")
+    detection_half: str = Field(description="64 hex digits: the public half's PRF key (never the private half)")
     fingerprint: str
-    calibration: dict[str, Any] | None = Field(None, description="the published half's measured null on human text")
+    calibration: dict[str, Any] | None = Field(None, description="the public half's measured null on human text")
     format: str
 
 

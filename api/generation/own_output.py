@@ -1,4 +1,4 @@
-"""The generation service remembers what it wrote under each key, for the detector's spoof check (#17).
+"""The generation service remembers what it wrote under each key, for the detector's spoof check.
 
 A watermark thief learns colours (KGW) or unit scores (gumbel:, synthid:) from the service's output, so
 the units it knows are the units that recur there; ``detector.spoof_check`` asks whether a positive text's

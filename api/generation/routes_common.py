@@ -22,6 +22,7 @@ from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
 from api.http import ApiError, deprecated, error_body
+from api.limits import too_large
 from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams
@@ -116,7 +117,8 @@ class GenerationService:
 
     def _check_size(self, chars: int, field: str) -> None:
         if chars > self.max_prompt_chars:
-            raise ApiError(413, "too_large", f"{field}: {chars} characters, above the limit of {self.max_prompt_chars}")
+            raise too_large(field, f"{field}: {chars} characters, above the limit of {self.max_prompt_chars}",
+                            self.max_prompt_chars)
 
     def sampling_params(self, values: dict, rename: dict[str, str] | None = None) -> SamplingParams:
         """SamplingParams from field values; a bad one is a 422 naming the caller's field."""
@@ -209,7 +211,8 @@ class GenerationService:
     @staticmethod
     def watermark_info(out) -> dict | None:
         mark = out.watermark
-        return None if mark is None else {"spec": mark.spec, "key_id": mark.key_id, "fingerprint": mark.fingerprint}
+        return None if mark is None else {"spec": mark.spec, "key_id": mark.key_id,
+                                          "spec_fingerprint": mark.fingerprint, "fingerprint": mark.fingerprint}
 
     @staticmethod
     def usage(out) -> dict:

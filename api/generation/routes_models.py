@@ -116,7 +116,8 @@ class WatermarkInfo(BaseModel):
 
     spec: str
     key_id: str | None
-    fingerprint: str
+    spec_fingerprint: str = Field(description="the spec's fingerprint, as the receipt names it")
+    fingerprint: str = Field(description="deprecated for one release: spec_fingerprint")
 
 
 class Receipt(BaseModel):

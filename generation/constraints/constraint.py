@@ -1,7 +1,7 @@
 """Constrained decoding: regex, JSON-schema, choice and token-set constraints as per-row logit masks.
 
 The grammar-to-token-mask work is llguidance's (chosen over xgrammar, which pulls in ~1 GB of triton,
-and outlines-core, which compiles for ~1 s and cannot read a tokenizer object: see the issue #9 note):
+and outlines-core, which compiles for ~1 s and cannot read a tokenizer object: docs/research/constraints-libraries.md):
 a compiled grammar is kept as a template matcher per spec, and each sequence gets a copy that shares the
 template's warm lexer. Each step every constrained row fills its bitmask row and one pass puts -inf
 outside the allowed sets (generation/constraints/masks.py); rows without a constraint are never touched.

@@ -5,7 +5,7 @@ on every call; for bf16 that means oneDNN re-blocks the weight each time before 
 A decode step at batch 16 multiplies a handful of rows by every weight of the model, so that per-call
 reorder is most of the matmul cost. Packing once at start-up (``torch.ops.mkldnn._reorder_linear_weight``,
 the layout torch's inductor uses for frozen CPU graphs) and calling ``_linear_pointwise`` removes it:
-measured on the 2-core Sapphire Rapids box, the [16, 576] x [576, 49152] LM head takes 4.4 ms packed vs
+measured on a 2-core Sapphire Rapids CPU, the [16, 576] x [576, 49152] LM head takes 4.4 ms packed vs
 14.3 ms plain in bf16 (17 vs 27 ms in fp32); see benchmarks/engine_throughput.py for the end-to-end effect.
 
 ``packed_view(model)`` (generation/cpu/packed_view.py) returns a second module tree that shares every parameter with ``model`` (no copy

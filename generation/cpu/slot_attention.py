@@ -3,7 +3,7 @@
 A decode step attends row i to ``positions[i] + 1`` cached keys, but one SDPA call over the batch has to
 read every row up to the longest one: with the benchmark's prompts of 10..200 tokens, over half the keys
 and values it streams from memory are masked out. Decode attention is memory-bound here (about 8 GB/s
-of cached keys and values on the 2-core box), so the runner splits the rows (contiguous in the batch) into at
+of cached keys and values on a 2-core Sapphire Rapids CPU), so the runner splits the rows (contiguous in the batch) into at
 most two groups where that saves enough reading, and this attention function runs one SDPA call per
 group, each over its own key length. Query heads sharing a key/value head are packed as a 3-row query
 against that head (no ``repeat_kv`` copy, no ``enable_gqa`` path).

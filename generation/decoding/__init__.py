@@ -1,4 +1,4 @@
-"""Advanced decoding (issue #7): beam search, n/best_of, speculative, contrastive and MBR decoding.
+"""Advanced decoding, each keeping the watermark: beam search, n/best_of, speculative, contrastive and MBR decoding.
 
 ``run_decoding`` (or ``DecodingParams.run``, which ``Engine.decode`` calls) is the one entry: it
 validates the request and dispatches to the method's module. Each method runs synchronously on the

@@ -8,10 +8,10 @@ Load it by name::
 Per request, through ``SamplingParams(extra_args={...})`` (``vllm_xargs`` in the OpenAI server):
 
 * ``provmark_watermark``: a spec string (``kgw:...``, ``hf:...``, or a sampling spec ``gumbel:...``,
-  ``synthid:...``, ``hf:synthid,...``); absent, None or True -> the default spec; False or ``"off"`` ->
-  this request is not watermarked.
+  ``synthid:...``, ``hf:synthid,...``); absent, None or True -> the default spec; ``"off"`` (the name
+  the HTTP APIs use) or False -> this request is not watermarked.
 * ``provmark_key_id``: a keyring key id (active or standby); absent -> the keyring's active key. A sampling
-  spec needs a key bound to it (``provmark keys create --spec gumbel:h=4``).
+  spec needs a key bound to it (``provmark keys create --watermark gumbel:h=4``).
 
 So an engine built with the plugin watermarks every request by default, like provmark's own
 generation service: opting out is explicit. Keys come from the keyring of the process's

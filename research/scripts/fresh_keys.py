@@ -1,4 +1,4 @@
-"""Fresh keys judged as issue #15 judges them: through the CLI, on human texts of your choosing.
+"""Fresh keys judged as a user meets them: through the CLI, on human texts of your choosing.
 
 Per spec, a fresh keyring (a temporary ``PROVMARK_HOME``) gets ``--keys`` keys from ``provmark keys create`` (screened,
 as a user's are), and ``provmark detect --jsonl CORPUS --key ID`` scores every corpus under each key. Reported per
@@ -15,7 +15,7 @@ stored), and only the second halves are judged.
 Each corpus is a JSONL file of {"text": ...} lines (other fields are ignored), as ``provmark detect --jsonl`` reads.
 Each (spec, corpus, key) row is also appended to OUT with the suffix ``.rows.jsonl`` as soon as it is measured.
 
-Per key and corpus also what issue #41 judges: the verdicts' own p-values (the p-value a verdict gives where its
+Per key and corpus also what the promise is judged on: the verdicts' own p-values (the p-value a verdict gives where its
 promise or guard raised it, ``promise.raised`` / ``calibration.guarded``, else the binomial mid-p of its counts), as
 normal quantiles, their mean, and the false-positive rate at z = 4 that mean implies over the stated one
 (``judged_ratio``; within 2x while the mean is at most 0.1525); and which promise the verdicts carried.
@@ -43,7 +43,7 @@ from api.cli.errors import CLIError
 from watermark.stats import Z_THRESHOLD, p_value_normal
 
 SPECS = "default;kgw:scheme=lefthash,h=1;kgw:scheme=unigram"
-BAR = 0.15  # |mean z| of one key on one corpus (issue #15)
+BAR = 0.15  # |mean z| of one key on one corpus beyond which the key is off (3.4x the stated rate at +0.30)
 CLI = [sys.executable, "-m", "api.cli"]
 
 
@@ -67,7 +67,7 @@ def read_lines(path: Path) -> list[str]:
 
 
 def judged_z(verdicts: list[dict]) -> np.ndarray:
-    """The normal quantile of each scored verdict's p-value as issue #41 reads it: the verdict's own where its promise
+    """The normal quantile of each scored verdict's p-value as the promise is judged on it: the verdict's own where its promise
     or guard raised it, else the binomial mid-p of its counts."""
     found = []
     for v in verdicts:

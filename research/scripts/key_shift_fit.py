@@ -30,7 +30,7 @@ import key_shift_table as table  # noqa: E402
 from detector import promise  # noqa: E402
 
 BAR = float(special.ndtri(1 - 2 * special.ndtr(-4.0)) - 4.0) * -1  # mean z at which the rate at 4 doubles: 0.1525
-JUDGED_TEXTS = 200  # the smallest cell the issue judges: its mean has this many texts' noise
+JUDGED_TEXTS = 200  # the smallest cell judged: its mean has this many texts' noise
 GRID = np.round(np.arange(0.0, 1.61, 0.05), 2)
 GROUPS = {"code": ("code",), "prose": ("documents", "paragraphs")}
 

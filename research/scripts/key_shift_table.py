@@ -31,7 +31,7 @@ from watermark.vocab import load_vocabulary  # noqa: E402
 GAMMA = 0.25
 SPECS = ("selfhash", "lefthash_h1", "unigram")
 SCHEME = {"selfhash": "selfhash", "lefthash_h1": "lefthash", "unigram": "unigram"}
-MIN_TEXTS = 100  # a cell with fewer scored texts is left out of the summaries (the issue judges cells of 200+)
+MIN_TEXTS = 100  # a cell with fewer scored texts is left out of the summaries (cells of 200+ are judged)
 # collections nothing was fitted on while choosing the bound: what the fresh-key check (research/scripts/fresh_keys.py) and
 # the held-out rows of the table use; the judge's shapes (C headers, a standard library, encyclopedia text) are here
 HELD_OUT = ("c_glibc_headers", "go_std", "ruby_stdlib", "java_desktop", "py_pandas", "py_pygments", "py_openai",
@@ -81,7 +81,7 @@ def measured_null(scheme: str, fractions: np.ndarray, mine_fractions: np.ndarray
 
 
 def ratio(mean: float, sd: float = 1.0) -> float:
-    """The rate at z = 4 that N(mean, sd) implies, over the stated one (sd 1: the shift alone, as the issue reads a
+    """The rate at z = 4 that N(mean, sd) implies, over the stated one (sd 1: the shift alone, as one reads a
     key's mean z: +0.30 is 3.4 times the stated rate)."""
     return float(special.ndtr(-(Z_THRESHOLD - mean) / max(sd, 1e-9)) / special.ndtr(-Z_THRESHOLD))
 

@@ -27,7 +27,7 @@ def run(keyring: Keyring, args) -> list[KeyEvent]:
         print_json({**info.to_dict(), "calibration": summary})
     else:
         print(f"created key {info.key_id} ({info.status}, fingerprint {info.fingerprint}, spec {info.spec})"
-              + (f"; two-part: publish its detection half with `provmark keys export-public {info.key_id}`"
+              + (f"; two-part: publish its public half with `provmark keys export-public {info.key_id}`"
                  if info.public_half else ""))
         if summary is not None:
             print(describe_calibration(summary))

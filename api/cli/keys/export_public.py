@@ -1,4 +1,4 @@
-"""``provmark keys export-public KEY_ID [--out FILE]``: a two-part key's publishable detection half."""
+"""``provmark keys export-public KEY_ID [--out FILE]``: a two-part key's public half."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from watermark.keys import Keyring
 from watermark.vocab import load_vocabulary
 
 NAME = "export-public"
-HELP = "write a two-part key's publishable detection half (anyone verifies text with it)"
+HELP = "write a two-part key's public half (anyone verifies text with it)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

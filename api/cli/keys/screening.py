@@ -32,7 +32,7 @@ def add_screening_options(parser: argparse.ArgumentParser) -> None:
                         help="the spec the new key watermarks with (kgw:..., gumbel:..., synthid:... or "
                              "vllm:gumbel,...); the detector scores the key only under it (default: kgw:, the default spec)")
     parser.add_argument("--public-half", action="store_true",
-                        help="a two-part key (kgw specs): its detection half can be published (`keys export-public`) "
+                        help="a two-part key (kgw specs): its public half can be published (`keys export-public`) "
                              "so anyone verifies text; the private half stays here and catches spoofs made with it")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip key screening and calibration (run `provmark keys calibrate` later)")
@@ -70,7 +70,7 @@ def screened(keyring: Keyring, args, make: Callable[[bytes | None], KeyInfo]) ->
     store = CalibrationStore(keyring)
     store.put(result)
     summary = {**result.summary(), "screening_draws": draws}
-    if two_part:  # the published half's null is public metadata too (`keys export-public` carries it), measured
+    if two_part:  # the public half's null is public metadata too (`keys export-public` carries it), measured
         # under the shipped table alone, as a public verifier scores it
         public = measuring.public_half_calibration(spec, secret, vocab, table_for(spec, vocab, None))
         store.put(measuring.for_key(public, public_half_id(info.key_id)))

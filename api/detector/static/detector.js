@@ -71,8 +71,8 @@
         : found;
     }
     if (d.spoof_suspected === true) {
-      // a two-part key: the published half says watermarked, the private half says it was imitated
-      return "Not ours: the text passes this key's published half only, as text written to imitate the " +
+      // a two-part key: the public half says watermarked, the private half says it was imitated
+      return "Not ours: the text passes this key's public half only, as text written to imitate the " +
         "watermark does (spoof suspected).";
     }
     if (d.verdict === "insufficient_text") {

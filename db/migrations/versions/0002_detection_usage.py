@@ -1,4 +1,4 @@
-"""Per-token daily detection usage (the detection budget, issue #17).
+"""Per-token daily detection usage (the detection budget).
 
 Revision ID: 0002_detection_usage
 Revises: 0001_initial

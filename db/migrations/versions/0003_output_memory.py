@@ -1,4 +1,4 @@
-"""The generation service's memory of its own output per key: unit counts and the spoof check's null (#17).
+"""The generation service's memory of its own output per key: unit counts and the spoof check's null.
 
 Revision ID: 0003_output_memory
 Revises: 0002_detection_usage

@@ -1,5 +1,5 @@
 """Each remembered output keeps its distinct unit identities, so a detector worker follows the memory by its
-new rows instead of querying the counts for every positive verdict (``db.output_memory.MemoryMirror``, #17).
+new rows instead of querying the counts for every positive verdict (``db.output_memory.MemoryMirror``).
 
 Revision ID: 0004_output_units_per_row
 Revises: 0003_output_memory

@@ -1,5 +1,5 @@
 """Each remembered output keeps its sampled keyed 5-grams, so the detector can say whether a text repeats an
-output's wording after edits that scrubbed its watermark (``detector.output_match``, #17).
+output's wording after edits that scrubbed its watermark (``detector.output_match``).
 
 Revision ID: 0005_output_grams
 Revises: 0004_output_units_per_row

@@ -1,5 +1,5 @@
 """Each verdict row carries the detect-scope view it recorded (shown verdict and z) as columns, so the
-``audit`` scope alone reads and filters on that view, never on the exact numbers (``db.verdicts``, #17).
+``audit`` scope alone reads and filters on that view, never on the exact numbers (``db.verdicts``).
 
 The values are copies of ``options["disclosed"]`` (an insufficient text is one in every view; a row that
 recorded no view stays NULL: withheld from the audit scope). No row digest changes.

@@ -567,7 +567,7 @@ void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_
 // k-major, so one load holds the 16 outputs' weights for input k). A tile of up to 8 rows times 32 outputs
 // keeps its 16 fp32 accumulators in registers; each x value is broadcast once for both blocks. At decode
 // batch sizes a step streams every weight from memory: fp32 at 16 rows, this reads them at about 17 GB/s
-// on the 2-core box where oneDNN's packed kernel reaches 12; bf16 wins up to 8 rows (at 16, oneDNN's AMX
+// on a 2-core Sapphire Rapids CPU where oneDNN's packed kernel reaches 12; bf16 wins up to 8 rows (at 16, oneDNN's AMX
 // kernels do: FMAs bind here). bf16 weights are widened to fp32 in registers (exact), products
 // accumulate in fp32, the output is rounded once.
 constexpr int64_t LINEAR_PREFETCH = 32;  // weight rows (of 16 outputs) fetched ahead

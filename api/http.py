@@ -304,7 +304,8 @@ class OpenAPI:
 
     def route(self, target, rule: str, *, methods: list[str], summary: str, body: type[BaseModel] | None = None,
               query: type[BaseModel] | None = None, responses: dict[int, Any] | None = None,
-              scope: str | None = None, tags: list[str] | None = None, content_type: str = "application/json"):
+              scope: str | tuple[str, ...] | None = None, tags: list[str] | None = None,
+              content_type: str = "application/json"):
         """``responses`` maps status -> a pydantic model, a ``(media_type, description)`` pair, or a
         description string (no body)."""
 

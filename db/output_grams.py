@@ -1,4 +1,4 @@
-"""Does a text share its wording with an output the service wrote under a key? (issue #17: scrubbing)
+"""Does a text share its wording with an output the service wrote under a key? (a scrubbed text keeps some)
 
 A scrubber edits watermarked text until the z-test lets it go; edits it can afford leave most short runs
 of the original tokens in place (a 5-gram survives a 20 % token substitution with probability 0.8^5 =

@@ -1,4 +1,4 @@
-"""What the generation service wrote under each key, as the spoof check needs it (issue #17).
+"""What the generation service wrote under each key, as the spoof check needs it.
 
 Per key: in how many watermarked outputs each unit occurred (``output_units``; key-free unit identities,
 never text), and one row per output with the spoof z of that output against the counts before it

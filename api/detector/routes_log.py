@@ -88,7 +88,8 @@ def blueprint(api, services) -> Blueprint:
         return jsonify(public_document(_log_key(services)))
 
     @api.route(bp, "/v1/log/proof/inclusion", methods=["GET"], summary="An audit event's inclusion proof",
-               query=InclusionQuery, responses={200: InclusionProofBody, **PROOF_ERRORS}, scope="audit", tags=["log"])
+               query=InclusionQuery, responses={200: InclusionProofBody, **PROOF_ERRORS}, scope=("audit", "explain"),
+               tags=["log"])
     @services.auth.require("audit")
     def log_inclusion_proof():
         _require_exact()

@@ -48,7 +48,11 @@ HOMOGLYPHS = {
     "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
     "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
 }
-_HOMOGLYPH_WORD = re.compile(r"\w*[" + "".join(HOMOGLYPHS) + r"]\w*")
+# A whole word (maximal run of \w) holding a look-alike: it starts only where a word starts (the look-behind
+# fails at once elsewhere) and its possessive runs never backtrack, so a text costs one pass (``\w*[...]\w*``
+# retried every long word from each of its positions: quadratic).
+_HOMOGLYPH_CLASS = "".join(HOMOGLYPHS)
+_HOMOGLYPH_WORD = re.compile(r"(?<!\w)[^\W" + _HOMOGLYPH_CLASS + r"]*+[" + _HOMOGLYPH_CLASS + r"]\w*+")
 _LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CYRILLIC_OR_GREEK_LETTER = re.compile(r"[\u0370-\u03ff\u0400-\u052f]")
 
@@ -61,8 +65,8 @@ _ASCII_OTHER_SPACE = re.compile(r"[\t\r\x0b\x0c\x1c-\x1f]")
 _SPACE_RUN = re.compile(r"  +")
 _ASCII_INVISIBLE = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f]")
 _NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+", re.DOTALL)
-# Hangul medial/final jamo have combining class 0 yet compose with the syllable before them.
-_HANGUL_TRAILING_JAMO = ((0x1160, 0x11FF), (0xD7B0, 0xD7FF))
+# Unicode's stream-safe text format allows 30 non-starters in a row; longer sequences take the linear path
+MAX_PLAIN_SEQUENCE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,28 +148,32 @@ Edit = tuple[int, int, str]  # replace text[start:end] by the string
 
 
 def _apply_edits(text: str, edits: list[Edit]) -> tuple[str, np.ndarray, np.ndarray]:
-    """Apply sorted, non-overlapping edits; each output character maps to its source span."""
-    parts, start_chunks, end_chunks = [], [], []
+    """Apply sorted, non-overlapping edits; each output character maps to its source span. The spans are
+    built from one array per kind of piece (kept runs, replacements), not one per edit: a text with an
+    edit at every character costs a few list appends per edit."""
+    parts: list[str] = []
+    lengths: list[int] = []  # output characters of each piece
+    sources: list[int] = []  # where each piece starts in ``text``
+    source_ends: list[int] = []  # a replacement's source end; -1 for a kept run
     pos = 0
     for a, b, replacement in edits:
         if a > pos:
             parts.append(text[pos:a])
-            kept = np.arange(pos, a, dtype=np.int64)
-            start_chunks.append(kept)
-            end_chunks.append(kept + 1)
+            lengths.append(a - pos), sources.append(pos), source_ends.append(-1)
         if replacement:
             parts.append(replacement)
-            start_chunks.append(np.full(len(replacement), a, dtype=np.int64))
-            end_chunks.append(np.full(len(replacement), b, dtype=np.int64))
+            lengths.append(len(replacement)), sources.append(a), source_ends.append(b)
         pos = b
     if pos < len(text):
         parts.append(text[pos:])
-        kept = np.arange(pos, len(text), dtype=np.int64)
-        start_chunks.append(kept)
-        end_chunks.append(kept + 1)
-    empty = np.zeros(0, dtype=np.int64)
-    starts = np.concatenate(start_chunks) if start_chunks else empty
-    ends = np.concatenate(end_chunks) if end_chunks else empty
+        lengths.append(len(text) - pos), sources.append(pos), source_ends.append(-1)
+    counts = np.asarray(lengths, dtype=np.int64)
+    kept = np.asarray(source_ends, dtype=np.int64) < 0
+    piece_starts = np.cumsum(counts) - counts  # each piece's first output character
+    # a kept run's characters count up from its source start; a replacement's all point at its source start
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(piece_starts, counts)
+    starts = np.repeat(np.asarray(sources, dtype=np.int64), counts) + within * np.repeat(kept, counts)
+    ends = np.where(np.repeat(kept, counts), starts + 1, np.repeat(np.asarray(source_ends, dtype=np.int64), counts))
     return "".join(parts), starts, ends
 
 
@@ -197,10 +205,9 @@ def _remove_invisible(text: str):
 
 
 def _starts_sequence(char: str) -> bool:
-    if unicodedata.combining(char):
-        return False
-    cp = ord(char)
-    return not any(lo <= cp <= hi for lo, hi in _HANGUL_TRAILING_JAMO)
+    """Not a combining mark, nor a Hangul medial/final jamo (class 0, yet they compose with the syllable
+    before them: U+1160-U+11FF, U+D7B0-U+D7FF)."""
+    return not unicodedata.combining(char) and not ("\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff")
 
 
 def _nfkc(text: str):
@@ -215,10 +222,33 @@ def _nfkc(text: str):
         bounds = [i for i, ch in enumerate(chunk) if i == 0 or _starts_sequence(ch)] + [len(chunk)]
         for a, b in zip(bounds, bounds[1:]):
             piece = chunk[a:b]
-            folded = unicodedata.normalize("NFKC", piece)
+            folded = nfkc_sequence(piece)
             if folded != piece:
                 edits.append((run.start() + a, run.start() + b, folded))
     return _from_edits(text, edits)
+
+
+def nfkc_sequence(piece: str) -> str:
+    """``unicodedata.normalize("NFKC", piece)`` in time linear in ``piece``: CPython puts combining marks in
+    canonical order by insertion sort, quadratic in a long sequence of marks out of order (a letter and 50,000
+    alternating accents: seconds). A piece longer than Unicode's stream-safe bound is decomposed character by
+    character, each run of marks stably sorted by combining class (the canonical ordering algorithm), and only
+    then composed, which CPython does in one pass over marks already in order: the same string."""
+    if len(piece) <= MAX_PLAIN_SEQUENCE:
+        return unicodedata.normalize("NFKC", piece)
+    decomposed = "".join([unicodedata.normalize("NFKD", ch) for ch in piece])
+    ordered: list[str] = []
+    marks: list[str] = []
+    for ch in decomposed:
+        if unicodedata.combining(ch):
+            marks.append(ch)
+            continue
+        if marks:
+            ordered.extend(sorted(marks, key=unicodedata.combining))
+            marks = []
+        ordered.append(ch)
+    ordered.extend(sorted(marks, key=unicodedata.combining))
+    return unicodedata.normalize("NFKC", "".join(ordered))
 
 
 def _fold_homoglyphs(text: str):

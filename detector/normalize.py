@@ -8,7 +8,9 @@ the token ids and so the green lists. The stages below undo them, in this order:
 1. ``invisible``   remove format characters (Unicode category Cf: zero-width space/joiners, BOM,
                    soft hyphen, bidi controls, tags), control characters other than whitespace,
                    variation selectors and the invisible Hangul fillers.
-2. ``nfkc``        Unicode NFKC, applied per combining sequence so offsets stay exact.
+2. ``nfkc``        Unicode NFKC, applied per combining sequence so offsets stay exact (a sequence longer
+                   than 32 characters, which no text holds, in pieces of 32, as the stream-safe
+                   format of UAX #15 cuts it).
 3. ``homoglyphs``  Cyrillic/Greek letters that look like Latin ones become the Latin letter, in
                    words that also hold a Latin letter, or everywhere when the text is mostly Latin
                    (so genuine Russian or Greek text, which the model may have written, is kept).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,8 +67,9 @@ _ASCII_OTHER_SPACE = re.compile(r"[\t\r\x0b\x0c\x1c-\x1f]")
 _SPACE_RUN = re.compile(r"  +")
 _ASCII_INVISIBLE = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f]")
 _NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+", re.DOTALL)
-# Unicode's stream-safe text format allows 30 non-starters in a row; longer sequences take the linear path
-MAX_PLAIN_SEQUENCE = 32
+# Unicode's stream-safe text format allows 30 non-starters in a row: longer combining sequences are normalised
+# in pieces of this many characters (_stream_safe)
+MAX_SEQUENCE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +213,18 @@ def _starts_sequence(char: str) -> bool:
     return not unicodedata.combining(char) and not ("\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff")
 
 
+def _stream_safe(sequences: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Combining sequences cut into pieces of at most MAX_SEQUENCE characters, as Unicode's stream-safe text
+    format cuts them (UAX #15: a CGJ after 30 non-starters): text never holds longer ones, and one (a letter
+    and 50,000 accents) would cost quadratic time in CPython's canonical ordering (insertion sort) and give its
+    every token the whole sequence as its span in the original text."""
+    for a, b in sequences:
+        if b - a <= MAX_SEQUENCE:
+            yield a, b
+        else:
+            yield from ((start, min(b, start + MAX_SEQUENCE)) for start in range(a, b, MAX_SEQUENCE))
+
+
 def _nfkc(text: str):
     if text.isascii() or unicodedata.is_normalized("NFKC", text):
         return None
@@ -220,35 +235,12 @@ def _nfkc(text: str):
             continue
         # split the run into combining sequences (a starter and the marks after it)
         bounds = [i for i, ch in enumerate(chunk) if i == 0 or _starts_sequence(ch)] + [len(chunk)]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in _stream_safe(zip(bounds, bounds[1:])):
             piece = chunk[a:b]
-            folded = nfkc_sequence(piece)
+            folded = unicodedata.normalize("NFKC", piece)
             if folded != piece:
                 edits.append((run.start() + a, run.start() + b, folded))
     return _from_edits(text, edits)
-
-
-def nfkc_sequence(piece: str) -> str:
-    """``unicodedata.normalize("NFKC", piece)`` in time linear in ``piece``: CPython puts combining marks in
-    canonical order by insertion sort, quadratic in a long sequence of marks out of order (a letter and 50,000
-    alternating accents: seconds). A piece longer than Unicode's stream-safe bound is decomposed character by
-    character, each run of marks stably sorted by combining class (the canonical ordering algorithm), and only
-    then composed, which CPython does in one pass over marks already in order: the same string."""
-    if len(piece) <= MAX_PLAIN_SEQUENCE:
-        return unicodedata.normalize("NFKC", piece)
-    decomposed = "".join([unicodedata.normalize("NFKD", ch) for ch in piece])
-    ordered: list[str] = []
-    marks: list[str] = []
-    for ch in decomposed:
-        if unicodedata.combining(ch):
-            marks.append(ch)
-            continue
-        if marks:
-            ordered.extend(sorted(marks, key=unicodedata.combining))
-            marks = []
-        ordered.append(ch)
-    ordered.extend(sorted(marks, key=unicodedata.combining))
-    return unicodedata.normalize("NFKC", "".join(ordered))
 
 
 def _fold_homoglyphs(text: str):

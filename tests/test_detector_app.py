@@ -387,3 +387,62 @@ def test_database_lost_mid_run_writes_nothing_and_recovers(provmark_home, keyrin
         store.close()
     finally:
         server.stop()
+
+
+# ---- an attacker trying things -------------------------------------------------------------------------------
+
+def test_bad_tokens_in_a_row_get_429_after_a_small_burst_and_one_audit_event(provmark_home, keyring):
+    from api.http import THROTTLED_EVENT
+    from api.limits import AUTH_FAILURE_BURST
+    from db.audit import list_events
+
+    app = make_app(provmark_home, rate_limit=0)  # the throttle holds with the rate limit off
+    store = services_of(app).store
+    good = make_token(store, "detect")
+    guesses = [f"pmk_{i:02d}" + "x" * 41 for i in range(12)]  # a prefix each
+    with serve(app) as base_url:
+        answers = [detect(base_url, guess, "hello") for guess in guesses]
+        assert [status for status, _, _ in answers] == [401] * AUTH_FAILURE_BURST + [429] * (12 - AUTH_FAILURE_BURST)
+        for _, body, headers in answers[AUTH_FAILURE_BURST:]:
+            assert body["error"]["code"] == "too_many_failed_authentications"
+            assert 1 <= int(headers["Retry-After"]) <= 60
+        status, _, headers = detect(base_url, good, "hello")  # from this address, even a good token waits
+        assert status == 429 and int(headers["Retry-After"]) >= 1
+    events = list_events(store, kind=THROTTLED_EVENT)
+    assert len(events) == 1  # the address; each guess had its own prefix
+    details = events[0].details
+    assert details["throttled"] == "address" and details["address"] == "127.0.0.1"
+    assert not any(guess[:12] in str(details) for guess in guesses)
+    store.close()
+
+
+def test_one_leaked_token_prefix_is_throttled_from_every_address(provmark_home, keyring):
+    from api.http import THROTTLED_EVENT
+    from db.audit import list_events
+
+    app = make_app(provmark_home, rate_limit=0)
+    store = services_of(app).store
+    revoked = "pmk_" + "R" * 43
+    client = app.test_client()  # the WSGI environ names a client address per request: eight of them, one token
+    statuses = [client.post("/v1/detect", json={"text": "hello"}, headers={"Authorization": f"Bearer {revoked}"},
+                            environ_base={"REMOTE_ADDR": f"192.0.2.{i}"}).status_code for i in range(8)]
+    assert statuses == [401] * 5 + [429] * 3
+    events = list_events(store, kind=THROTTLED_EVENT)
+    assert [e.details["throttled"] for e in events] == ["prefix"]
+    assert len(events[0].details["prefix_sha256"]) == 16 and "RRRR" not in str(events[0].details)
+    store.close()
+
+
+def test_anonymous_routes_are_limited_per_address_and_answers_carry_the_security_headers(provmark_home, keyring):
+    from api.limits import PAGE_CSP
+
+    app = make_app(provmark_home, rate_limit=60, rate_burst=2)
+    store = services_of(app).store
+    with serve(app) as base_url:
+        statuses = [call("GET", base_url + path)[0] for path in
+                    ("/openapi.json", "/.well-known/jwks.json", "/v1/c2pa/trust-anchors", "/openapi.json")]
+        assert statuses == [200, 200, 429, 429]
+        status, page, headers = call("GET", base_url + "/")
+        assert status == 200 and headers["Content-Security-Policy"] == PAGE_CSP
+        assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer"
+    store.close()

@@ -446,3 +446,39 @@ def test_anonymous_routes_are_limited_per_address_and_answers_carry_the_security
         assert status == 200 and headers["Content-Security-Policy"] == PAGE_CSP
         assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer"
     store.close()
+
+
+# ---- bulk reads in bounded memory ----------------------------------------------------------------------------
+
+def test_a_large_csv_export_streams_every_row_in_order(service):
+    from db.caller import Caller
+    from db.verdicts import MAX_PAGE_SIZE, VerdictRecord, record_verdicts
+
+    base_url, store, admin = service
+    count = 2 * MAX_PAGE_SIZE + 517  # three pages
+    records = [VerdictRecord(
+        text_sha256=text_sha256(f"text {i}"), verdict="not_watermarked", z=0.5, p_value=0.3, green_count=25,
+        scored_count=100, green_fraction=0.25, spec="kgw:scheme=selfhash", spec_fingerprint="ab" * 8,
+        tokenizer_fingerprint="cd" * 8, key_id=KEY, options={}) for i in range(count)]
+    ids = record_verdicts(store, records, Caller(name="bulk"))
+    status, body, headers = call("GET", base_url + "/v1/verdicts?format=csv", token=admin)
+    assert status == 200 and headers["Content-Type"].startswith("text/csv")
+    assert headers.get("Transfer-Encoding") == "chunked" and "Content-Length" not in headers  # streamed
+    rows = list(csv.DictReader(io.StringIO(body)))
+    assert len(rows) == count
+    newest_first = sorted(((row["created_at"], row["id"]) for row in rows), reverse=True)
+    assert [(row["created_at"], row["id"]) for row in rows] == newest_first  # the pages' order, no row twice
+    assert {row["id"] for row in rows} == set(ids)
+
+
+def test_audit_verify_walks_the_database_a_few_times_per_token_and_says_so(service):
+    from api.detector.routes_audit import VERIFY_BURST
+
+    base_url, store, admin = service
+    auditor = make_token(store, "audit")
+    answers = [call("GET", base_url + "/v1/audit/verify", token=auditor) for _ in range(VERIFY_BURST + 1)]
+    assert [status for status, _, _ in answers] == [200] * VERIFY_BURST + [429]
+    _, body, headers = answers[-1]
+    assert "whole database" in body["error"]["message"] and "provmark audit verify" in body["error"]["message"]
+    assert 60 <= int(headers["Retry-After"]) <= 300
+    assert call("GET", base_url + "/v1/audit/verify", token=admin)[0] == 200  # per token

@@ -76,3 +76,15 @@ def test_security_headers_on_every_answer_and_the_page_csp_on_html():
         assert response.headers["X-Content-Type-Options"] == "nosniff"
         assert response.headers["Referrer-Policy"] == "no-referrer"
     assert html.headers["Content-Security-Policy"] == PAGE_CSP and "Content-Security-Policy" not in data.headers
+
+
+def test_a_detector_keeps_a_bounded_number_of_request_specs(provmark_home):
+    from http_fixtures import shared_vocabulary
+
+    from detector.service import MAX_PUBLIC_SPECS, Detector
+
+    detector = Detector(vocab=shared_vocabulary())
+    for hashing_key in range(MAX_PUBLIC_SPECS + 40):  # every request its own public spec
+        detector.detect("a few words of text", spec=f"hf:context_width=1,hashing_key={hashing_key + 1}")
+    assert len(detector._watermarks) <= MAX_PUBLIC_SPECS
+    assert any("hashing_key=104," in spec for spec, _ in detector._watermarks)  # the newest are kept

@@ -250,17 +250,20 @@ class Auth:
             raise ApiError(401, "unauthorized", "an API token is required: Authorization: Bearer <token>",
                            headers={"WWW-Authenticate": 'Bearer realm="provmark"'})
         presented, address = plaintext.strip(), request.remote_addr or "unknown"
-        wait, _ = self.failures.wait(address, presented)
-        if wait > 0:  # before the lookup: a throttled guesser learns nothing, not even a right guess
+        wait = self.failures.prefix_wait(presented)  # before the lookup: a throttled prefix is not even checked
+        if wait <= 0:
+            info = authenticate(self.store, presented)
+            if info is None:
+                wait = self.failures.address_wait(address)  # a live token from this address still passes
+                if wait <= 0:
+                    for key in self.failures.failed(address, presented):
+                        self._audit_throttled(key, address)
+                    raise ApiError(401, "unauthorized", "the API token is unknown or revoked",
+                                   headers={"WWW-Authenticate": 'Bearer realm="provmark", error="invalid_token"'})
+        if wait > 0:
             raise ApiError(429, "too_many_failed_authentications",
                            "too many unknown or revoked API tokens from this address (or with this token's "
                            "prefix); wait before trying again", headers={"Retry-After": str(max(1, math.ceil(wait)))})
-        info = authenticate(self.store, presented)
-        if info is None:
-            for key in self.failures.failed(address, presented):
-                self._audit_throttled(key, address)
-            raise ApiError(401, "unauthorized", "the API token is unknown or revoked",
-                           headers={"WWW-Authenticate": 'Bearer realm="provmark", error="invalid_token"'})
         if not info.allows(scope):
             raise ApiError(403, "forbidden", f"this token lacks the {scope!r} scope")
         if self.limiter is not None:

@@ -7,10 +7,12 @@ authentications throttled, and the security headers of every answer.
   that the keys least recently seen go first.
 * ``AuthFailures``: bad bearer tokens per client address and per token prefix (the first PREFIX_CHARS characters
   of what was presented, kept as a short SHA-256, never the characters). AUTH_FAILURE_BURST failures in a row,
-  then one more each 60 / AUTH_FAILURES_PER_MINUTE seconds; past that, every request with a bearer token from
-  that address, or with that prefix, is answered 429 with Retry-After before its token is looked up (so a right
-  guess is not even checked). ``api.http.Auth`` appends one ``token.throttled`` audit event when a key is
-  throttled (at most one per key each EVENT_INTERVAL_S).
+  then one more each 60 / AUTH_FAILURES_PER_MINUTE seconds. Past that, a token with that prefix is answered 429
+  with Retry-After before it is looked up, and an unknown token from that address 429 instead of 401; a live
+  token from the address still passes (behind a reverse proxy that does not pass client addresses on, every
+  client has the proxy's address, and one client's bad tokens must not lock the others out). ``api.http.Auth``
+  appends one ``token.throttled`` audit event when a key is throttled (at most one per key each
+  EVENT_INTERVAL_S).
 * ``install_security_headers``: ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer`` on every
   answer, and PAGE_CSP on HTML (the detector's paste page, both services' ``/docs``).
 
@@ -108,14 +110,13 @@ class AuthFailures:
     def keys(address: str, presented: str) -> tuple[str, str]:
         return "address:" + address, "prefix:" + prefix_key(presented)
 
-    def wait(self, address: str, presented: str) -> tuple[float, str | None]:
-        """(Seconds before a token from ``address`` or with this prefix is looked up again, which key is
-        throttled); (0.0, None) when neither is."""
-        for key in self.keys(address, presented):
-            wait = self.limiter.wait(key)
-            if wait > 0:
-                return wait, key
-        return 0.0, None
+    def prefix_wait(self, presented: str) -> float:
+        """Seconds before a token with this prefix is looked up again (0.0: now)."""
+        return self.limiter.wait(self.keys("", presented)[1])
+
+    def address_wait(self, address: str) -> float:
+        """Seconds before a failed token from ``address`` is answered 401 again rather than 429 (0.0: now)."""
+        return self.limiter.wait(self.keys(address, "")[0])
 
     def failed(self, address: str, presented: str) -> list[str]:
         """Count one failure against the address and the prefix; the keys that now need an audit event (those

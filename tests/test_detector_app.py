@@ -406,8 +406,8 @@ def test_bad_tokens_in_a_row_get_429_after_a_small_burst_and_one_audit_event(pro
         for _, body, headers in answers[AUTH_FAILURE_BURST:]:
             assert body["error"]["code"] == "too_many_failed_authentications"
             assert 1 <= int(headers["Retry-After"]) <= 60
-        status, _, headers = detect(base_url, good, "hello")  # from this address, even a good token waits
-        assert status == 429 and int(headers["Retry-After"]) >= 1
+        # a live token from the same address still passes (behind a proxy every client shares its address)
+        assert detect(base_url, good, "hello")[0] == 200
     events = list_events(store, kind=THROTTLED_EVENT)
     assert len(events) == 1  # the address; each guess had its own prefix
     details = events[0].details

@@ -27,6 +27,8 @@ from db.verdicts import _csv_line
 from detector.normalize import normalize
 from detector.tokenizing import BYTE_LEVEL_PATTERN, tokenize
 from generation.constraints.constraint import ConstraintError, ConstraintSpec
+from provenance.c2pa_reading import read_credentials
+from provenance.text_credentials import visible_text
 from watermark.config import MAX_SPEC_CHARS, SpecError
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
 from watermark.specs import parse_spec
@@ -219,6 +221,21 @@ BODIES: dict[str, Callable[[int], object]] = {
 @pytest.mark.parametrize("kind", list(BODIES))
 def test_json_body_checks_are_linear(kind):
     assert_linear(lambda body: (json_depth(body), _integral_floats_as_ints(body)), BODIES[kind])
+
+
+WRAPPERS: dict[str, Callable[[int], str]] = {
+    "byte-order marks": lambda n: "\ufeff" * n,
+    "a mark and variation selectors": lambda n: "a\ufeff" + "\ufe00" * (n - 2),
+    "marks and selectors alternating": lambda n: _cycle("\ufeff\ufe01", n),
+    "a mark and supplementary selectors": lambda n: "a\ufeff" + "\U000e0100" * (n - 2),
+    "words and marks": lambda n: _cycle("word \ufeff", n),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRAPPERS))
+def test_reading_a_texts_c2pa_credentials_is_linear(kind):
+    """Every detection looks for an embedded manifest (C2PA 2.4 Annex A.8: U+FEFF and variation selectors)."""
+    assert_linear(lambda text: (read_credentials(text), visible_text(text)), WRAPPERS[kind])
 
 
 # ---- over HTTP: the routes that score text, at the limit ---------------------------------------------------

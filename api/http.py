@@ -13,7 +13,7 @@ Request-size policy (both services; checked before a body is parsed):
 
 Error bodies are always ``{"error": {"code": ..., "message": ..., "details": [...]}}`` with the
 right status: not JSON -> 400, bad fields -> 422 naming them, too large -> 413, no token -> 401,
-wrong scope -> 403, unknown thing -> 404, too many requests -> 429 (Retry-After), database down
+wrong scope -> 403, unknown thing -> 404, too many requests or failed tokens -> 429 (Retry-After), database down
 -> 503. Nothing secret goes into an error.
 """
 
@@ -24,8 +24,6 @@ import json
 import logging
 import math
 import re
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,10 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 from werkzeug.exceptions import HTTPException
 
+from api.limits import AuthFailures, RateLimiter
 from db.api_tokens import authenticate
+from db.audit import append_event
 from db.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
+THROTTLED_EVENT = "token.throttled"  # a client address or token prefix throttled after failed authentications
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -221,35 +222,14 @@ def validate(model: type[BaseModel], data: dict, strict: bool | None = None) -> 
 
 
 # ---- auth and rate limits ----------------------------------------------------------------------
-class RateLimiter:
-    """A token bucket per API token: ``per_minute`` sustained, ``burst`` at once. Per process: with
-    N workers the service-wide limit is N times this."""
-
-    def __init__(self, per_minute: float, burst: int | None = None) -> None:
-        self.rate = per_minute / 60.0
-        self.capacity = float(burst if burst is not None else max(1, int(per_minute)))
-        self._buckets: dict[str, tuple[float, float]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: str) -> float:
-        """0.0 if allowed now, else the seconds until one request is allowed."""
-        now = time.monotonic()
-        with self._lock:
-            tokens, stamp = self._buckets.get(key, (self.capacity, now))
-            tokens = min(self.capacity, tokens + (now - stamp) * self.rate)
-            if tokens >= 1.0:
-                self._buckets[key] = (tokens - 1.0, now)
-                return 0.0
-            self._buckets[key] = (tokens, now)
-            return (1.0 - tokens) / self.rate if self.rate > 0 else 60.0
-
-
 class Auth:
-    """Bearer tokens (see db.api_tokens) with scopes, and the rate limit."""
+    """Bearer tokens (see db.api_tokens) with scopes, the rate limit, and failed authentications throttled per
+    address and token prefix (``api.limits.AuthFailures``: always on, whatever the rate limit)."""
 
-    def __init__(self, store, limiter: RateLimiter | None = None) -> None:
+    def __init__(self, store, limiter: RateLimiter | None = None, failures: AuthFailures | None = None) -> None:
         self.store = store
         self.limiter = limiter
+        self.failures = failures if failures is not None else AuthFailures()
 
     def require(self, scope: str) -> Callable:
         def decorate(view):
@@ -269,10 +249,21 @@ class Auth:
         if kind.lower() != "bearer" or not plaintext.strip():
             raise ApiError(401, "unauthorized", "an API token is required: Authorization: Bearer <token>",
                            headers={"WWW-Authenticate": 'Bearer realm="provmark"'})
-        info = authenticate(self.store, plaintext.strip())
-        if info is None:
-            raise ApiError(401, "unauthorized", "the API token is unknown or revoked",
-                           headers={"WWW-Authenticate": 'Bearer realm="provmark", error="invalid_token"'})
+        presented, address = plaintext.strip(), request.remote_addr or "unknown"
+        wait = self.failures.prefix_wait(presented)  # before the lookup: a throttled prefix is not even checked
+        if wait <= 0:
+            info = authenticate(self.store, presented)
+            if info is None:
+                wait = self.failures.address_wait(address)  # a live token from this address still passes
+                if wait <= 0:
+                    for key in self.failures.failed(address, presented):
+                        self._audit_throttled(key, address)
+                    raise ApiError(401, "unauthorized", "the API token is unknown or revoked",
+                                   headers={"WWW-Authenticate": 'Bearer realm="provmark", error="invalid_token"'})
+        if wait > 0:
+            raise ApiError(429, "too_many_failed_authentications",
+                           "too many unknown or revoked API tokens from this address (or with this token's "
+                           "prefix); wait before trying again", headers={"Retry-After": str(max(1, math.ceil(wait)))})
         if not info.allows(scope):
             raise ApiError(403, "forbidden", f"this token lacks the {scope!r} scope")
         if self.limiter is not None:
@@ -281,6 +272,20 @@ class Auth:
                 raise ApiError(429, "rate_limited", "too many requests for this token",
                                headers={"Retry-After": str(max(1, math.ceil(wait)))})
         return info
+
+    def _audit_throttled(self, key: str, address: str) -> None:
+        """The ``token.throttled`` audit event (module ``api.limits``): the address and, for a prefix, its short
+        hash; never the token. A database that is down only loses the event."""
+        by, _, name = key.partition(":")
+        details = {"throttled": by, "address": address, "burst": int(self.failures.limiter.capacity),
+                   "per_minute": self.failures.limiter.rate * 60.0}
+        if by == "prefix":
+            details["prefix_sha256"] = name
+        try:
+            with self.store.write() as session:
+                append_event(session, THROTTLED_EVENT, "service", None, details)
+        except StoreUnavailable:
+            log.warning("a token.throttled audit event was lost: the database is unreachable")
 
     def limit_anonymous(self) -> None:
         """The rate limit for a route that takes no token, per client address (``request.remote_addr``: behind

@@ -7,7 +7,9 @@ shared database (``detection_usage``: one row per token and day, updated by an a
 gunicorn workers and both services count against one total.
 
 * Each detection is charged ``max(tokens of the text, MIN_CHARGE_TOKENS)``: a short text costs as
-  much as a paragraph, so the cheap short-text oracle is not cheap any more.
+  much as a paragraph, so the cheap short-text oracle is not cheap any more. The charge is made before
+  any work on the text, from its length (``estimate_for``: one token per character), and settled to the
+  tokens scored once the verdict is in; a detection refused for its options or keys keeps the minimum.
 * A request is refused (429, ``Retry-After`` = seconds to the next UTC midnight) once the day's usage
   has reached the budget; the request that crosses it is still answered (one text's overshoot at most
   per worker).
@@ -59,6 +61,13 @@ def flush_tokens(daily_tokens: int) -> int:
 def charge_for(num_tokens: int) -> int:
     """What one detection of a text of ``num_tokens`` tokens costs."""
     return max(int(num_tokens), MIN_CHARGE_TOKENS)
+
+
+def estimate_for(text: str) -> int:
+    """What a detection of ``text`` is charged before any work on it: one token per character (no fewer than
+    ``charge_for`` asks), settled to the tokens actually scored once it is done. Prose tokenizes to about one
+    token per 4-5 characters, so the estimate is high while the work runs and falls back after."""
+    return charge_for(len(text))
 
 
 def day_of(moment: datetime) -> str:

@@ -170,20 +170,13 @@ def _window_report(flags: list[np.ndarray], prevs: list[np.ndarray] | None, mark
 
 def _explanation(text: str, ids: torch.Tensor, spans: np.ndarray, flags: np.ndarray, counted: np.ndarray,
                  h: int) -> list[dict]:
-    """Per token: id, original-text span and piece, and (from position h on) its flag."""
-    out = []
-    id_list = ids.tolist()
-    for i, token_id in enumerate(id_list):
-        start, end = int(spans[i, 0]), int(spans[i, 1])
-        scored = i >= h
-        out.append({
-            "index": i,
-            "token_id": token_id,
-            "char_start": start,
-            "char_end": end,
-            "text": text[start:end],
-            "scored": scored,
-            "green": bool(flags[i - h]) if scored else None,
-            "counted": bool(counted[i - h]) if scored else False,
-        })
-    return out
+    """Per token: id, original-text span and piece, and (from position h on) its flag (Python lists read once,
+    not numpy scalars per token: a 100,000-character text can hold 300,000 tokens)."""
+    n = len(ids)
+    green = [None] * min(h, n) + [bool(f) for f in np.asarray(flags[:max(0, n - h)]).tolist()]
+    kept = [False] * min(h, n) + [bool(c) for c in np.asarray(counted[:max(0, n - h)]).tolist()]
+    spans = np.asarray(spans)
+    starts, ends = spans[:, 0].tolist(), spans[:, 1].tolist()  # flat: no list per token
+    return [{"index": i, "token_id": token_id, "char_start": start, "char_end": end, "text": text[start:end],
+             "scored": i >= h, "green": green[i], "counted": kept[i]}
+            for i, (token_id, start, end) in enumerate(zip(ids.tolist(), starts, ends))]

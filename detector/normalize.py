@@ -8,7 +8,9 @@ the token ids and so the green lists. The stages below undo them, in this order:
 1. ``invisible``   remove format characters (Unicode category Cf: zero-width space/joiners, BOM,
                    soft hyphen, bidi controls, tags), control characters other than whitespace,
                    variation selectors and the invisible Hangul fillers.
-2. ``nfkc``        Unicode NFKC, applied per combining sequence so offsets stay exact.
+2. ``nfkc``        Unicode NFKC, applied per combining sequence so offsets stay exact (a sequence longer
+                   than 32 characters, which no text holds, in pieces of 32, as the stream-safe
+                   format of UAX #15 cuts it).
 3. ``homoglyphs``  Cyrillic/Greek letters that look like Latin ones become the Latin letter, in
                    words that also hold a Latin letter, or everywhere when the text is mostly Latin
                    (so genuine Russian or Greek text, which the model may have written, is kept).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +50,11 @@ HOMOGLYPHS = {
     "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
     "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
 }
-_HOMOGLYPH_WORD = re.compile(r"\w*[" + "".join(HOMOGLYPHS) + r"]\w*")
+# A whole word (maximal run of \w) holding a look-alike: it starts only where a word starts (the look-behind
+# fails at once elsewhere) and its possessive runs never backtrack, so a text costs one pass (``\w*[...]\w*``
+# retried every long word from each of its positions: quadratic).
+_HOMOGLYPH_CLASS = "".join(HOMOGLYPHS)
+_HOMOGLYPH_WORD = re.compile(r"(?<!\w)[^\W" + _HOMOGLYPH_CLASS + r"]*+[" + _HOMOGLYPH_CLASS + r"]\w*+")
 _LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CYRILLIC_OR_GREEK_LETTER = re.compile(r"[\u0370-\u03ff\u0400-\u052f]")
 
@@ -61,8 +67,9 @@ _ASCII_OTHER_SPACE = re.compile(r"[\t\r\x0b\x0c\x1c-\x1f]")
 _SPACE_RUN = re.compile(r"  +")
 _ASCII_INVISIBLE = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f]")
 _NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+", re.DOTALL)
-# Hangul medial/final jamo have combining class 0 yet compose with the syllable before them.
-_HANGUL_TRAILING_JAMO = ((0x1160, 0x11FF), (0xD7B0, 0xD7FF))
+# Unicode's stream-safe text format allows 30 non-starters in a row: longer combining sequences are normalised
+# in pieces of this many characters (_stream_safe)
+MAX_SEQUENCE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,28 +151,32 @@ Edit = tuple[int, int, str]  # replace text[start:end] by the string
 
 
 def _apply_edits(text: str, edits: list[Edit]) -> tuple[str, np.ndarray, np.ndarray]:
-    """Apply sorted, non-overlapping edits; each output character maps to its source span."""
-    parts, start_chunks, end_chunks = [], [], []
+    """Apply sorted, non-overlapping edits; each output character maps to its source span. The spans are
+    built from one array per kind of piece (kept runs, replacements), not one per edit: a text with an
+    edit at every character costs a few list appends per edit."""
+    parts: list[str] = []
+    lengths: list[int] = []  # output characters of each piece
+    sources: list[int] = []  # where each piece starts in ``text``
+    source_ends: list[int] = []  # a replacement's source end; -1 for a kept run
     pos = 0
     for a, b, replacement in edits:
         if a > pos:
             parts.append(text[pos:a])
-            kept = np.arange(pos, a, dtype=np.int64)
-            start_chunks.append(kept)
-            end_chunks.append(kept + 1)
+            lengths.append(a - pos), sources.append(pos), source_ends.append(-1)
         if replacement:
             parts.append(replacement)
-            start_chunks.append(np.full(len(replacement), a, dtype=np.int64))
-            end_chunks.append(np.full(len(replacement), b, dtype=np.int64))
+            lengths.append(len(replacement)), sources.append(a), source_ends.append(b)
         pos = b
     if pos < len(text):
         parts.append(text[pos:])
-        kept = np.arange(pos, len(text), dtype=np.int64)
-        start_chunks.append(kept)
-        end_chunks.append(kept + 1)
-    empty = np.zeros(0, dtype=np.int64)
-    starts = np.concatenate(start_chunks) if start_chunks else empty
-    ends = np.concatenate(end_chunks) if end_chunks else empty
+        lengths.append(len(text) - pos), sources.append(pos), source_ends.append(-1)
+    counts = np.asarray(lengths, dtype=np.int64)
+    kept = np.asarray(source_ends, dtype=np.int64) < 0
+    piece_starts = np.cumsum(counts) - counts  # each piece's first output character
+    # a kept run's characters count up from its source start; a replacement's all point at its source start
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(piece_starts, counts)
+    starts = np.repeat(np.asarray(sources, dtype=np.int64), counts) + within * np.repeat(kept, counts)
+    ends = np.where(np.repeat(kept, counts), starts + 1, np.repeat(np.asarray(source_ends, dtype=np.int64), counts))
     return "".join(parts), starts, ends
 
 
@@ -197,10 +208,21 @@ def _remove_invisible(text: str):
 
 
 def _starts_sequence(char: str) -> bool:
-    if unicodedata.combining(char):
-        return False
-    cp = ord(char)
-    return not any(lo <= cp <= hi for lo, hi in _HANGUL_TRAILING_JAMO)
+    """Not a combining mark, nor a Hangul medial/final jamo (class 0, yet they compose with the syllable
+    before them: U+1160-U+11FF, U+D7B0-U+D7FF)."""
+    return not unicodedata.combining(char) and not ("\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff")
+
+
+def _stream_safe(sequences: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Combining sequences cut into pieces of at most MAX_SEQUENCE characters, as Unicode's stream-safe text
+    format cuts them (UAX #15: a CGJ after 30 non-starters): text never holds longer ones, and one (a letter
+    and 50,000 accents) would cost quadratic time in CPython's canonical ordering (insertion sort) and give its
+    every token the whole sequence as its span in the original text."""
+    for a, b in sequences:
+        if b - a <= MAX_SEQUENCE:
+            yield a, b
+        else:
+            yield from ((start, min(b, start + MAX_SEQUENCE)) for start in range(a, b, MAX_SEQUENCE))
 
 
 def _nfkc(text: str):
@@ -213,7 +235,7 @@ def _nfkc(text: str):
             continue
         # split the run into combining sequences (a starter and the marks after it)
         bounds = [i for i, ch in enumerate(chunk) if i == 0 or _starts_sequence(ch)] + [len(chunk)]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in _stream_safe(zip(bounds, bounds[1:])):
             piece = chunk[a:b]
             folded = unicodedata.normalize("NFKC", piece)
             if folded != piece:

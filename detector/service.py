@@ -42,6 +42,7 @@ from watermark.vocab import Vocabulary, load_vocabulary
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
 PUBLIC_DITHER_KEY = b"provmark/detect-dither/public-hf-specs"
 DITHER_PURPOSE = b"provmark/detect-dither"
+MAX_PUBLIC_SPECS = 64  # spec texts from requests whose watermark or bound keys a detector keeps (_cached)
 
 
 def dither_key_of(keyring: KeySource) -> bytes | None:
@@ -272,6 +273,8 @@ class Detector:
                 if self._keys_are_bound():  # each key's spec parsed once per keyring version, not per verdict
                     bound = self._bound_infos.get(spec.format())
                     if bound is None:
+                        if len(self._bound_infos) >= MAX_PUBLIC_SPECS:  # specs come from requests: bounded
+                            self._bound_infos.clear()
                         bound = self._bound_infos[spec.format()] = keys_bound_to(infos, spec)
                     infos = bound
                 key_ids = [info.key_id for info in infos]
@@ -325,11 +328,16 @@ class Detector:
         return self._bind_keys and has_master_key(self.keyring)
 
     def _cached(self, spec: AnySpec, key_id: str | None, build):
+        """The watermark of (spec, key), built once. Keyed entries are bounded by the keys and the specs they are
+        bound to; public (hf) specs come from requests, so at most MAX_PUBLIC_SPECS of them are kept."""
         cache_key = (spec.format(), key_id)
         found = self._watermarks.get(cache_key)
         if found is None:
             found = build()
             with self._lock:
+                public = [k for k in self._watermarks if k[1] is None] if key_id is None else []
+                for stale in public[:max(0, len(public) - MAX_PUBLIC_SPECS + 1)]:
+                    del self._watermarks[stale]
                 self._watermarks[cache_key] = found
         return found
 

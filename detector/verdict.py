@@ -71,7 +71,11 @@ class Verdict:
         """Every field but ``dither`` as a new JSON-like tree: ``dataclasses.asdict``'s result, without its deep copy
         of every leaf (45-63 us a verdict there, 6-8 us here): the fields hold plain dicts and lists of immutable
         scalars, and only those containers are copied (``_copied``)."""
-        return self.finished({name: _copied(getattr(self, name)) for name in _FIELDS})
+        out = {name: _copied(getattr(self, name)) for name in _FIELDS if name != "explanation"}
+        # one dict per token, of scalars (a shallow copy is a whole copy) but for SynthID's g_values list
+        out["explanation"] = None if self.explanation is None else [
+            _copied(e) if "g_values" in e else dict(e) for e in self.explanation]
+        return self.finished({name: out[name] for name in _FIELDS})
 
     def finished(self, out: dict) -> dict:
         """``to_dict`` from the copied fields: the derived bits added, non-finite floats as None (in place)."""

@@ -9,9 +9,11 @@ from http_fixtures import call, make_token, serve, shared_vocabulary
 from api.detector.app import create_app, services_of
 from api.settings import Settings
 from db import budget
+from db.api_tokens import create_token
 from db.audit import list_events
 from db.caller import Caller
 from watermark.keys import Keyring
+from watermark.vocab import encode
 
 pytest_plugins = ["pg"]
 
@@ -145,3 +147,29 @@ def test_a_large_budget_is_written_rarely_and_still_written_through_near_its_end
     # a small budget keeps the fixed batch: its margin is what the existing rules say
     assert budget.flush_tokens(budget.DEFAULT_DAILY_TOKENS) == budget.FLUSH_TOKENS
     store.close()
+
+
+def test_a_detection_is_charged_before_the_text_is_scored_and_settled_after(provmark_home, keyring):
+    """The charge is made before any work on the text (an estimate from its length), so a second request
+    of the same token sees it while the first one works; once scored, it is settled to the tokens scored."""
+    daily = 10**6
+    app = create_app({"home": provmark_home, "vocab": shared_vocabulary(), "detect_budget": daily})
+    services = services_of(app)
+    token_id, token = create_token(services.store, ["detect"], "charged", actor="test")
+    text = "The harbour lantern swung over the meadow. " * 100  # 4,300 characters, about 900 tokens
+    seen = []
+    detect = services.detector.detect
+
+    def observed(*args, **kwargs):  # what another request of this token reads while this one is scored
+        seen.append(services.usage.used(token_id))
+        return detect(*args, **kwargs)
+
+    services.detector.detect = observed
+    with serve(app) as base_url:
+        status, body, _ = call("POST", base_url + "/v1/detect", {"text": text}, token=token)
+    assert status == 200, body
+    assert seen == [budget.estimate_for(text)] and budget.estimate_for(text) == len(text)
+    services.usage.flush(daily)
+    scored = budget.charge_for(len(encode(shared_vocabulary(), text)))
+    assert budget.used_today(services.store, token_id) == scored < len(text)
+    services.store.close()

@@ -399,3 +399,98 @@ def test_database_lost_mid_run_writes_nothing_and_recovers(provmark_home, keyrin
         store.close()
     finally:
         server.stop()
+
+
+# ---- an attacker trying things -------------------------------------------------------------------------------
+
+def test_bad_tokens_in_a_row_get_429_after_a_small_burst_and_one_audit_event(provmark_home, keyring):
+    from api.http import THROTTLED_EVENT
+    from api.limits import AUTH_FAILURE_BURST
+    from db.audit import list_events
+
+    app = make_app(provmark_home, rate_limit=0)  # the throttle holds with the rate limit off
+    store = services_of(app).store
+    good = make_token(store, "detect")
+    guesses = [f"pmk_{i:02d}" + "x" * 41 for i in range(12)]  # a prefix each
+    with serve(app) as base_url:
+        answers = [detect(base_url, guess, "hello") for guess in guesses]
+        assert [status for status, _, _ in answers] == [401] * AUTH_FAILURE_BURST + [429] * (12 - AUTH_FAILURE_BURST)
+        for _, body, headers in answers[AUTH_FAILURE_BURST:]:
+            assert body["error"]["code"] == "too_many_failed_authentications"
+            assert 1 <= int(headers["Retry-After"]) <= 60
+        # a live token from the same address still passes (behind a proxy every client shares its address)
+        assert detect(base_url, good, "hello")[0] == 200
+    events = list_events(store, kind=THROTTLED_EVENT)
+    assert len(events) == 1  # the address; each guess had its own prefix
+    details = events[0].details
+    assert details["throttled"] == "address" and details["address"] == "127.0.0.1"
+    assert not any(guess[:12] in str(details) for guess in guesses)
+    store.close()
+
+
+def test_one_leaked_token_prefix_is_throttled_from_every_address(provmark_home, keyring):
+    from api.http import THROTTLED_EVENT
+    from db.audit import list_events
+
+    app = make_app(provmark_home, rate_limit=0)
+    store = services_of(app).store
+    revoked = "pmk_" + "R" * 43
+    client = app.test_client()  # the WSGI environ names a client address per request: eight of them, one token
+    statuses = [client.post("/v1/detect", json={"text": "hello"}, headers={"Authorization": f"Bearer {revoked}"},
+                            environ_base={"REMOTE_ADDR": f"192.0.2.{i}"}).status_code for i in range(8)]
+    assert statuses == [401] * 5 + [429] * 3
+    events = list_events(store, kind=THROTTLED_EVENT)
+    assert [e.details["throttled"] for e in events] == ["prefix"]
+    assert len(events[0].details["prefix_sha256"]) == 16 and "RRRR" not in str(events[0].details)
+    store.close()
+
+
+def test_anonymous_routes_are_limited_per_address_and_answers_carry_the_security_headers(provmark_home, keyring):
+    from api.limits import PAGE_CSP
+
+    app = make_app(provmark_home, rate_limit=60, rate_burst=2)
+    store = services_of(app).store
+    with serve(app) as base_url:
+        statuses = [call("GET", base_url + path)[0] for path in
+                    ("/openapi.json", "/.well-known/jwks.json", "/v1/c2pa/trust-anchors", "/openapi.json")]
+        assert statuses == [200, 200, 429, 429]
+        status, page, headers = call("GET", base_url + "/")
+        assert status == 200 and headers["Content-Security-Policy"] == PAGE_CSP
+        assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer"
+    store.close()
+
+
+# ---- bulk reads in bounded memory ----------------------------------------------------------------------------
+
+def test_a_large_csv_export_streams_every_row_in_order(service):
+    from db.caller import Caller
+    from db.verdicts import MAX_PAGE_SIZE, VerdictRecord, record_verdicts
+
+    base_url, store, admin = service
+    count = 2 * MAX_PAGE_SIZE + 517  # three pages
+    records = [VerdictRecord(
+        text_sha256=text_sha256(f"text {i}"), verdict="not_watermarked", z=0.5, p_value=0.3, green_count=25,
+        scored_count=100, green_fraction=0.25, spec="kgw:scheme=selfhash", spec_fingerprint="ab" * 8,
+        tokenizer_fingerprint="cd" * 8, key_id=KEY, options={}) for i in range(count)]
+    ids = record_verdicts(store, records, Caller(name="bulk"))
+    status, body, headers = call("GET", base_url + "/v1/verdicts?format=csv", token=admin)
+    assert status == 200 and headers["Content-Type"].startswith("text/csv")
+    assert headers.get("Transfer-Encoding") == "chunked" and "Content-Length" not in headers  # streamed
+    rows = list(csv.DictReader(io.StringIO(body)))
+    assert len(rows) == count
+    newest_first = sorted(((row["created_at"], row["id"]) for row in rows), reverse=True)
+    assert [(row["created_at"], row["id"]) for row in rows] == newest_first  # the pages' order, no row twice
+    assert {row["id"] for row in rows} == set(ids)
+
+
+def test_audit_verify_walks_the_database_a_few_times_per_token_and_says_so(service):
+    from api.detector.routes_audit import VERIFY_BURST
+
+    base_url, store, admin = service
+    auditor = make_token(store, "audit")
+    answers = [call("GET", base_url + "/v1/audit/verify", token=auditor) for _ in range(VERIFY_BURST + 1)]
+    assert [status for status, _, _ in answers] == [200] * VERIFY_BURST + [429]
+    _, body, headers = answers[-1]
+    assert "whole database" in body["error"]["message"] and "provmark audit verify" in body["error"]["message"]
+    assert 60 <= int(headers["Retry-After"]) <= 300
+    assert call("GET", base_url + "/v1/audit/verify", token=admin)[0] == 200  # per token

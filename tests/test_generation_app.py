@@ -250,3 +250,52 @@ def test_one_vocabulary_and_the_old_spellings_for_one_release(live):
     assert status == 422 and two["error"]["param"].startswith("keys")
     status, _, headers = call("GET", live.url + "/v1/receipts/public-key")
     assert status == 200 and headers["Deprecation"] == "true"
+
+
+def test_answers_carry_the_detectors_security_headers(live):
+    from api.limits import PAGE_CSP
+
+    for path in ("/healthz", "/openapi.json", "/docs", "/.well-known/jwks.json", "/v1/receipts/public-key"):
+        status, _, headers = call("GET", live.url + path)
+        assert status == 200, path
+        assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer", path
+    assert call("GET", live.url + "/docs")[2]["Content-Security-Policy"] == PAGE_CSP
+    status, _, headers = generate(live, {"prompt": ""})  # errors too
+    assert status == 422 and headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.fixture(scope="module")
+def limited(live, loaded):
+    """A second process of the same service (same home: its key is screened already) with a rate limit of 60 a
+    minute, 2 at once, and its own limit tables."""
+    from generation.engine import Engine
+
+    engine = Engine(loaded, max_num_seqs=2, max_model_len=64)
+    app = create_app({"home": live.home, "engine": engine, "rate_limit": 60, "rate_burst": 2,
+                      "max_text_chars": MAX_TEXT_CHARS})
+    with serve(app) as base_url:
+        yield base_url
+    app.extensions["provmark.generation"].worker.stop()
+
+
+@pytest.mark.parametrize("path", ["/.well-known/jwks.json", "/v1/c2pa/trust-anchors", "/openapi.json",
+                                  "/v1/receipts/public-key"])
+def test_anonymous_routes_are_rate_limited_per_address(limited, path):
+    statuses = []
+    for _ in range(4):
+        status, _, headers = call("GET", limited + path)
+        statuses.append(status)
+    assert statuses[-1] == 429 and 1 <= int(headers["Retry-After"]) <= 60
+    assert 200 in statuses or path != "/.well-known/jwks.json"  # the first route tried still had its burst
+    assert call("GET", limited + "/healthz")[0] == 200  # probes are never limited
+
+
+def test_bad_tokens_in_a_row_get_429_and_an_audit_event(limited, live):
+    from api.http import THROTTLED_EVENT
+
+    before = len(list_events(live.store, kind=THROTTLED_EVENT))
+    statuses = [generate(SimpleNamespace(url=limited), {"prompt": "x"}, token=f"pmk_{i:02d}" + "G" * 41)[0]
+                for i in range(12)]
+    assert statuses == [401] * 5 + [429] * 7
+    events = list_events(live.store, kind=THROTTLED_EVENT)[before:]
+    assert [e.details["throttled"] for e in events] == ["address"]

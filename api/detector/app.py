@@ -58,6 +58,7 @@ from api.detector import (
 )
 from api.detector.schemas import Health
 from api.http import Auth, OpenAPI, RateLimiter, install_body_limit, install_deprecation_headers, install_error_handlers
+from api.limits import install_security_headers
 from api.metrics import count_verdict, install_metrics
 from api.provenance_keys import PublicKeys
 from api.settings import Settings
@@ -147,6 +148,7 @@ def create_app(config: dict | None = None) -> Flask:
     app = Flask(__name__, static_folder="static", template_folder="templates")
     install_body_limit(app, settings.max_text_chars)
     install_deprecation_headers(app)
+    install_security_headers(app)  # nosniff, no referrer, the page CSP (api.limits)
     app.json.sort_keys = False
     app.extensions[EXTENSION] = services
     install_error_handlers(app)
@@ -215,22 +217,11 @@ def _register_meta_routes(app: Flask, api: OpenAPI, services: DetectorServices) 
 
     @app.get("/openapi.json")
     def openapi_json():
+        services.auth.limit_anonymous()
         if not document:
             document.update(_with_csv_export(api.document()))
         return jsonify(document)
 
-    @app.after_request
-    def _security_headers(response):
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
-        if response.mimetype == "text/html":
-            response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
-        return response
-
-
-# The page loads only its own script and style sheet and talks only to this service.
-PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-            "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 
 
 def _with_csv_export(document: dict) -> dict:

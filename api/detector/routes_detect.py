@@ -29,7 +29,7 @@ from flask import Blueprint, g, jsonify
 from api.detector.credential_layer import credential_layer, credentials_of
 from api.detector.schemas import DetectRequest, DetectResponse, Provenance
 from api.http import ApiError, ErrorResponse, deprecated, parse_body
-from api.limits import too_large
+from api.refusals import too_large
 from db import budget
 from detector.calibration import null_record
 from detector.disclosure import EXPLAIN_SCOPE, recorded, with_spec_fingerprint
@@ -62,25 +62,46 @@ def blueprint(api, services) -> Blueprint:
             raise too_large("text", f"text has {len(request_body.text)} characters; the limit is {limit}", limit,
                             formerly="text_too_large")
         spec = _parse_spec(request_body.watermark)
-        budgeted = not g.token.allows(EXPLAIN_SCOPE)  # explain holders can read colours directly
-        daily = services.settings.detect_budget
-        if budgeted and daily > 0:
-            refuse_when_over_budget(services.usage, g.token.token_id, daily)
+        charged = charge_up_front(services, request_body.text)  # before any work on the text
         report = credentials_of(services, request_body.text, request_body.manifest)
         text = report.visible_text if report is not None else request_body.text  # the watermark layer's text
-        verdict = _run_detection(services, request_body, spec, text)
-        cost = budget.charge_for(verdict.num_tokens)
+        try:
+            verdict = _run_detection(services, request_body, spec, text)
+        except ApiError:
+            settle_charge(services, charged, 0)  # refused options or keys: the minimum charge stays
+            raise
+        settle_charge(services, charged, verdict.num_tokens)
         provenance = _find_provenance(services.store, text, request_body.normalize)
         credentials = credential_layer(report, verdict)
         shown, coarse = verdict.views(EXPLAIN_SCOPE if g.token.allows(EXPLAIN_SCOPE) else "detect")
         record = _verdict_record(verdict, request_body, provenance, coarse, credentials)
         verdict_id = services.store.record_verdict(record, g.token.caller, text=text)
-        if budgeted and daily > 0:  # after the verdict's own transaction, batched per process (db.budget)
-            services.usage.charge(g.token.caller, cost, daily)
         return jsonify({"id": verdict_id, **with_spec_fingerprint(shown), "provenance": provenance,
                         "credentials": credentials})
 
     return bp
+
+
+def charge_up_front(services, text: str) -> int | None:
+    """Refuse a token over its budget (429), else charge the text's estimate (``db.budget.estimate_for``) now,
+    before it is normalised, tokenized or scored, so concurrent requests see the charge while this one works;
+    the charge made (None: this token is not budgeted, or the budget is off). ``settle_charge`` corrects it."""
+    daily = services.settings.detect_budget
+    if daily <= 0 or g.token.allows(EXPLAIN_SCOPE):  # explain holders can read colours directly
+        return None
+    refuse_when_over_budget(services.usage, g.token.token_id, daily)
+    estimate = budget.estimate_for(text)
+    services.usage.charge(g.token.caller, estimate, daily)  # batched per process (db.budget)
+    return estimate
+
+
+def settle_charge(services, charged: int | None, num_tokens: int) -> None:
+    """Bring an up-front charge to what the detection cost (``db.budget.charge_for`` its scored tokens)."""
+    if charged is None:
+        return
+    difference = budget.charge_for(num_tokens) - charged
+    if difference:
+        services.usage.charge(g.token.caller, difference, services.settings.detect_budget)
 
 
 def refuse_when_over_budget(usage, token_id: str, daily_tokens: int) -> None:

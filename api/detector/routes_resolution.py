@@ -19,17 +19,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from flask import Blueprint, Response, g, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, Field, StrictStr
 
 from api.detector.credential_layer import credentials_of
-from api.detector.routes_detect import refuse_when_over_budget
+from api.detector.routes_detect import charge_up_front, settle_charge
 from api.http import ApiError, ErrorResponse, StrictModel, parse_body, parse_query
-from api.limits import too_large
-from db import budget
+from api.refusals import too_large
 from db.manifests import MANIFEST_MEDIA_TYPE, find_manifests, get_manifest
 from db.rows import text_sha256
-from detector.disclosure import EXPLAIN_SCOPE
 from detector.normalize import normalize as normalize_text
 from provenance.c2pa_manifest import soft_binding_alg, soft_binding_value
 
@@ -123,10 +121,7 @@ def blueprint(api, services) -> Blueprint:
         text = _text_body(services.settings.max_text_chars)
         if not text.strip():
             return jsonify({"matches": []})  # nothing to match, and nothing to spend the budget on
-        budgeted = not g.token.allows(EXPLAIN_SCOPE)
-        daily = services.settings.detect_budget
-        if budgeted and daily > 0:
-            refuse_when_over_budget(services.usage, g.token.token_id, daily)
+        charged = charge_up_front(services, text)  # before any work on the text
         report = credentials_of(services, text, None)
         visible = report.visible_text if report is not None else text
         matches = _Matches(query.maxResults)
@@ -137,8 +132,7 @@ def blueprint(api, services) -> Blueprint:
                 matches.add(record.manifest_id, EXACT)
         with services.detect_lock:
             verdict = services.detector.detect(visible)
-        if budgeted and daily > 0:
-            services.usage.charge(g.token.caller, budget.charge_for(verdict.num_tokens), daily)
+        settle_charge(services, charged, verdict.num_tokens)
         if verdict.verdict == "watermarked" and verdict.key_id is not None:
             family = verdict.watermark.split(":", 1)[0]
             if query.alg in (None, soft_binding_alg(family)):

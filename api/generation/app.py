@@ -45,6 +45,7 @@ from api.http import (
     install_deprecation_headers,
     install_error_handlers,
 )
+from api.limits import install_security_headers
 from api.metrics import EngineCollector, install_metrics
 from api.provenance_keys import PublicKeys, SigningKeys, add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
@@ -128,6 +129,7 @@ def create_app(config: dict | None = None) -> Flask:
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)
     install_deprecation_headers(app)
+    install_security_headers(app)  # the detector's: nosniff, no referrer, the page CSP on /docs (api.limits)
     app.json.sort_keys = False
     app.extensions["provmark.generation"] = service
     app.extensions["provmark.store"] = store
@@ -158,7 +160,7 @@ def _openapi() -> OpenAPI:
 def _blueprints(api: OpenAPI, auth: Auth, service, max_num_seqs: int) -> list[Blueprint]:
     """Every route of the service, in one list: create_app serves them, openapi_document documents them."""
     return [*(module.blueprint(api, auth) for module in (routes_native, openai_compat)),
-            _meta_blueprint(api, service, max_num_seqs)]
+            _meta_blueprint(api, auth, service, max_num_seqs)]
 
 
 def _warm_up_watermark(engine) -> None:
@@ -180,7 +182,9 @@ def _install_metrics(app: Flask, worker: EngineWorker) -> None:
     install_metrics(app, "provmark-generation").add_live_collector(EngineCollector(worker.occupancy, worker.stats))
 
 
-def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int) -> Blueprint:
+def _meta_blueprint(api: OpenAPI, auth: Auth, service: GenerationService, max_num_seqs: int) -> Blueprint:
+    """/healthz (no limit: probes poll it), and the routes anyone may read without a token, each rate-limited per
+    client address as the detector's are (``Auth.limit_anonymous``)."""
     bp = Blueprint("meta", __name__)
 
     @api.route(bp, "/healthz", methods=["GET"], summary="Health and engine counters",
@@ -195,16 +199,19 @@ def _meta_blueprint(api: OpenAPI, service: GenerationService, max_num_seqs: int)
     @api.route(bp, "/v1/receipts/public-key", methods=["GET"], summary="The receipt-signing public key",
                responses={200: PublicKey}, tags=["receipts"])
     def public_key():
+        auth.limit_anonymous()
         deprecated("GET /v1/receipts/public-key is deprecated; the JWKS at /.well-known/jwks.json has every key")
         signer = service.signer
         return jsonify({"algorithm": "Ed25519", "signer_id": signer.signer_id,
                         "public_key_pem": signer.public_key_pem(), "public_key_b64": signer.public_key_b64()})
 
-    add_jwks_route(api, bp, lambda: service.public_keys.jwks())
-    add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem)
+    add_jwks_route(api, bp, lambda: service.public_keys.jwks(), before=auth.limit_anonymous)
+    add_trust_anchors_route(api, bp, lambda: service.credentials.c2pa_credential.trust_anchors_pem,
+                            before=auth.limit_anonymous)
 
     @bp.get("/openapi.json")
     def openapi():
+        auth.limit_anonymous()
         return jsonify(_served_specifics(api.document(), sorted(service.model_names), service.vocab_size))
 
     return bp

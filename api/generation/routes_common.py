@@ -22,7 +22,7 @@ from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
 from api.http import ApiError, deprecated, error_body
-from api.limits import too_large
+from api.refusals import too_large
 from db.rows import new_id
 from db.store import Store
 from generation.sample.params import SamplingParams

@@ -107,6 +107,8 @@ class ConstraintSpec:
                 schema = json.loads(schema)
             except json.JSONDecodeError as exc:
                 raise ConstraintError(f"json_schema: not valid JSON ({exc.msg} at position {exc.pos})") from None
+            except RecursionError:  # deeper than the parser's stack: far past any schema llguidance compiles
+                raise ConstraintError("json_schema: nested too deep") from None
         if isinstance(schema, bool):  # JSON Schema's true / false
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):

@@ -110,7 +110,8 @@ def install_error_handlers(app: Flask) -> None:
             headers["Allow"] = ", ".join(exc.valid_methods)
         message = exc.description or exc.name
         if exc.code == 413 and app.config.get("MAX_CONTENT_LENGTH"):
-            message = f"the request body is too large: the limit is {app.config['MAX_CONTENT_LENGTH']} bytes"
+            error = body_too_large(app.config["MAX_CONTENT_LENGTH"])
+            return error_response(413, error.code, error.message, error.details, headers=headers)
         return error_response(exc.code or 500, code, message, headers=headers)
 
     @app.errorhandler(Exception)
@@ -154,6 +155,19 @@ def body_limit(max_text_chars: int) -> int:
     return max_text_chars * BODY_BYTES_PER_CHAR + BODY_OVERHEAD_BYTES
 
 
+TOO_LARGE = "too_large"  # every refusal past a size limit (api.refusals for texts and prompts)
+BODY_TOO_LARGE_BEFORE = "request_entity_too_large"  # this refusal's code until this release
+
+
+def body_too_large(limit: int) -> ApiError:
+    """The 413 of a request body past ``limit`` bytes; the old code stays in details for one release."""
+    deprecated(f"error code {BODY_TOO_LARGE_BEFORE} is now {TOO_LARGE}; details[0].deprecated_code keeps the old "
+               "one for one release")
+    message = f"the request body is too large: the limit is {limit} bytes"
+    return ApiError(413, TOO_LARGE, message, details=[{"field": "body", "message": message, "limit": limit,
+                                                       "deprecated_code": BODY_TOO_LARGE_BEFORE}])
+
+
 def install_body_limit(app: Flask, max_text_chars: int) -> None:
     """Bodies past ``body_limit`` get a JSON 413 (werkzeug checks Content-Length before reading a byte,
     and stops a chunked body at the limit)."""
@@ -180,7 +194,7 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
         if not raw:  # the WSGI bridge under gunicorn does not pass a body of unknown length on
             raise ApiError(411, "length_required", "send the body with a Content-Length header, not chunked")
         if limit and len(raw) >= limit:  # werkzeug's own server does, and werkzeug cut it at the limit
-            raise ApiError(413, "request_entity_too_large", f"the request body is too large: the limit is {limit} bytes")
+            raise body_too_large(limit)
     try:
         data = json.loads(raw) if raw else None
     except RecursionError:  # deeper than the parser's stack: far past MAX_JSON_DEPTH

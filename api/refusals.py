@@ -8,9 +8,7 @@ old code can move at its own pace (docs/reference/vocabulary.md).
 
 from __future__ import annotations
 
-from api.http import ApiError, deprecated
-
-TOO_LARGE = "too_large"
+from api.http import TOO_LARGE, ApiError, deprecated
 
 
 def too_large(field: str, message: str, limit: int, *, formerly: str | None = None) -> ApiError:

@@ -184,7 +184,8 @@ def test_a_body_past_the_limit_is_refused_from_its_content_length(request, which
             f"Content-Type: application/json\r\nContent-Length: {500 << 20}\r\n\r\n").encode()
     start = time.monotonic()
     status, body, _ = _raw(service.url, head + b'{"text": "')
-    assert status == 413 and body["error"]["code"] == "request_entity_too_large", body
+    assert status == 413 and body["error"]["code"] == "too_large", body
+    assert body["error"]["details"][0]["deprecated_code"] == "request_entity_too_large"  # for one release
     assert time.monotonic() - start < 5.0
 
 

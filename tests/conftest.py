@@ -24,6 +24,16 @@ def provmark_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture
+def home_store(provmark_home):
+    """The SQLite store of this test's home (where a single-machine install keeps everything)."""
+    from db.store import Store
+
+    store = Store(home=provmark_home)
+    yield store
+    store.close()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module's model-running tests: exactness does not depend on it, and on a

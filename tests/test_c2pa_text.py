@@ -24,7 +24,6 @@ from sqlalchemy import select
 from api.provenance_keys import development_ca
 from db.identity import seal_of
 from db.rows import SigningKeyRow
-from db.store import Store
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings, load_c2pa_credential
 from provenance.c2pa_manifest import C2paSigningError, TextClaims, WatermarkClaim, sign_text
 from provenance.c2pa_reading import C2paReadError, read_credentials
@@ -39,13 +38,6 @@ CLAIMS = TextClaims(model_id="smollm2-135m-instruct", receipt_id="3f1c2a9e-0000-
                     issuer="https://gen.example.org", detector_url="https://detect.example.org/v1/detect",
                     watermark=MARK)
 LOCATION_RULE = ("assertion.dataHash.mismatch", "data hash exclusion does not match the manifest location in the asset")
-
-
-@pytest.fixture
-def home_store(provmark_home):
-    store = Store(home=provmark_home)
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -37,13 +37,6 @@ CHANGED = {"text_sha256": text_sha256("another story"), "token_count": 43, "mode
 
 
 @pytest.fixture
-def home_store(provmark_home):
-    store = Store(home=provmark_home)
-    yield store
-    store.close()
-
-
-@pytest.fixture
 def signer(home_store, provmark_home):
     return signing_keys_for(home_store, provmark_home).receipts
 

@@ -59,13 +59,6 @@ def jwks_document(signer) -> dict:
 
 
 @pytest.fixture
-def home_store(provmark_home):
-    store = Store(home=provmark_home)
-    yield store
-    store.close()
-
-
-@pytest.fixture
 def signer(home_store, provmark_home):
     return signing_keys_for(home_store, provmark_home).receipts
 

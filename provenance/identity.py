@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from provenance.jws import public_jwk
 from provenance.log_key import jwk_thumbprint
 from provenance.sealed_key import SealedKeyError, open_document, raw_public, seal_document
+from watermark.key_info import KeyringError
 
 RECEIPT, LOG, C2PA_ROOT, C2PA_SIGNER = "receipt", "log", "c2pa-root", "c2pa-signer"
 # role -> (sealed key format, HKDF purpose): the same as the key files of a single-machine home used, so a
@@ -96,13 +97,19 @@ class IdentitySeal:
         self._derive = derive
         self._mac_key: bytes | None = None
 
+    def _subkey(self, purpose: bytes) -> bytes:
+        try:
+            return self._derive(purpose)
+        except KeyringError as error:  # no master key here, or an unreadable one: say which, never its bytes
+            raise IdentityError(f"the deployment's keys cannot be checked: {error}") from None
+
     def _mac(self, record: KeyRecord) -> str:
         if self._mac_key is None:
-            self._mac_key = self._derive(MAC_PURPOSE)
+            self._mac_key = self._subkey(MAC_PURPOSE)
         return hmac.new(self._mac_key, record.body(), hashlib.sha256).hexdigest()
 
     def _aead(self, role: str) -> AESGCM:
-        return AESGCM(self._derive(SEALING[role][1]))
+        return AESGCM(self._subkey(SEALING[role][1]))
 
     def signed(self, record: KeyRecord) -> KeyRecord:
         """``record`` with its MAC computed."""

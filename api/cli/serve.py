@@ -17,6 +17,7 @@ import os
 
 from api.cli.errors import CLIError
 from api.serving import asgi_app, prepare_metrics_dir, run_gunicorn
+from provenance.identity import IdentityError
 
 DEFAULTS = {"generation": {"port": 8000, "workers": 1}, "detector": {"port": 8001, "workers": 2}}
 DEFAULT_HOST = "127.0.0.1"
@@ -53,7 +54,7 @@ def run(args) -> int:
             run_detector_server(args.host, port, workers)
         else:
             run_generation_server(args.host, port, workers, args.threads)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, IdentityError) as exc:  # a bad setting, or an identity not the database's
         raise CLIError(str(exc)) from None
     return 0
 

@@ -24,6 +24,7 @@ from api.detector.schemas import AuditList, AuditQuery, AuditReportBody
 from api.http import ApiError, parse_query
 from api.limits import RateLimiter
 from db.audit import list_events, verify
+from provenance.identity import IdentityError
 
 # what a ``detection`` event carries that a reader without ``explain`` does not see (module docstring; the key id
 # is the best-scoring key's even for a negative verdict, which the detect-scope view does not name)
@@ -66,8 +67,7 @@ def blueprint(api, services) -> Blueprint:
             raise ApiError(429, "rate_limited", "an audit check is running in this worker; ask again shortly",
                            headers={"Retry-After": str(BUSY_RETRY_S)})
         try:
-            identity = services.public_keys.cache.get()  # the deployment's log key checks the kept heads
-            report = verify(store, log_key=identity.log_key() if identity is not None else None).to_dict()
+            report = verify(store, log_key=_log_key(services)).to_dict()
         finally:
             running.release()
         if not reads_exact():
@@ -83,3 +83,13 @@ def _coarse(event: dict) -> dict:
     if event["kind"] == "detection" and isinstance(details, dict):
         details = {name: value for name, value in details.items() if name not in EXACT_DETAILS}
     return {**event, "details": details, "prev_hash": None, "hash": None}
+
+
+def _log_key(services):
+    """The deployment's log key, which checks the kept heads (None before there is one)."""
+    try:
+        identity = services.public_keys.cache.get()
+    except IdentityError:
+        raise ApiError(503, "identity_unreadable", "the deployment's log key cannot be read as it was signed; "
+                                                   "the operator is told why (provmark identity show)") from None
+    return identity.log_key() if identity is not None else None

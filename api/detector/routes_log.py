@@ -20,6 +20,8 @@ from a guess of a detection's details. An inclusion proof, which carries the ent
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, jsonify
 
 from api.detector.routes_verdicts import reads_exact
@@ -39,10 +41,11 @@ from db.transparency import (
     inclusion_proof,
     newest_head,
 )
-from provenance.identity import IdentityMissing
+from provenance.identity import IdentityError, IdentityMissing
 from provenance.log_signer import public_document
 
 PROOF_ERRORS = {404: ErrorResponse, 409: ErrorResponse}
+log = logging.getLogger(__name__)
 
 
 def _log_key(services):
@@ -52,6 +55,10 @@ def _log_key(services):
     except IdentityMissing:
         raise ApiError(404, "not_found", "this deployment has no log key yet: its identity is made by "
                                          "`provmark identity init`") from None
+    except IdentityError:
+        log.error("the deployment's log key cannot be served", exc_info=True)
+        raise ApiError(503, "identity_unreadable", "the log key cannot be read as the deployment signed it; the "
+                                                   "operator is told why") from None
 
 
 def _answering(action):

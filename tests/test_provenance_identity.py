@@ -5,6 +5,10 @@ production C2PA chain trusted its own root, an older home's keys were not carrie
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -148,3 +152,18 @@ def test_a_production_chain_needs_named_trust_anchors(tmp_path):
     with pytest.raises(C2paCredentialError, match="PROVMARK_C2PA_TRUST_ANCHORS"):  # the service refuses to start
         signing_keys_for(Store(home=tmp_path / "home"), tmp_path / "home", c2pa_cert_chain=chain,
                          c2pa_private_key=key)
+
+
+def test_provmark_serve_refuses_a_replica_with_another_identity_in_one_line(tmp_path):
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "PROVMARK_MASTER_KEY": "ab" * 32,
+           "PROVMARK_DATABASE_URL": f"sqlite:///{tmp_path / 'shared.db'}"}
+    made = subprocess.run([sys.executable, "-m", "api.cli", "identity", "init"], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**env, "PROVMARK_HOME": str(tmp_path / "admin")})
+    assert made.returncode == 0, made.stderr
+    stray = tmp_path / "stray"
+    LogSigner(stray, master_key=bytes.fromhex("ab" * 32))  # a key file left from a single-machine install
+    refused = subprocess.run([sys.executable, "-m", "api.cli", "serve", "detector", "--port", "0"], cwd=repo,
+                             capture_output=True, text=True, timeout=120, env={**env, "PROVMARK_HOME": str(stray)})
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "holds another log key than the deployment's" in refused.stderr

@@ -249,6 +249,12 @@ def test_the_cli_refuses_a_plain_http_jwks_and_checks_the_issuer_against_its_ori
         ok = run_main(capsys, "receipts", "verify", str(tmp_path / "ours.json"), "--jwks", url, "--allow-http",
                       "--json")
         assert ok.returncode == 0 and json.loads(ok.stdout)["issuer_checked"] is True, ok.stdout
+        via_detector = sign_receipt(signer, **FIELDS, links=ReceiptLinks(issuer="https://gen.example",
+                                                                          detector=origin))
+        (tmp_path / "via-detector.json").write_text(json.dumps({"receipt": via_detector}))
+        named = run_main(capsys, "receipts", "verify", str(tmp_path / "via-detector.json"), "--jwks", url,
+                         "--allow-http", "--json")  # the detector the signed receipt names serves its JWKS too
+        assert named.returncode == 0 and json.loads(named.stdout)["issuer_checked"] is True, named.stdout
         elsewhere = run_main(capsys, "receipts", "verify", str(tmp_path / "theirs.json"), "--jwks", url,
                              "--allow-http")
         assert elsewhere.returncode == 1 and "is not" in elsewhere.stdout and "https://gen.example" in elsewhere.stdout

@@ -6,8 +6,8 @@
         --text); 1: it does not; 2: bad input. A key's ``retired_at`` is honoured: what it signed after
         its retirement fails. Receipts from before the JWS (a ``signature`` over canonical JSON) are
         checked with the JWKS key their ``signer_id`` names, and show only the seven fields it covers.
-        A JWKS URL must be https (``--allow-http`` for a local service), and the receipt's ``iss`` must be
-        the origin the JWKS came from; from a file, the issuer is not checked (the output says so).
+        A JWKS URL must be https (``--allow-http`` for a local service), and its origin must be the receipt's
+        ``iss`` (or the ``detector`` it names); from a file, the issuer is not checked (the output says so).
   provmark receipts jwks                       the deployment's JWKS (current and retired receipt keys)
   provmark receipts rotate-key [--json]        a new signing key for every replica; the old one stays in
                                                the JWKS, retired now (what it signs later fails)
@@ -69,7 +69,8 @@ def _verify(args) -> int:
     issuer_checked = None
     if claims and is_url(args.jwks):
         origin = _origin(args.jwks)
-        issuer_checked = claims.get("iss") == origin
+        # the issuer, or the detector the signed receipt names as its own: both serve the deployment's JWKS
+        issuer_checked = origin in (claims.get("iss"), _origin(str(claims.get("detector") or "")))
         if form == "jws" and not issuer_checked:
             problems.append(f"the receipt's issuer {claims.get('iss')!r} is not {origin!r}, where the JWKS came "
                             "from: check it against its own issuer's JWKS")

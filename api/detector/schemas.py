@@ -188,6 +188,13 @@ class DetectResponse(BaseModel):
                           "the wording of one output the service wrote under a tested key (at least 8 of its sampled "
                           "5-grams are that output's alone), as edited or scrubbed output still does; it never "
                           "changes the verdict. None when no tested key has remembered outputs")
+    paraphrase_of_own_output: dict[str, Any] | None = Field(
+        None, description="keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): "
+                          "matched, the text restates one remembered output of a tested key in other words (cosine "
+                          "similarity of passage embeddings at or above the calibrated threshold); it never changes "
+                          "the verdict. The detect scope sees matched only; explain and admin also the similarity, "
+                          "the false-match rate it carries against the outputs searched, the threshold, and for a "
+                          "match the output's receipt_id and key_id. None when no tested key has remembered outputs")
     own_output: dict[str, Any] | None = Field(
         None, description="explain scope: matched, the sampled 5-grams the text shares with its best-matching "
                           "remembered output, the text's sampled 5-grams, and the match threshold")

@@ -47,6 +47,7 @@ from api.provenance_keys import add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptLinks, ReceiptSigner
+from db.semantic_memory import SemanticMemory
 from db.store import Store
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
@@ -114,7 +115,8 @@ def create_app(config: dict | None = None) -> Flask:
                               model_id=engine.loaded.model_id,
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars)
+                                max_prompt_chars=settings.max_text_chars,
+                                semantic=SemanticMemory(store, keep=settings.semantic_outputs))
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)

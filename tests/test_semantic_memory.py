@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sqlalchemy import inspect, select
 
+from api.cli.main import main
 from db.passage_vectors import DIM, quantised, rotation, stored_form, unit
 from db.rows import OutputVectorRow
 from db.semantic_memory import SemanticMemory, VectorMirror
@@ -91,4 +92,22 @@ def test_the_mirror_follows_new_outputs_drops_old_ones_and_reloads_after_a_purge
     memory.purge("k")
     memory.record("k", "fresh", vectors[1])
     assert mirror.nearest("k", vectors[1]).searched == 1  # the purge seen: loaded again
+    store.close()
+
+
+def test_retiring_a_key_with_purge_deletes_its_remembered_meaning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PROVMARK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PROVMARK_MASTER_KEY", raising=False)
+    monkeypatch.delenv("PROVMARK_DATABASE_URL", raising=False)
+    for argv in (["create", "alpha"], ["create", "beta"], ["create", "gamma"], ["rotate", "gamma"]):
+        assert main(["keys", *argv]) == 0
+    store = Store()
+    memory = SemanticMemory(store)
+    for i, vector in enumerate(random_vectors(3)):
+        for key in ("alpha", "beta", "gamma"):
+            memory.record(key, f"{key}{i}", vector)
+    assert main(["keys", "retire", "beta"]) == 0  # retired, its secret kept for audits: its memory too
+    assert main(["keys", "retire", "alpha", "--purge"]) == 0
+    assert (memory.count("alpha"), memory.count("beta"), memory.count("gamma")) == (0, 3, 3)
+    capsys.readouterr()
     store.close()

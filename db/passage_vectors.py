@@ -167,6 +167,33 @@ def quantised(vectors: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(scaled), -127, 127).astype(np.int8)
 
 
+_ROTATED: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def rotated_space(vocab, seed: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``vocab_table``'s space turned by ``rotation(seed)`` (table and offset): the mean of its rows less its offset
+    is the rotated text vector, so a verdict skips the DIM x DIM product (made once per vocabulary and seed)."""
+    found = _ROTATED.get((vocab.fingerprint, seed))
+    if found is None:
+        table, offset = vocab_table(vocab)
+        q = rotation(seed)
+        found = (np.ascontiguousarray(table @ q), (offset @ q).astype(np.float32))
+        with _LOCK:
+            _ROTATED[(vocab.fingerprint, seed)] = found
+    return found
+
+
+def stored_vector(token_ids, rotated: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """What the memory stores and looks up for one text's token ids (``rotated_space``'s): int8 [DIM]; the same
+    as ``stored_form(ids_vector(...), seed)`` (a rotation commutes with the mean and keeps lengths)."""
+    table, offset = rotated
+    ids = np.asarray(token_ids, dtype=np.int64)
+    ids = ids[(ids >= 0) & (ids < table.shape[0])]
+    if not ids.shape[0]:
+        return np.zeros(DIM, dtype=np.int8)
+    return quantised(np.take(table, ids, axis=0).sum(axis=0) / ids.shape[0] - offset)[0]
+
+
 def stored_form(vectors: np.ndarray, seed: bytes) -> np.ndarray:
     """What the memory stores and looks up for unit embeddings [n, DIM] or [DIM]: rotated, quantised (int8)."""
     return quantised(np.asarray(vectors, dtype=np.float32) @ rotation(seed))

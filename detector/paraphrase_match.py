@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from db.passage_vectors import ids_vector, rotation_seed, stored_form, vocab_table
+from db.passage_vectors import rotated_space, rotation_seed, stored_vector
 from detector.key_source import has_master_key
 
 NULL_FILE = Path(__file__).with_name("data") / "paraphrase_null.json"
@@ -112,7 +112,7 @@ class ParaphraseMatcher:
         seed = self.seed()
         if seed is None:
             return None
-        return stored_form(ids_vector(token_ids, vocab_table(vocab)), seed)[0]
+        return stored_vector(token_ids, rotated_space(vocab, seed))
 
     def fact(self, token_ids, vocab, key_ids: list[str]) -> dict | None:
         """The nearest remembered output of any of ``key_ids`` (their copies searched in turn) as the verdict

@@ -16,7 +16,7 @@ from http_fixtures import call, make_token, serve, shared_vocabulary
 from api.detector.app import create_app
 from api.generation.own_output import OwnOutput
 from db.manifests import ManifestRecord, add_manifest
-from db.passage_vectors import ids_vector, stored_form, vocab_table
+from db.passage_vectors import ids_vector, rotated_space, stored_form, stored_vector, vocab_table
 from db.semantic_memory import SemanticMemory, VectorMirror
 from db.store import Store
 from detector.human_corpora import HELD_OUT
@@ -158,3 +158,11 @@ def test_a_calibration_file_is_checked():
     with pytest.raises(ValueError, match="one exceedance"):
         ParaphraseNull.from_dict({"grid": [0.1], "nulls": {"h": {"pairs": 1, "exceed": []}}, "threshold": 0.9})
     assert json.loads(json.dumps(shipped_null().summary()))["human"]["texts"] >= 10_000
+
+
+def test_the_verdicts_shortcut_gives_the_stored_form():
+    vocab = shared_vocabulary()
+    ids = encode(vocab, ORIGINAL)
+    assert np.array_equal(stored_vector(ids, rotated_space(vocab, b"k" * 32)),
+                          stored_form(ids_vector(ids, vocab_table(vocab)), b"k" * 32)[0])
+    assert not stored_vector([], rotated_space(vocab, b"k" * 32)).any()

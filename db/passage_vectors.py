@@ -191,7 +191,11 @@ def stored_vector(token_ids, rotated: tuple[np.ndarray, np.ndarray]) -> np.ndarr
     ids = ids[(ids >= 0) & (ids < table.shape[0])]
     if not ids.shape[0]:
         return np.zeros(DIM, dtype=np.int8)
-    return quantised(np.take(table, ids, axis=0).sum(axis=0) / ids.shape[0] - offset)[0]
+    vector = np.take(table, ids, axis=0).sum(axis=0) - offset * ids.shape[0]  # the mean's direction, scaled
+    peak = float(np.abs(vector).max())
+    if peak == 0.0:
+        return np.zeros(DIM, dtype=np.int8)
+    return np.rint(vector * (127.0 / peak)).astype(np.int8)  # ``quantised`` of one row, without its guards
 
 
 def stored_form(vectors: np.ndarray, seed: bytes) -> np.ndarray:

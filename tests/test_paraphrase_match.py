@@ -58,8 +58,14 @@ HUMAN = (  # unrelated human text: a recipe
 
 @pytest.fixture
 def remembered(tmp_path):
-    """A keyring with KEY, a SQLite store, and ORIGINAL and OTHERS remembered through the generation side's hook
-    (receipts r-0, r-1, r-2)."""
+    vocab, keyring, store = remember_texts(tmp_path)
+    yield vocab, keyring, store
+    store.close()
+
+
+def remember_texts(tmp_path) -> tuple:
+    """(The vocabulary, a keyring with KEY, a SQLite store) with ORIGINAL and OTHERS remembered through the
+    generation side's hook (receipts r-0, r-1, r-2)."""
     vocab = shared_vocabulary()
     keyring = Keyring(tmp_path / "home", master_key=hashlib.sha256(b"provmark-test/paraphrase").digest())
     keyring.create(KEY, secret=hashlib.sha256(b"provmark-test/paraphrase-key").digest(), spec=SPEC)
@@ -70,8 +76,7 @@ def remembered(tmp_path):
     info = WatermarkInfo(mark.spec.format(), KEY, mark.fingerprint)
     for i, text in enumerate((ORIGINAL, *OTHERS)):
         own.remember(info, encode(vocab, text), vocab, text, receipt_id=f"r-{i}")
-    yield vocab, keyring, store
-    store.close()
+    return vocab, keyring, store
 
 
 def test_a_paraphrase_is_recognised_and_unrelated_human_text_is_not(remembered):

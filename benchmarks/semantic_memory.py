@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine, write_json  # noqa: E402
 from db.passage_vectors import DIM, stored_form, unit  # noqa: E402
 from db.rows import OutputVectorRow, utc_now  # noqa: E402
-from db.semantic_memory import KeyVectors, SemanticMemory, VectorMirror  # noqa: E402
+from db.semantic_memory import EXACT_BELOW, KeyVectors, SemanticMemory, VectorMirror  # noqa: E402
 from db.store import Store  # noqa: E402
 from detector.human_corpora import HELD_OUT  # noqa: E402
 from detector.service import Detector  # noqa: E402
@@ -77,7 +77,7 @@ def scale(size: int, queries: int, rng: np.random.Generator) -> dict:
     return {"outputs": size, "build_s": round(build_s, 2), "lookup_p50_ms": round(statistics.median(times), 4),
             "lookup_p99_ms": round(times[int(0.99 * (len(times) - 1))], 4), "queries": len(times),
             "recall_at_1": round(hits / len(sources), 4),
-            "memory_per_output_bytes": round(copy.memory_bytes() / size, 1), "exact_search": size < 20_000}
+            "memory_per_output_bytes": round(copy.memory_bytes() / size, 1), "exact_search": size < EXACT_BELOW}
 
 
 def _quantise(vectors: np.ndarray) -> np.ndarray:

@@ -33,6 +33,12 @@ from db.passage_vectors import rotated_space, rotation_seed, stored_vector
 from detector.key_source import has_master_key
 
 NULL_FILE = Path(__file__).with_name("data") / "paraphrase_null.json"
+FIELD_DESCRIPTION = (  # the verdict field's description in the HTTP API (api/detector/schemas.py)
+    "keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): matched, the text "
+    "restates one remembered output of a tested key in other words (cosine similarity of passage embeddings at or "
+    "above the calibrated threshold); it never changes the verdict. The detect scope sees matched only; explain and "
+    "admin also the similarity, the false-match rate it carries against the outputs searched, the threshold, and for "
+    "a match the output's receipt_id and key_id. None when no tested key has remembered outputs")
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictStr,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
+from detector.paraphrase_match import FIELD_DESCRIPTION as PARAPHRASE_FIELD
 from watermark.config import MAX_SPEC_CHARS
 from watermark.stats import Z_THRESHOLD
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
@@ -188,13 +182,7 @@ class DetectResponse(BaseModel):
                           "the wording of one output the service wrote under a tested key (at least 8 of its sampled "
                           "5-grams are that output's alone), as edited or scrubbed output still does; it never "
                           "changes the verdict. None when no tested key has remembered outputs")
-    paraphrase_of_own_output: dict[str, Any] | None = Field(
-        None, description="keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): "
-                          "matched, the text restates one remembered output of a tested key in other words (cosine "
-                          "similarity of passage embeddings at or above the calibrated threshold); it never changes "
-                          "the verdict. The detect scope sees matched only; explain and admin also the similarity, "
-                          "the false-match rate it carries against the outputs searched, the threshold, and for a "
-                          "match the output's receipt_id and key_id. None when no tested key has remembered outputs")
+    paraphrase_of_own_output: dict[str, Any] | None = Field(None, description=PARAPHRASE_FIELD)
     own_output: dict[str, Any] | None = Field(
         None, description="explain scope: matched, the sampled 5-grams the text shares with its best-matching "
                           "remembered output, the text's sampled 5-grams, and the match threshold")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from db.store import Store
 from detector.human_corpora import HELD_OUT
 from detector.paraphrase_match import ParaphraseNull, shipped_null
 from detector.service import Detector
+from evaluation.own_output_layers import OwnOutputLayers
 from evaluation.paraphrase_calibration import passages
 from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
@@ -171,3 +173,17 @@ def test_the_verdicts_shortcut_gives_the_stored_form():
     assert np.array_equal(stored_vector(ids, rotated_space(vocab, b"k" * 32)),
                           stored_form(ids_vector(ids, vocab_table(vocab)), b"k" * 32)[0])
     assert not stored_vector([], rotated_space(vocab, b"k" * 32)).any()
+
+
+def test_the_robustness_runs_layers_recognise_a_paraphrase_the_5_gram_match_misses():
+    outputs = json.loads((Path(__file__).with_name("paraphrase_outputs.json")).read_text())["outputs"]
+    generations = [SimpleNamespace(text=t, prompt_ids=[]) for t in (ORIGINAL, *OTHERS, *outputs[:20])]
+    layers = OwnOutputLayers(shared_vocabulary(), generations)
+    assert layers.thresholds["0.0001"] is not None
+    clean = layers.measure([g.text for g in generations], [9.0] * len(generations), {"0.001": 3.1, "0.0001": 3.7})
+    assert clean["at_fmr"]["0.0001"] == {**clean["at_fmr"]["0.0001"], "watermark": 1.0, "semantic": 1.0, "any": 1.0}
+    attacked = [PARAPHRASE, HUMAN, *[g.text for g in generations[2:]]]  # output 1 replaced by unrelated text
+    found = layers.measure(attacked, [None] * len(attacked), {"0.0001": 3.7})["at_fmr"]["0.0001"]
+    n = len(attacked)
+    assert found["semantic"] == (n - 1) / n and found["watermark"] == 0.0  # all but the replaced one
+    assert found["five_gram"] <= (n - 2) / n  # the hand paraphrase shares too few 5-grams

@@ -1,10 +1,12 @@
 """A text's meaning as 256 signed bytes: what the semantic memory keeps of an output (``db.semantic_memory``).
 
 A paraphrase replaces the tokens a watermark and the 5-gram match (``db.output_grams``) read, and keeps what
-the text says. So the generation service also keeps, per output, a passage embedding: WordLlama's 256-d static
-embedding (``wordllama``; its model ships inside the wheel and is loaded from the installed files, never
-downloaded), the mean of the text's token embeddings, unit length. Both services compute it the same way, so a
-detector worker compares a pasted text's vector with the ones the generation workers stored.
+the text says. So the generation service also keeps, per output, a passage embedding built from WordLlama's
+256-d static token embeddings (``wordllama``; its model ships inside the wheel and is loaded from the installed
+files, never downloaded): each token of the service's own vocabulary gets the WordLlama embedding of its text
+(``vocab_table``), and a text's vector is the mean over the token ids the detector already read it as, in a space
+fitted on human text (``passage_space``), unit length. Both services compute it the same way, so a detector
+worker compares a pasted text's vector with the ones the generation workers stored.
 
 What is stored is that vector turned by a keyed rotation (an orthogonal 256 x 256 matrix drawn from a seed the
 keyring's master key derives, ``VECTOR_PURPOSE``) and quantised to int8 with one scale per vector
@@ -56,17 +58,6 @@ def embedder() -> tuple:
     words.no_padding()
     words.no_truncation()
     return words, table
-
-
-def embed(texts: list[str]) -> np.ndarray:
-    """Unit-length float32 embeddings [n, DIM] of ``texts``: WordLlama's (the mean of the text's token
-    embeddings), a text without a token being the zero vector."""
-    words, table = embedder()
-    out = np.zeros((len(texts), DIM), dtype=np.float32)
-    for i, encoding in enumerate(words.encode_batch(list(texts), add_special_tokens=False)):
-        if encoding.ids:
-            out[i] = table[np.minimum(encoding.ids, table.shape[0] - 1)].mean(axis=0)
-    return unit(out)
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
@@ -201,13 +192,3 @@ def stored_vector(token_ids, rotated: tuple[np.ndarray, np.ndarray]) -> np.ndarr
 def stored_form(vectors: np.ndarray, seed: bytes) -> np.ndarray:
     """What the memory stores and looks up for unit embeddings [n, DIM] or [DIM]: rotated, quantised (int8)."""
     return quantised(np.asarray(vectors, dtype=np.float32) @ rotation(seed))
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of int8 vectors: ``a`` [DIM] or [n, DIM] against ``b`` [m, DIM] -> [m] or [n, m]."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.atleast_2d(np.asarray(b, dtype=np.float32))
-    an = np.linalg.norm(a, axis=-1, keepdims=True)
-    bn = np.linalg.norm(b, axis=-1)
-    dots = a @ b.T
-    return np.divide(dots, an * bn, out=np.zeros_like(dots), where=(an * bn) > 0)

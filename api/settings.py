@@ -15,6 +15,8 @@ fields it uses and ignores the rest.
     remembered_outputs
                      PROVMARK_REMEMBERED_OUTPUTS  16000: the newest outputs per key whose wording a  detector
                                                 worker recognises (matches_own_output; 0: none)
+    semantic_outputs PROVMARK_SEMANTIC_OUTPUTS  1000000: the newest outputs per key whose meaning the    both
+                                                service keeps (paraphrase_of_own_output; 0: off)
     model            PROVMARK_MODEL             a local Hugging Face folder (the embedded SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
@@ -54,6 +56,7 @@ from typing import Any
 from db.budget import DEFAULT_DAILY_TOKENS
 from db.output_memory import GRAMS_KEPT
 from db.receipts import DEFAULT_ISSUER
+from db.semantic_memory import DEFAULT_KEEP as SEMANTIC_KEPT
 from provenance.c2pa_credential import C2paCredentialError, C2paSettings
 from watermark.paths import provmark_home
 
@@ -103,6 +106,7 @@ class Settings:
     retain_text: bool | None = None  # None: the store's own default (PROVMARK_RETAIN_TEXT)
     detect_budget: int = DEFAULT_DAILY_TOKENS
     remembered_outputs: int = GRAMS_KEPT
+    semantic_outputs: int = SEMANTIC_KEPT
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
@@ -127,6 +131,7 @@ class Settings:
             self.retain_text = self.retain_text.strip().lower() in ("1", "true", "yes", "on")
         self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
         self.remembered_outputs = _as_int("remembered_outputs", self.remembered_outputs, minimum=0)
+        self.semantic_outputs = _as_int("semantic_outputs", self.semantic_outputs, minimum=0)
         self.max_num_seqs = _as_int("max_num_seqs", self.max_num_seqs, minimum=1)
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
         self.issuer = _as_url("issuer", self.issuer)

@@ -287,6 +287,22 @@ class KeyOutputRow(Base):
     grams: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
+class OutputVectorRow(Base):
+    """One remembered output's meaning (``db.semantic_memory``): its passage embedding under the key's memory,
+    rotated by a master-key rotation and quantised to int8 (``db.passage_vectors``), and the receipt it was issued
+    with. No text: ``paraphrase_of_own_output`` names the receipt of the output a paraphrase restates."""
+
+    __tablename__ = "output_vectors"
+    # ids never reused (SQLite AUTOINCREMENT): a worker's copy tells a purge from new rows by them
+    __table_args__ = (Index("ix_output_vectors_key_id_id", "key_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(32))
+    receipt_id: Mapped[str] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # DIM int8 (db.passage_vectors.quantised)
+
+
 class ManifestRow(Base):
     """The C2PA manifest store of one generated text (``db.manifests``): what ``GET /v1/manifests/<id>``
     and the soft-binding resolution API return, found by manifest id, receipt, text hash or soft binding."""

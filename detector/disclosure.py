@@ -27,7 +27,9 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
     always      verdict, watermark, fingerprint, num_tokens, alpha, z_threshold, min_tokens, dedup,
                 correction, normalizations, tokenizer_fingerprint, model_id, text_sha256,
                 text_length, common_units, disclosure, matches_own_output (one bit: the text repeats one
-                remembered output's wording, ``db.output_grams``; it says nothing of the key's colours), promise
+                remembered output's wording, ``db.output_grams``; it says nothing of the key's colours),
+                paraphrase_of_own_output as ``{matched}`` only (one bit: the text restates one remembered
+                output in other words at the calibrated threshold, ``detector.paraphrase_match``), promise
                 (what the p-value promises and its margin, ``detector.promise``; not whether the margin raised it)
     scored      z_score, p_value (coarse and dithered as above; None for insufficient_text)
     watermarked key_id, decided_by, windows {detected, char_start, char_end}, spoof_suspected (one bit:
@@ -36,7 +38,9 @@ Fields per scope (``DETECT_FIELDS`` below; ``explain`` and ``admin`` see ``Verdi
                 the paired test dithered like z; ``detector.two_part``)
     never       num_tokens_scored, num_green_tokens, green_fraction, p_value_normal, keys (per-key z/p),
                 num_common_positions, num_forced_positions, calibration details, explanation, spoof_check,
-                own_output (the n-gram counts behind matches_own_output), public_half (the published half's counts and the paired test)
+                own_output (the n-gram counts behind matches_own_output), the similarity, false-match rate and
+                receipt id of paraphrase_of_own_output (a similarity oracle over other callers' outputs),
+                public_half (the published half's counts and the paired test)
 
 The stored verdict row keeps the full numbers (the audit trail loses nothing) and what was shown.
 """
@@ -64,7 +68,7 @@ DETECT_FIELDS = ("verdict", "watermark", "fingerprint", "num_tokens", "alpha", "
 _DITHER_DOMAIN = b"provmark/detect-dither/v1\x00"
 # what every stored verdict records of its detect-scope view (options["disclosed"]; the audit scope alone reads it)
 RECORDED_FIELDS = ("disclosure", "verdict", "z_score", "p_value", "key_id", "decided_by", "windows",
-                   "spoof_suspected", "matches_own_output")
+                   "spoof_suspected", "matches_own_output", "paraphrase_of_own_output")
 
 
 def with_spec_fingerprint(verdict: dict) -> dict:
@@ -78,7 +82,13 @@ def with_spec_fingerprint(verdict: dict) -> dict:
 
 def recorded(coarse: dict) -> dict:
     """The part of a detect-scope view (``disclose``) a stored verdict records (``RECORDED_FIELDS``)."""
-    return {name: coarse[name] for name in RECORDED_FIELDS}
+    return {name: coarse.get(name) for name in RECORDED_FIELDS}
+
+
+def shown_paraphrase(fact: dict | None) -> dict | None:
+    """``paraphrase_of_own_output`` as the ``detect`` scope sees it: whether it matched, nothing else (the
+    similarity would grade a caller's probes against outputs written for others; the receipt id would name them)."""
+    return None if fact is None else {"matched": bool(fact["matched"])}
 
 
 def dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray) -> float:
@@ -144,6 +154,7 @@ def disclose(full: dict, scope_allows_explain: bool, u: float | None, variance: 
     if out["promise"] is not None:  # whether the margin raised this p-value is a bit of the exact score
         out["promise"] = {name: value for name, value in out["promise"].items() if name != "raised"}
     out["disclosure"] = DISCLOSURE
+    out["paraphrase_of_own_output"] = shown_paraphrase(full.get("paraphrase_of_own_output"))
     out.update(z_score=None, p_value=None, key_id=None, decided_by=None, windows=None,
                calibration_id=(full.get("calibration") or {}).get("id"), spoof_suspected=None)
     exact = full["verdict"]

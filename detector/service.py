@@ -24,6 +24,7 @@ from detector.calibration import Calibration, CalibrationStore
 from detector.key_source import HoldsPublishedHalves, KeySource, has_master_key
 from detector.kgw_verdict import score_kgw
 from detector.normalize import normalize as normalize_text
+from detector.paraphrase_match import ParaphraseMatcher
 from detector.sampling_verdict import score_sampling
 from detector.scoring import INSUFFICIENT_TEXT, NOT_WATERMARKED, WATERMARKED, Decision
 from detector.scoring_request import ScoringOptions, ScoringRequest, current_calibrations
@@ -61,11 +62,13 @@ class Detector:
     holds the secrets anyway (the evaluation harness, measuring every scheme with one key) turns it off.
     ``output_memory``: this process's copy of the service's record of its own output
     (``db.output_memory.MemoryMirror``); with it, a kgw:, gumbel: or synthid: verdict that says
-    ``watermarked`` carries the spoof check (``detector.spoof_check``)."""
+    ``watermarked`` carries the spoof check (``detector.spoof_check``). ``semantic_memory``: this process's copy of
+    the service's outputs' meaning (``db.semantic_memory.VectorMirror``); with it, a keyed verdict carries
+    ``paraphrase_of_own_output`` (``detector.paraphrase_match``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: KeySource | None = None, calibrations=None,
                  bind_keys: bool = True, output_memory=None, dither_key: bytes | None = None,
-                 your_units=None) -> None:
+                 your_units=None, semantic_memory=None) -> None:
         """``dither_key``: the detect-scope dither's key when the keyring cannot derive it (a batch worker is
         shipped the service's, ``dither_key_of``); by default derived from the keyring's master key.
         ``your_units``: the table of the deployment's own texts' common units when the keyring cannot verify it
@@ -73,6 +76,7 @@ class Detector:
         home, and none for a keyring stand-in without a master key."""
         self._vocab = vocab
         self.output_memory = output_memory
+        self.paraphrases = None if semantic_memory is None else ParaphraseMatcher(semantic_memory, lambda: self.keyring)
         self._bind_keys = bind_keys
         self._dither_key: bytes | None = dither_key
         self._gram_key: int | None = None  # db.output_grams: keys the n-grams of remembered outputs
@@ -162,6 +166,9 @@ class Detector:
             # only positives: a spoof is a text the detector accepted (human text costs nothing)
             if verdict.watermarked:
                 verdict.spoof_check = self._spoof_check(verdict, marks, ids, common, scored.spoof_units, match)
+        if self.paraphrases is not None and spec.needs_key:
+            # every keyed verdict: a paraphrase keeps what our output said, not its tokens (never changes the verdict)
+            verdict.paraphrase_of_own_output = self.paraphrases.fact(ids_list, vocab, [m.key_id for m in marks])
         return verdict
 
     def _spoof_check(self, verdict: Verdict, marks: list, ids: torch.Tensor, common, spoof_units: tuple | None,

@@ -61,6 +61,11 @@ class Verdict:
     # wording of one output it wrote under a tested key (db.output_grams.Match.to_dict; independent of colours
     # and of the verdict, which it never changes); None when no tested key has remembered outputs
     own_output: dict | None = None
+    # keyed verdicts where the service keeps its outputs' meaning (db.semantic_memory): the remembered output closest
+    # to the text in meaning, its similarity, the false-match rate that carries, and when it clears the calibrated
+    # threshold that output's receipt id (detector.paraphrase_match; never changes the verdict); None when no tested
+    # key has remembered outputs
+    paraphrase_of_own_output: dict | None = None
     # two-part keys (watermark.public_key): what the published half says of this text, and the paired test of
     # the two halves that tells a spoof steered by the published half from our own output (detector.two_part)
     public_half: dict | None = None

@@ -5,6 +5,8 @@
   ``tpr_vs_rate_<label>.png``          detection rate at the default threshold against the edit rate
   ``roc_<label>.png``                  ROC curves, one panel per attack, one curve per rate (log FPR axis)
   ``detection_vs_length_<label>.png``  detection rate against the number of tokens read
+  ``layers_vs_rate_<label>.png``       per attack, the fraction recognised at a false-match rate of 1e-4 by the
+                                       watermark, the 5-gram match, the semantic match and any of them
 and once: ``quality_vs_delta.png`` (perplexity and detection rate against delta; delta 0 = no watermark),
 and with ``--lengths`` the side-by-side comparison of every scheme (``evaluation.compare_report``).
 """
@@ -35,6 +37,12 @@ def write_plots(results: dict, out_dir: str | Path) -> list[str]:
                            ("detection_vs_length", _detection_vs_length)):
             path = out / f"{name}_{label}.png"
             figure = draw(scheme)
+            figure.savefig(path, dpi=DPI, bbox_inches="tight")
+            plt.close(figure)
+            written.append(path.name)
+        if any("own_output_layers" in c for c in scheme["results"]):
+            path = out / f"layers_vs_rate_{label}.png"
+            figure = _layers_vs_rate(scheme)
             figure.savefig(path, dpi=DPI, bbox_inches="tight")
             plt.close(figure)
             written.append(path.name)
@@ -85,6 +93,27 @@ def _tpr_vs_rate(scheme: dict):
     figure, axis = _per_attack(scheme, draw)
     axis.set_ylim(-0.02, 1.02)
     _dress(axis, "edit rate", "detected fraction (default threshold)", f"Detection rate under edits: {scheme['label']}")
+    return figure
+
+
+LAYERS = (("watermark", "-"), ("five_gram", "--"), ("semantic", ":"), ("any", "-."))
+LAYER_FMR = "0.0001"
+
+
+def _layers_vs_rate(scheme: dict):
+    """Where each layer holds: recognised fraction against the edit rate, a colour per attack, a line per layer."""
+    def draw(axis, cells, color, marker, name):
+        cells = [c for c in cells if "own_output_layers" in c]
+        rates = [c["rate"] for c in cells]
+        for layer, style in LAYERS:
+            values = [c["own_output_layers"]["at_fmr"][LAYER_FMR][layer] for c in cells]
+            axis.plot(rates, [_finite(v) for v in values], marker=marker, color=color, linestyle=style,
+                      label=f"{name}: {layer.replace('_', '-')}")
+
+    figure, axis = _per_attack(scheme, draw)
+    axis.set_ylim(-0.02, 1.02)
+    _dress(axis, "edit rate", "recognised as the source output (false-match rate 1e-4)",
+           f"Which layer recognises attacked output: {scheme['label']}")
     return figure
 
 

@@ -20,6 +20,7 @@ from evaluation.corpus import load_documents, prompt_documents
 from evaluation.generations import GenerationSource
 from evaluation.harness import METRIC_DEFINITIONS, EvalConfig
 from evaluation.lm import TeacherForcedLM
+from evaluation.own_output_layers import FMRS, OwnOutputLayers
 from evaluation.report import write_plots
 from evaluation.scorer import Scorer
 from evaluation.vllm_generator import VLLMGenerator
@@ -28,6 +29,7 @@ from generation.models import load_model
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
 from watermark.specs import AnySpec, is_sampling
+from watermark.stats import z_for_p
 
 CHARACTER_FAMILY = "character"
 
@@ -136,9 +138,13 @@ class EvaluationRun:
         if self.progress:
             bar = tqdm(total=len(jobs), desc=f"attacks {scheme_label(spec)}", unit="cell")
         clean = None
+        layers = OwnOutputLayers(self.vocab, generations)  # the service's memory of these outputs
         for name, rate in jobs:
             attacked = self._attacked(name, rate, texts, context)
             cell = self._cell(name, rate, attacked, spec, wm, scorer, negatives, thresholds, generations, lm)
+            # the watermark at the verdict's own threshold for alpha = f, the 5-gram and the semantic match
+            cell["own_output_layers"] = layers.measure(attacked, [s for s in cell.pop("_z")],
+                                                       {f"{f:g}": z_for_p(f) for f in FMRS})
             if rate == 0:
                 clean = cell
             cells.append(cell)
@@ -209,6 +215,7 @@ class EvaluationRun:
             },
             "detection_by_length": {"lengths": lengths, "rate": metrics.detection_by_length(curves, lengths)},
             "roc": metrics.roc_curve(z, negatives),
+            "_z": z,  # taken out by the caller (own_output_layers)
         }
         if rate == 0 and cfg.lengths:
             cell["by_length"] = _by_length(cfg, scored, generations)

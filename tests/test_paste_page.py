@@ -21,6 +21,7 @@ from http_fixtures import (
     watermarked_text,
 )
 from identity_fixtures import signing_keys_for
+from test_paraphrase_match import HUMAN, PARAPHRASE, remember_texts
 
 from api.detector.app import create_app, services_of
 from detector.service import Detector
@@ -194,3 +195,23 @@ def test_the_page_shows_the_content_credentials_beside_the_watermark_verdict(bro
     check(page, texts["human"])
     assert page.text_content("#credentials-summary") == "No C2PA Content Credentials in or with this text."
     page.close()
+
+
+def test_the_page_says_when_a_text_paraphrases_a_remembered_output(browser, tmp_path):
+    vocab, keyring, store = remember_texts(tmp_path)
+    app = create_app({"home": tmp_path / "home", "vocab": vocab, "store": store, "keyring": keyring})
+    with serve(app) as base_url:
+        page = browser.new_page()
+        page.goto(base_url + "/")
+        page.fill("#token", make_token(store, "detect"))
+        check(page, PARAPHRASE)
+        assert page.is_visible("#paraphrase") and "Paraphrase of our own output" in page.text_content("#paraphrase")
+        assert "receipt" not in page.text_content("#paraphrase")  # the detect scope: one bit
+        page.fill("#token", make_token(store, "detect", "explain"))
+        check(page, PARAPHRASE)
+        assert "receipt r-0" in page.text_content("#paraphrase")
+        check(page, HUMAN)
+        assert page.text_content("#paraphrase").startswith("Not a paraphrase")
+        screenshot(page, "paste-page-paraphrase", tmp_path)
+        page.close()
+    store.close()

@@ -65,6 +65,7 @@ from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
 from db.output_memory import MemoryMirror, OutputMemory
+from db.semantic_memory import SemanticMemory, VectorMirror
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
 from provenance.identity import IdentityError
@@ -193,9 +194,12 @@ def _install_metrics(app: Flask) -> None:
 
 def _make_detector(settings: Settings, vocab, keyring, store: Store):
     # Load the tokenizer now, once per process, rather than inside the first request. The generation
-    # service's record of its own output (same store) gives positives their spoof check.
+    # service's record of its own output (same store) gives positives their spoof check, and every keyed verdict
+    # the own-output match and, unless PROVMARK_SEMANTIC_OUTPUTS is 0, paraphrase_of_own_output.
+    semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home),
-                    output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs))
+                    output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs),
+                    semantic_memory=VectorMirror(semantic) if semantic.enabled else None)
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:

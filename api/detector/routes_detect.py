@@ -182,6 +182,8 @@ def _verdict_record(verdict, body: DetectRequest, provenance: dict | None, coars
         options["spoof_check"] = verdict.spoof_check
     if verdict.own_output is not None:
         options["own_output"] = verdict.own_output
+    if verdict.paraphrase_of_own_output is not None:
+        options["paraphrase_of_own_output"] = verdict.paraphrase_of_own_output
     if verdict.public_half is not None:  # two-part keys: the published half's verdict and the paired test
         options["public_half"] = verdict.public_half
     return VerdictRecord(

@@ -10,7 +10,10 @@ Paths and shapes follow the API's OpenAPI document published by the C2PA (its se
 ``byContent`` finds, in order: the manifest the text carries (C2PA 2.4 Annex A.8), manifests of exactly this
 visible text (and of its normalised form), then, when the watermark is detected, manifests whose soft
 binding names the detecting key and spec. A watermark names the key, not the text, so those last share
-one binding and come with a lower ``similarityScore``. It scores text, so it spends the caller's daily
+one binding and come with a lower ``similarityScore``. For a caller with the ``explain`` scope, also the manifests of
+the remembered output the text restates in other words (``paraphrase_of_own_output``, ``detector.paraphrase_match``),
+scored by their similarity (100 x cosine, at most PARAPHRASE_MAX): a ``detect`` caller would otherwise hold a
+similarity oracle over outputs written for others. It scores text, so it spends the caller's daily
 detection budget as ``POST /v1/detect`` does. Manifest ids are random UUID URNs: fetching one needs no
 token, as a C2PA remote manifest URL needs none.
 """
@@ -24,6 +27,7 @@ from pydantic import BaseModel, Field, StrictStr
 
 from api.detector.credential_layer import credentials_of
 from api.detector.routes_detect import charge_up_front, settle_charge
+from api.detector.routes_verdicts import reads_exact
 from api.http import ApiError, ErrorResponse, StrictModel, parse_body, parse_query
 from api.refusals import too_large
 from db.manifests import MANIFEST_MEDIA_TYPE, find_manifests, get_manifest
@@ -34,6 +38,7 @@ from provenance.c2pa_manifest import soft_binding_alg, soft_binding_value
 FAMILIES = ("kgw", "gumbel", "synthid")  # the keyed watermarks a manifest's soft binding can name
 SUPPORTED = tuple(soft_binding_alg(family) for family in FAMILIES)
 EXACT, WATERMARK = 100, 50  # similarityScore: the same visible text; a text under the same key and spec
+PARAPHRASE_MAX = 99  # similarityScore of a paraphrase's manifests: 100 x its cosine, never that of the same text
 DEFAULT_RESULTS, MAX_RESULTS = 10, 100
 
 
@@ -133,6 +138,11 @@ def blueprint(api, services) -> Blueprint:
         with services.detect_lock:
             verdict = services.detector.detect(visible)
         settle_charge(services, charged, verdict.num_tokens)
+        paraphrase = verdict.paraphrase_of_own_output
+        if reads_exact() and paraphrase is not None and paraphrase["matched"]:  # explain and admin only
+            score = min(PARAPHRASE_MAX, max(1, round(100 * paraphrase["similarity"])))
+            for record in find_manifests(store, receipt_id=paraphrase["receipt_id"], limit=query.maxResults):
+                matches.add(record.manifest_id, score)
         if verdict.verdict == "watermarked" and verdict.key_id is not None:
             family = verdict.watermark.split(":", 1)[0]
             if query.alg in (None, soft_binding_alg(family)):

@@ -6,17 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictStr,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from api.http import StrictModel
 from db.verdicts import MAX_PAGE_SIZE, VERDICTS
+from detector.paraphrase_match import FIELD_DESCRIPTION as PARAPHRASE_FIELD
 from watermark.config import MAX_SPEC_CHARS
 from watermark.stats import Z_THRESHOLD
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
@@ -189,6 +183,7 @@ class DetectResponse(BaseModel):
                           "the wording of one output the service wrote under a tested key (at least 8 of its sampled "
                           "5-grams are that output's alone), as edited or scrubbed output still does; it never "
                           "changes the verdict. None when no tested key has remembered outputs")
+    paraphrase_of_own_output: dict[str, Any] | None = Field(None, description=PARAPHRASE_FIELD)
     own_output: dict[str, Any] | None = Field(
         None, description="explain scope: matched, the sampled 5-grams the text shares with its best-matching "
                           "remembered output, the text's sampled 5-grams, and the match threshold")

@@ -51,6 +51,7 @@ from api.provenance_keys import PublicKeys, SigningKeys, add_jwks_route, add_tru
 from api.settings import Settings
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptError, ReceiptLinks
+from db.semantic_memory import SemanticMemory
 from db.store import Store
 from db.transparency import SIGNER_STATE_FILE, HeadGuard, HeadSequencer
 from detector.calibrate import ensure_screened_active_key
@@ -124,7 +125,8 @@ def create_app(config: dict | None = None) -> Flask:
     credentials = Credentials(store, keys.receipts, keys.c2pa, model_id=engine.loaded.model_id,
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
-                                max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store))
+                                max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store),
+                                semantic=SemanticMemory(store, keep=settings.semantic_outputs))
 
     app = Flask("provmark.generation")
     install_body_limit(app, settings.max_text_chars)

@@ -6,7 +6,8 @@ evidence sits on those. For that the detector needs, per key, in how many output
 null of the service's own outputs. Both are written here, when an output's receipt is issued, into the
 shared store (``db.output_memory``), with the unit identities the detector scores by. So are the output's
 sampled 5-grams (``db.output_grams``), by which the detector recognises the output's wording after edits
-that scrubbed its watermark (``matches_own_output``).
+that scrubbed its watermark (``matches_own_output``), and its meaning as a rotated, quantised passage vector with
+the receipt's id (``db.semantic_memory``), by which it recognises a paraphrase (``paraphrase_of_own_output``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from db.output_grams import gram_key, output_grams
 from db.output_memory import OutputMemory
+from db.passage_vectors import rotated_space, rotation_seed, stored_vector
+from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
 from detector import common_units
 from detector.normalize import normalize
@@ -35,15 +38,18 @@ class OwnOutput:
     """``remember`` each watermarked output of a keyring key under a spec the check takes (kgw:, gumbel:,
     synthid:; ``detector.spoof_check.SPOOF_KINDS``)."""
 
-    def __init__(self, store: Store, keyring) -> None:
+    def __init__(self, store: Store, keyring, semantic: SemanticMemory | None = None) -> None:
+        """``semantic``: where outputs' meaning goes (default: the store's, newest DEFAULT_KEEP per key)."""
         self.memory = OutputMemory(store)
+        self.semantic = semantic if semantic is not None else SemanticMemory(store)
+        self._rotation_seed: bytes | None = None
         self.keyring = keyring
         self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
         self._gram_key: int | None = None
         self._your_units: YourUnits | None = None  # detector.your_units, made on first use
 
     def remember(self, info, token_ids: list[int], vocab, text: str | None = None,
-                 prompt_ids: list[int] | None = None) -> None:
+                 prompt_ids: list[int] | None = None, receipt_id: str | None = None) -> None:
         """The output's spoof z against what the key wrote before (a null sample), its units' counts and its
         sampled 5-grams minus its prompt's; ``info``: the output's ``WatermarkInfo`` (spec string, key id).
         The 5-grams are those of ``text`` as the detector tokenizes it (normalised), or of ``token_ids``
@@ -51,6 +57,9 @@ class OwnOutput:
         of the memory."""
         if info is None or info.key_id is None:
             return
+        seen = token_ids if text is None else encode(vocab, normalize(text).text)
+        if receipt_id is not None:
+            self._remember_meaning(info.key_id, receipt_id, seen, vocab)
         try:
             mark = self._mark(info.spec, info.key_id, vocab)
             if mark is None:
@@ -59,12 +68,26 @@ class OwnOutput:
             z, identities = output_null_z(mark, ids, self._common(mark.spec, vocab), self.memory)
             if self._gram_key is None:
                 self._gram_key = gram_key(self.keyring)
-            seen = token_ids if text is None else encode(vocab, normalize(text).text)
             self.memory.record(mark.key_id, identities, z, output_grams(seen, prompt_ids, self._gram_key))
         except StoreError as exc:
             log.warning("output not remembered for the spoof check: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
             log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
+
+    def _remember_meaning(self, key_id: str, receipt_id: str, seen: list[int], vocab) -> None:
+        """The output's passage vector (``db.passage_vectors``, of the ids the detector reads it as) under its key
+        and receipt, unless the semantic memory is off. Never fails the generation."""
+        if not self.semantic.enabled or not len(seen):
+            return
+        try:
+            if self._rotation_seed is None:
+                self._rotation_seed = rotation_seed(self.keyring)
+            vector = stored_vector(seen, rotated_space(vocab, self._rotation_seed))
+            self.semantic.record(key_id, receipt_id, vector)
+        except StoreError as exc:
+            log.warning("output's meaning not remembered: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
+            log.error("output's meaning not remembered (%s)", type(exc).__name__)
 
     def _common(self, spec, vocab):
         """The table the detector scores ``spec`` with: the shipped one, and the deployment's own texts' units."""

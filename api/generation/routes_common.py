@@ -24,6 +24,7 @@ from api.generation.own_output import OwnOutput
 from api.http import ApiError, deprecated, error_body
 from api.refusals import too_large
 from db.rows import new_id
+from db.semantic_memory import SemanticMemory
 from db.store import Store
 from generation.sample.params import SamplingParams
 from generation.sample.sampling_stage import check_request
@@ -73,7 +74,8 @@ class GenerationService:
     """The engine worker plus what a route needs around it; one per app."""
 
     def __init__(self, worker: EngineWorker, store: Store, keyring, credentials: Credentials, *,
-                 model_id: str, max_prompt_chars: int, public_keys=None) -> None:
+                 model_id: str, max_prompt_chars: int, public_keys=None,
+                 semantic: SemanticMemory | None = None) -> None:
         self.worker = worker
         self.public_keys = public_keys  # api.provenance_keys.PublicKeys: the JWKS every replica serves
         self.store = store
@@ -88,7 +90,8 @@ class GenerationService:
         self.tokenizer = self.engine.tokenizer
         self.vocab_size = self.engine.vocab_size
         self._tokenizer_lock = threading.Lock()  # one Rust tokenizer shared by request threads
-        self.output_memory = OwnOutput(store, keyring)  # what each key wrote, for the detector's spoof check
+        # what each key wrote, for the detector's spoof check, own-output match and paraphrase match
+        self.output_memory = OwnOutput(store, keyring, semantic)
 
     # ------------------------------------------------------------------ request -> engine inputs
     def prompt_ids(self, prompt, field: str = "prompt") -> list[int]:
@@ -204,7 +207,7 @@ class GenerationService:
         """Sign and store the finished output's C2PA manifest and receipt (with their audit events, one
         transaction), and remember the output's units for the spoof check (``api.generation.own_output``)."""
         self.output_memory.remember(out.watermark, out.token_ids, self.engine.loaded.vocab, out.text,
-                                    out.prompt_token_ids)
+                                    out.prompt_token_ids, started.receipt_id)
         return self.credentials.issue(out, started.receipt_id, actor, c2pa_mode)
 
     # ------------------------------------------------------------------ output pieces

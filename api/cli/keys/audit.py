@@ -1,5 +1,6 @@
 """What every ``provmark keys`` action leaves in the store: a ``key.<action>`` audit event per key it changed
-(``KeyEvent``), with the key's public metadata; a calibration's event carries its summary."""
+(``KeyEvent``), with the key's public metadata; a calibration's event carries its summary. A key retired with
+``--purge`` also loses what the semantic memory kept of its outputs (``db.semantic_memory``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import getpass
 from dataclasses import dataclass
 
 from api.cli.errors import CLIError
+from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
 from watermark.key_info import KeyInfo
 
@@ -36,5 +38,7 @@ def record_key_events(events: list[KeyEvent]) -> None:
         store.upgrade()
         for event in events:
             store.record_key_event(event.info, event.action, actor=f"cli:{getpass.getuser()}", details=event.details)
+            if event.action == "retire" and event.info.purged:
+                SemanticMemory(store).purge(event.info.key_id)
     except StoreError as exc:
         raise CLIError(f"the key change is saved in the keyring, but its audit event was not written: {exc}") from None

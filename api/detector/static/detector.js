@@ -156,6 +156,25 @@
     setHidden(line, false);
   }
 
+  // Beside the verdict: does the text restate, in other words, an output the service remembers writing?
+  function renderParaphrase(d) {
+    const line = $("paraphrase");
+    const p = d.paraphrase_of_own_output;
+    if (!p) {
+      setHidden(line, true);
+      return;
+    }
+    if (p.matched) {
+      line.textContent = "Paraphrase of our own output" + (p.receipt_id ? ": receipt " + p.receipt_id : "") +
+        (p.similarity != null ? " (similarity " + p.similarity.toFixed(3) + ", false-match rate " +
+          p.false_match_rate.toExponential(1) + ")" : "") + ". This does not change the watermark verdict.";
+    } else {
+      line.textContent = "Not a paraphrase of any output the service remembers" +
+        (p.similarity != null ? " (nearest similarity " + p.similarity.toFixed(3) + ")." : ".");
+    }
+    setHidden(line, false);
+  }
+
   // The second layer: what the text's C2PA manifest says, beside the watermark verdict.
   function renderCredentials(d) {
     const block = $("credentials-block");
@@ -217,6 +236,7 @@
     $("key-id").textContent = d.key_id || "–";
     $("verdict-id").textContent = d.id;
     renderProvenance(d);
+    renderParaphrase(d);
     renderCredentials(d);
     renderPassage(text, d);
     setHidden($("result"), false);

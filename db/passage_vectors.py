@@ -1,0 +1,194 @@
+"""A text's meaning as 256 signed bytes: what the semantic memory keeps of an output (``db.semantic_memory``).
+
+A paraphrase replaces the tokens a watermark and the 5-gram match (``db.output_grams``) read, and keeps what
+the text says. So the generation service also keeps, per output, a passage embedding built from WordLlama's
+256-d static token embeddings (``wordllama``; its model ships inside the wheel and is loaded from the installed
+files, never downloaded): each token of the service's own vocabulary gets the WordLlama embedding of its text
+(``vocab_table``), and a text's vector is the mean over the token ids the detector already read it as, in a space
+fitted on human text (``passage_space``), unit length. Both services compute it the same way, so a detector
+worker compares a pasted text's vector with the ones the generation workers stored.
+
+What is stored is that vector turned by a keyed rotation (an orthogonal 256 x 256 matrix drawn from a seed the
+keyring's master key derives, ``VECTOR_PURPOSE``) and quantised to int8 with one scale per vector
+(``quantised``). A rotation keeps every cosine, so matching loses nothing; without the master key the stored
+bytes are not in WordLlama's space, so reading a text's words back from them (a mean of word embeddings can be
+partly inverted) needs the key as well (docs/security.md, "What the semantic memory stores").
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import numpy as np
+
+DIM = 256  # WordLlama's shipped model (l2_supercat_256)
+VECTOR_PURPOSE = b"provmark/semantic-memory-rotation"  # the master-key derivation label of the rotation's seed
+MODEL_FILES = ("weights/l2_supercat_256.safetensors", "tokenizers/l2_supercat_tokenizer_config.json")
+SPACE_FILE = Path(__file__).with_name("data") / "passage_space.npz"
+SPACE_DIRECTIONS = 8  # directions of most variance taken out (all-but-the-top)
+_LOCK = threading.Lock()
+
+
+class EmbedderUnavailable(RuntimeError):
+    """``wordllama`` is not installed, or its shipped model files are missing."""
+
+
+@functools.cache
+def embedder() -> tuple:
+    """WordLlama's 256-d model as (its tokenizer, its token embeddings [vocabulary, DIM] float32), loaded once per
+    process from the installed wheel's own files (no download: wordllama's own loader looks for the tokenizer in
+    a folder the wheel does not have, then goes to the network)."""
+    try:
+        import wordllama  # noqa: PLC0415 (16 MB of weights: loaded by the first service that embeds)
+        from safetensors import safe_open  # noqa: PLC0415 (with it)
+        from tokenizers import Tokenizer  # noqa: PLC0415 (with it)
+    except ImportError as exc:
+        raise EmbedderUnavailable(f"the semantic memory needs wordllama: {exc}") from None
+    root = Path(wordllama.__file__).parent
+    weights, tokenizer = (root / name for name in MODEL_FILES)
+    if not weights.is_file() or not tokenizer.is_file():
+        raise EmbedderUnavailable(f"wordllama's shipped model files are missing under {root}")
+    with safe_open(str(weights), framework="np", device="cpu") as f:
+        table = np.ascontiguousarray(f.get_tensor("embedding.weight"), dtype=np.float32)
+    if table.shape[1] != DIM:
+        raise EmbedderUnavailable(f"wordllama's model has {table.shape[1]} dimensions, expected {DIM}")
+    words = Tokenizer.from_file(str(tokenizer))
+    words.no_padding()
+    words.no_truncation()
+    return words, table
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+
+
+_TABLES: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def vocab_table(vocab) -> tuple[np.ndarray, np.ndarray]:
+    """(Per token of ``vocab``, the WordLlama embedding of its text [V, DIM] float32, the offset [DIM]) in the
+    space texts are compared in, made once per process and vocabulary (seconds): a text's vector is then the mean
+    over the token ids the detector has already read it as, less the offset (``ids_vector``), no second tokenizer
+    per verdict. That space (``SPACE_FILE``, fitted on human text by ``python -m evaluation.paraphrase_calibration``
+    for the embedded tokenizer) takes out the mean text and the SPACE_DIRECTIONS directions along which texts
+    vary most whatever they say (function words, markup): unrelated texts' cosines fall from about 0.6 to 0.3,
+    a paraphrase's stays near 0.8. A vocabulary it was not fitted for is compared uncentred."""
+    found = _TABLES.get(vocab.fingerprint)
+    if found is not None:
+        return found
+    out = token_embeddings(vocab)
+    offset = np.zeros(DIM, dtype=np.float32)
+    space = passage_space(vocab.fingerprint)
+    if space is not None:
+        mean, directions = space
+        out -= (out @ directions.T) @ directions  # a linear map: the mean of mapped rows is the mapped mean
+        offset = mean - (mean @ directions.T) @ directions
+    with _LOCK:
+        _TABLES[vocab.fingerprint] = (np.ascontiguousarray(out), offset.astype(np.float32))
+    return _TABLES[vocab.fingerprint]
+
+
+def token_embeddings(vocab) -> np.ndarray:
+    """Per token of ``vocab``, the WordLlama embedding of its text (the mean of its WordLlama tokens') [V, DIM]."""
+    words, table = embedder()
+    pieces = vocab.tokenizer.batch_decode([[i] for i in range(vocab.vocab_size)], skip_special_tokens=False,
+                                          clean_up_tokenization_spaces=False)
+    out = np.zeros((vocab.vocab_size, DIM), dtype=np.float32)
+    for i, encoding in enumerate(words.encode_batch(pieces, add_special_tokens=False)):
+        if encoding.ids:
+            out[i] = table[np.minimum(encoding.ids, table.shape[0] - 1)].mean(axis=0)
+    return out
+
+
+def fit_space(fingerprint: str, text_means: np.ndarray, path: Path = SPACE_FILE) -> None:
+    """Write ``passage_space``'s file for one vocabulary from texts' mean token embeddings [n, DIM] (human text):
+    their mean and their SPACE_DIRECTIONS top principal directions; the process's tables are made again."""
+    mean = text_means.mean(axis=0)
+    directions = np.linalg.svd(text_means - mean, full_matrices=False)[2][:SPACE_DIRECTIONS]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, fingerprint=np.asarray(fingerprint), mean=mean.astype(np.float32),
+             directions=directions.astype(np.float32))
+    with _LOCK:
+        _TABLES.clear()
+
+
+def passage_space(fingerprint: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(The mean text vector [DIM], the top directions [SPACE_DIRECTIONS, DIM]) fitted for the vocabulary with
+    ``fingerprint``; None when ``SPACE_FILE`` holds none for it."""
+    if not SPACE_FILE.is_file():
+        return None
+    with np.load(SPACE_FILE) as data:
+        if str(data["fingerprint"]) != fingerprint:
+            return None
+        return data["mean"].astype(np.float32), data["directions"].astype(np.float32)
+
+
+def ids_vector(token_ids, space: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """A text's unit-length vector [DIM] float32 from its token ids, in ``vocab_table``'s space."""
+    table, offset = space
+    ids = np.asarray(token_ids, dtype=np.int64)
+    ids = ids[(ids >= 0) & (ids < table.shape[0])]
+    if not ids.shape[0]:
+        return np.zeros(DIM, dtype=np.float32)
+    return unit(table[ids].mean(axis=0) - offset)
+
+
+def rotation_seed(keyring) -> bytes:
+    """The rotation's 32-byte seed, derived from ``keyring``'s master key (the same in every worker)."""
+    return keyring.derive_key(VECTOR_PURPOSE)
+
+
+@functools.lru_cache(maxsize=4)
+def rotation(seed: bytes) -> np.ndarray:
+    """The orthogonal DIM x DIM matrix of ``seed`` (QR of a seeded Gaussian, signs fixed: one matrix per seed)."""
+    rng = np.random.Generator(np.random.PCG64(int.from_bytes(seed[:32], "little")))
+    q, r = np.linalg.qr(rng.standard_normal((DIM, DIM)))
+    return np.ascontiguousarray((q * np.sign(np.diag(r))).astype(np.float32))
+
+
+def quantised(vectors: np.ndarray) -> np.ndarray:
+    """int8 [n, DIM]: each row scaled so its largest coordinate is +-127, rounded (the cosine of two quantised
+    vectors is within about 0.001 of the float one's; a zero row stays zero)."""
+    vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+    peak = np.abs(vectors).max(axis=1, keepdims=True)
+    scaled = np.divide(vectors * 127.0, peak, out=np.zeros_like(vectors), where=peak > 0)
+    return np.clip(np.rint(scaled), -127, 127).astype(np.int8)
+
+
+_ROTATED: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def rotated_space(vocab, seed: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``vocab_table``'s space turned by ``rotation(seed)`` (table and offset): the mean of its rows less its offset
+    is the rotated text vector, so a verdict skips the DIM x DIM product (made once per vocabulary and seed)."""
+    found = _ROTATED.get((vocab.fingerprint, seed))
+    if found is None:
+        table, offset = vocab_table(vocab)
+        q = rotation(seed)
+        found = (np.ascontiguousarray(table @ q), (offset @ q).astype(np.float32))
+        with _LOCK:
+            _ROTATED[(vocab.fingerprint, seed)] = found
+    return found
+
+
+def stored_vector(token_ids, rotated: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """What the memory stores and looks up for one text's token ids (``rotated_space``'s): int8 [DIM]; the same
+    as ``stored_form(ids_vector(...), seed)`` (a rotation commutes with the mean and keeps lengths)."""
+    table, offset = rotated
+    ids = np.asarray(token_ids, dtype=np.int64)
+    ids = ids[(ids >= 0) & (ids < table.shape[0])]
+    if not ids.shape[0]:
+        return np.zeros(DIM, dtype=np.int8)
+    vector = np.take(table, ids, axis=0).sum(axis=0) - offset * ids.shape[0]  # the mean's direction, scaled
+    peak = float(np.abs(vector).max())
+    if peak == 0.0:
+        return np.zeros(DIM, dtype=np.int8)
+    return np.rint(vector * (127.0 / peak)).astype(np.int8)  # ``quantised`` of one row, without its guards
+
+
+def stored_form(vectors: np.ndarray, seed: bytes) -> np.ndarray:
+    """What the memory stores and looks up for unit embeddings [n, DIM] or [DIM]: rotated, quantised (int8)."""
+    return quantised(np.asarray(vectors, dtype=np.float32) @ rotation(seed))

@@ -1,0 +1,155 @@
+"""``paraphrase_of_own_output``: does a text restate, in other words, one output the service remembers?
+
+The watermark and the 5-gram match (``db.output_grams``) read the tokens; a paraphrase replaces them. The
+semantic memory (``db.semantic_memory``) keeps each output's passage vector (``db.passage_vectors``), and a
+verdict asks each tested key's copy (``VectorMirror``, this process's approximate-nearest-neighbour index) for
+the output closest in meaning to the text. The fact it adds: the nearest output's similarity, the false-match
+rate that similarity carries, whether it clears the calibrated threshold, and then that output's receipt id. It
+never changes the watermark verdict.
+
+The false-match rate comes from the calibration shipped beside this module (``data/paraphrase_null.json``, made by
+``python -m evaluation.paraphrase_calibration``): per pair (one text, one unrelated remembered output), how often
+human text and other outputs of the same model reach a similarity, on the fit half of the human corpora
+(``detector.human_corpora``) and of the model's outputs (``ParaphraseNull.pair_rate``). A text searched against
+``n`` outputs is falsely matched with probability at most ``n`` times that pair rate (a union bound, no
+independence assumed): ``false_match_rate``. The threshold (``matched``) is one grid step above the highest
+similarity any fit text reached against the calibration's memory of outputs, checked on the held-out half
+(docs/detection.md, "Paraphrases of our own output").
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from db.passage_vectors import rotated_space, rotation_seed, stored_vector
+from detector.key_source import has_master_key
+
+NULL_FILE = Path(__file__).with_name("data") / "paraphrase_null.json"
+FIELD_DESCRIPTION = (  # the verdict field's description in the HTTP API (api/detector/schemas.py)
+    "keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): matched, the text "
+    "restates one remembered output of a tested key in other words (cosine similarity of passage embeddings at or "
+    "above the calibrated threshold); it never changes the verdict. The detect scope sees matched only; explain and "
+    "admin also the similarity, the false-match rate it carries against the outputs searched, the threshold, and for "
+    "a match the output's receipt_id and key_id. None when no tested key has remembered outputs")
+
+
+@dataclass(frozen=True)
+class ParaphraseNull:
+    """Pair exceedances on a similarity grid: ``rate(s)`` is the larger of the nulls' (k + 1) / (pairs + 1),
+    k the pairs at or above s (an upper estimate that is never 0)."""
+
+    grid: tuple[float, ...]  # ascending similarities
+    nulls: dict  # name -> {"pairs": P, "texts": N, "outputs": M, "exceed": [k per grid point]}
+    threshold: float
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ParaphraseNull:
+        grid = tuple(float(s) for s in data["grid"])
+        if list(grid) != sorted(grid) or not grid:
+            raise ValueError("paraphrase null: the grid must be a non-empty ascending list")
+        for name, null in data["nulls"].items():
+            if len(null["exceed"]) != len(grid):
+                raise ValueError(f"paraphrase null {name!r}: one exceedance count per grid point expected")
+        return cls(grid, dict(data["nulls"]), float(data["threshold"]), data.get("source", ""))
+
+    def pair_rate(self, similarity: float) -> float:
+        """The false-match rate of one pair at ``similarity`` (the grid point at or below it): the largest
+        (k + 1) / (pairs + 1) of the nulls that have pairs there (k > 0), and never below the finest null's
+        1 / (pairs + 1). Past the highest similarity a null reached it says nothing more: there the best-resolved
+        null (human text: about 10^6 pairs) bounds the rate alone."""
+        at = bisect.bisect_right(self.grid, similarity) - 1
+        floor = min(1.0 / (null["pairs"] + 1) for null in self.nulls.values())
+        worst = floor
+        for null in self.nulls.values():
+            k = null["pairs"] if at < 0 else null["exceed"][at]
+            if k > 0:
+                worst = max(worst, (k + 1) / (null["pairs"] + 1))
+        return min(1.0, worst)
+
+    def false_match_rate(self, similarity: float, searched: int) -> float:
+        """A text's false-match rate against ``searched`` outputs: at most ``searched`` times the pair rate."""
+        return min(1.0, max(1, searched) * self.pair_rate(similarity))
+
+    def summary(self) -> dict:
+        return {name: {k: null[k] for k in ("pairs", "texts", "outputs")} for name, null in self.nulls.items()}
+
+
+@cache
+def shipped_null() -> ParaphraseNull:
+    """The calibration shipped with the package (``NULL_FILE``)."""
+    return ParaphraseNull.from_dict(json.loads(NULL_FILE.read_text()))
+
+
+class ParaphraseMatcher:
+    """The ``paraphrase_of_own_output`` fact of a text under the tested keys, from a ``VectorMirror``."""
+
+    def __init__(self, mirror, keyring_of, null: ParaphraseNull | None = None) -> None:
+        """``keyring_of``: returns the keyring (the detector's, made on first use)."""
+        self.mirror = mirror
+        self.keyring_of = keyring_of
+        self.null = null if null is not None else shipped_null()
+        self._seed: bytes | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.mirror is not None and self.mirror.enabled
+
+    def seed(self) -> bytes | None:
+        """The stored vectors' rotation seed (``db.passage_vectors.rotation_seed``); None for a keyring stand-in
+        without a master key (it cannot read the memory)."""
+        keyring = self.keyring_of()
+        if self._seed is None and has_master_key(keyring):
+            with self._lock:
+                self._seed = rotation_seed(keyring)
+        return self._seed
+
+    def vector(self, token_ids, vocab) -> np.ndarray | None:
+        """The text's stored-form vector (int8) from the token ids the detector read it as."""
+        seed = self.seed()
+        if seed is None:
+            return None
+        return stored_vector(token_ids, rotated_space(vocab, seed))
+
+    def fact(self, token_ids, vocab, key_ids: list[str]) -> dict | None:
+        """The nearest remembered output of any of ``key_ids`` (their copies searched in turn) as the verdict
+        reports it; None when the memory is off, nothing of these keys is remembered, or no master key."""
+        if not self.enabled or not key_ids or len(token_ids) == 0:
+            return None
+        vector = self.vector(token_ids, vocab)
+        if vector is None or not vector.any():
+            return None
+        best, best_key, searched = None, None, 0
+        for key_id in key_ids:
+            found = self.mirror.nearest(key_id, vector)
+            if found is None:
+                continue
+            searched += found.searched
+            if best is None or found.similarity > best.similarity:
+                best, best_key = found, key_id
+        if best is None:
+            return None
+        similarity = float(np.clip(best.similarity, -1.0, 1.0))
+        matched = similarity >= self.null.threshold
+        receipt = self.mirror.memory.receipt_of(best.row) if matched else None
+        return {"matched": matched and receipt is not None, "receipt_id": receipt,
+                "key_id": best_key if matched else None, "similarity": round(similarity, 4),
+                "false_match_rate": _rounded(self.null.false_match_rate(similarity, searched)),
+                "threshold": self.null.threshold, "outputs_searched": searched}
+
+
+def _rounded(rate: float) -> float:
+    """Two significant digits, rounded up (a rate shown is never below the one computed)."""
+    if rate <= 0.0 or rate >= 1.0:
+        return min(1.0, max(0.0, rate))
+    exponent = math.floor(math.log10(rate)) - 1
+    return math.ceil(rate / 10.0**exponent) * 10.0**exponent

@@ -1,0 +1,182 @@
+"""The false-match rate of ``paraphrase_of_own_output``, fitted on one half of the texts, checked on the other.
+
+    python -m evaluation.paraphrase_calibration --outputs DIR/cache/generations.jsonl[,...] [--write] [--out FILE]
+
+Negatives of two kinds, each split in two: human text (``detector.human_corpora``: each fit or held-out document
+cut into passages of PASSAGE_WORDS words, at most PER_DOC per document, first 200 tokens) and outputs of the same
+model (the generations an evaluation run cached: ``provmark eval robustness`` writes them, split by a hash of the
+prompt). Pairs of an output with an output of the same prompt are not unrelated and are left out.
+
+Fit: per pair (one negative text, one remembered output), how many pairs reach each similarity of the grid
+(``detector.paraphrase_match.ParaphraseNull``), and the threshold: one grid step above the highest similarity
+any fit text reaches against the memory (every output), so no fit text is falsely matched. Check: the held-out
+texts' false matches at that threshold against the same memory, and the held-out per-text rate that
+``ParaphraseNull.false_match_rate`` promises for it. ``--write`` first fits the passage space on the fit half
+(``db/data/passage_space.npz``, ``db.passage_vectors.fit_space``) and stores the fit in
+``detector/data/paraphrase_null.json``: what both services ship.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from db.passage_vectors import SPACE_FILE, fit_space, ids_vector, stored_form, token_embeddings, vocab_table
+from detector.human_corpora import FIT, HELD_OUT, documents
+from detector.normalize import normalize
+from detector.paraphrase_match import NULL_FILE, ParaphraseNull
+from watermark.vocab import encode, load_vocabulary
+
+PASSAGE_WORDS = 150  # about 200 tokens of prose, the outputs' length
+PER_DOC = 16  # passages of one document at most (a long source file does not outweigh the rest)
+TOKENS = 200
+GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.0025), 4)
+SEED = bytes(32)  # any rotation: it keeps every cosine; the quantisation is what is measured with it
+
+
+def passages(split: str) -> tuple[list[str], list[str]]:
+    """(passages, their domains) of one half of the human corpora."""
+    texts, domains = [], []
+    for doc in documents(split=split):
+        words = doc.text.split()
+        for start in range(0, min(len(words), PASSAGE_WORDS * PER_DOC), PASSAGE_WORDS):
+            chunk = words[start:start + PASSAGE_WORDS]
+            if len(chunk) >= PASSAGE_WORDS // 2:
+                texts.append(" ".join(chunk))
+                domains.append(doc.domain)
+    return texts, domains
+
+
+def read_outputs(paths: list[str]) -> list[dict]:
+    """Every cached generation of the given JSONL files: text and prompt (duplicates dropped)."""
+    seen, out = set(), []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            value = json.loads(line)["value"]
+            if value["text"] in seen or not value["text"].strip():
+                continue
+            seen.add(value["text"])
+            prompt = hashlib.sha256(json.dumps(value["prompt_ids"]).encode()).hexdigest()
+            out.append({"text": value["text"], "prompt": prompt})
+    return out
+
+
+def token_ids(vocab, texts: list[str]) -> list[list[int]]:
+    """Each text's first TOKENS token ids as the services read it (normalised)."""
+    return [encode(vocab, normalize(t).text)[:TOKENS] for t in texts]
+
+
+def vectors(vocab, texts: list[str]) -> np.ndarray:
+    """The memory's int8 vectors of ``texts`` as the services compute them."""
+    space = vocab_table(vocab)
+    return stored_form(np.stack([ids_vector(i, space) for i in token_ids(vocab, texts)]), SEED)
+
+
+def refit_space(vocab, texts: list[str], path: Path) -> None:
+    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts``."""
+    table = token_embeddings(vocab)
+    means = np.stack([table[i].mean(axis=0) for i in token_ids(vocab, texts) if len(i)])
+    fit_space(vocab.fingerprint, means, path)
+
+
+def similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of int8 rows of ``a`` against rows of ``b`` [len(a), len(b)]."""
+    a = a.astype(np.float32)
+    b = b.astype(np.float32)
+    a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return a @ b.T
+
+
+def exceedances(pairs: np.ndarray) -> list[int]:
+    """Per grid point, the pairs at or above it."""
+    ordered = np.sort(pairs.ravel())
+    return (ordered.shape[0] - np.searchsorted(ordered, GRID - 1e-7, side="left")).tolist()
+
+
+def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | None = None) -> dict:
+    """The fit (``ParaphraseNull``'s dict) and the held-out check, as one JSON-safe dict. ``space_file``: fit the
+    passage space on the fit half's human passages first and write it there (None: use the shipped one)."""
+    if space_file is not None:
+        refit_space(vocab, passages(FIT)[0], space_file)
+    prompts = np.array([o["prompt"] for o in outputs])
+    memory = vectors(vocab, [o["text"] for o in outputs])
+    fit_out = np.array([int(p[:2], 16) % 2 == 0 for p in prompts])
+    unrelated = prompts[:, None] != prompts[None, :]  # pairs of outputs of different prompts
+    output_sims = np.where(unrelated, similarities(memory, memory), -1.0)
+    halves = {}
+    for split in (FIT, HELD_OUT):
+        texts, domains = passages(split)
+        progress(f"{split}: {len(texts)} human passages")
+        sims = similarities(vectors(vocab, texts), memory)
+        halves[split] = {"sims": sims, "domains": np.array(domains)}
+    fit_outputs = output_sims[fit_out]
+    human = halves[FIT]["sims"]
+    nulls = {
+        "human": {"pairs": int(human.size), "texts": int(human.shape[0]), "outputs": len(outputs),
+                  "exceed": exceedances(human)},
+        "outputs": {"pairs": int(unrelated[fit_out].sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
+                    "exceed": exceedances(fit_outputs[unrelated[fit_out]])},
+    }
+    highest = max(float(human.max()), float(fit_outputs.max()))
+    threshold = float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, highest, side="right")))])
+    fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold,
+           "source": "python -m evaluation.paraphrase_calibration"}
+    null = ParaphraseNull.from_dict(fit)
+    held_human = halves[HELD_OUT]["sims"].max(axis=1)
+    held_outputs = output_sims[~fit_out].max(axis=1)
+    check = {
+        "threshold": threshold, "fit_highest": highest, "memory_outputs": len(outputs),
+        "held_out_human": _check(held_human, threshold, null, len(outputs)),
+        "held_out_outputs": _check(held_outputs, threshold, null, len(outputs)),
+        "held_out_human_by_domain": {
+            d: _check(held_human[halves[HELD_OUT]["domains"] == d], threshold, null, len(outputs))
+            for d in sorted(set(halves[HELD_OUT]["domains"].tolist()))},
+    }
+    return {"fit": fit, "check": check}
+
+
+def _check(best: np.ndarray, threshold: float, null: ParaphraseNull, searched: int) -> dict:
+    """Texts, false matches at ``threshold``, their rate, the rate the fit promises there, quantiles of the best
+    similarity per text."""
+    false = int((best >= threshold).sum())
+    return {"texts": int(best.shape[0]), "false_matches": false,
+            "rate": false / best.shape[0] if best.shape[0] else None,
+            "promised_rate": null.false_match_rate(threshold, searched),
+            "best_similarity": {q: float(np.quantile(best, float(q))) for q in ("0.5", "0.99", "0.999", "1")}
+            if best.shape[0] else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.paraphrase_calibration", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outputs", required=True, help="generations.jsonl files of evaluation runs, comma-separated")
+    parser.add_argument("--write", action="store_true",
+                        help=f"fit the passage space again ({SPACE_FILE}) and store the fit in {NULL_FILE}")
+    parser.add_argument("--out", help="write the fit and the check here (JSON)")
+    args = parser.parse_args(argv)
+    paths = [p for p in args.outputs.split(",") if p]
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        print(f"paraphrase_calibration: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    outputs = read_outputs(paths)
+    if len(outputs) < 4:
+        print(f"paraphrase_calibration: {len(outputs)} outputs; at least 4 needed", file=sys.stderr)
+        return 2
+    result = calibrate(load_vocabulary(), outputs, space_file=SPACE_FILE if args.write else None)
+    print(json.dumps(result["check"], indent=1))
+    if args.write:
+        NULL_FILE.write_text(json.dumps(result["fit"], separators=(",", ":")) + "\n")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

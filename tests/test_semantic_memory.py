@@ -1,0 +1,113 @@
+"""db.semantic_memory and db.passage_vectors on both backends (a SQLite file and a real PostgreSQL server): what
+a row holds (a rotated, quantised vector and a receipt id: no text), retention of the newest N per key, purge with
+the key, the memory turned off, and a detector worker's copy (``VectorMirror``) following new rows and a purge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import inspect, select
+
+from api.cli.main import main
+from db.passage_vectors import DIM, quantised, rotation, stored_form, unit
+from db.rows import OutputVectorRow
+from db.semantic_memory import SemanticMemory, VectorMirror
+from db.store import Store
+
+pytest_plugins = ["pg"]
+
+TEXT = "The city council voted on Tuesday night to close the old public library on Main Street."
+
+
+def random_vectors(count: int, seed: int = 0) -> np.ndarray:
+    return stored_form(unit(np.random.default_rng(seed).standard_normal((count, DIM)).astype(np.float32)),
+                       bytes(32))
+
+
+def test_the_stored_form_keeps_cosines_and_is_keyed():
+    raw = unit(np.random.default_rng(1).standard_normal((50, DIM)).astype(np.float32))
+    stored = stored_form(raw, b"a" * 32).astype(np.float32)
+    stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+    assert np.abs(stored @ stored.T - raw @ raw.T).max() < 0.01  # rotation keeps cosines; int8 costs < 0.01
+    other = stored_form(raw, b"b" * 32)
+    assert not np.array_equal(other, stored_form(raw, b"a" * 32))  # another master key, other bytes
+    q = rotation(b"a" * 32)
+    assert np.allclose(q @ q.T, np.eye(DIM), atol=1e-5)
+    assert quantised(np.zeros((1, DIM))).tolist() == [[0] * DIM]
+    assert np.abs(quantised(raw)).max() == 127
+
+
+def test_a_row_holds_a_vector_and_a_receipt_no_text(database_url):
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = SemanticMemory(store)
+    vector = random_vectors(1)[0]
+    memory.record("k", "receipt-1", vector)
+    columns = {c["name"] for c in inspect(store.engine).get_columns("output_vectors")}
+    assert columns == {"id", "key_id", "receipt_id", "created_at", "vector"}
+    with store.read() as session:
+        row = session.scalars(select(OutputVectorRow)).one()
+    assert len(row.vector) == DIM and np.array_equal(np.frombuffer(row.vector, dtype=np.int8), vector)
+    assert TEXT.encode() not in row.vector and memory.receipt_of(row.id) == "receipt-1"
+    with pytest.raises(ValueError, match="int8"):
+        memory.record("k", "receipt-2", vector.astype(np.float32))
+    store.close()
+
+
+def test_retention_keeps_the_newest_per_key_and_purge_deletes_the_key(database_url):
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = SemanticMemory(store, keep=5, prune_every=1)
+    vectors = random_vectors(12)
+    for i, vector in enumerate(vectors):
+        memory.record("k", f"r{i}", vector)
+    memory.record("other", "o0", vectors[0])
+    assert memory.count("k") == 5 and memory.count("other") == 1
+    kept = memory.newest_rows("k", 100)
+    assert [memory.receipt_of(i) for i, _ in kept] == [f"r{i}" for i in range(7, 12)]  # the newest five
+    assert memory.purge("k") == 5 and memory.count("k") == 0 and memory.count("other") == 1
+    off = SemanticMemory(store, keep=0)
+    off.record("k", "ignored", vectors[0])
+    assert not off.enabled and memory.count("k") == 0
+    store.close()
+
+
+def test_the_mirror_follows_new_outputs_drops_old_ones_and_reloads_after_a_purge(database_url):
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = SemanticMemory(store, keep=6, prune_every=1)
+    mirror = VectorMirror(memory, sync_seconds=0.0)
+    vectors = random_vectors(10, seed=3)
+    assert mirror.nearest("k", vectors[0]) is None  # nothing remembered
+    for i in range(4):
+        memory.record("k", f"r{i}", vectors[i])
+    found = mirror.nearest("k", vectors[2])
+    assert memory.receipt_of(found.row) == "r2" and found.similarity > 0.999 and found.searched == 4
+    for i in range(4, 10):  # followed row by row; the copy keeps the newest six, as the store does
+        memory.record("k", f"r{i}", vectors[i])
+    assert memory.receipt_of(mirror.nearest("k", vectors[9]).row) == "r9"
+    assert len(mirror.view("k")) == 6
+    gone = mirror.nearest("k", vectors[1])  # dropped: its nearest is another output, far off
+    assert gone.similarity < 0.5 and memory.receipt_of(gone.row) != "r1"
+    memory.purge("k")
+    memory.record("k", "fresh", vectors[1])
+    assert mirror.nearest("k", vectors[1]).searched == 1  # the purge seen: loaded again
+    store.close()
+
+
+def test_retiring_a_key_with_purge_deletes_its_remembered_meaning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PROVMARK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PROVMARK_MASTER_KEY", raising=False)
+    monkeypatch.delenv("PROVMARK_DATABASE_URL", raising=False)
+    for argv in (["create", "alpha"], ["create", "beta"], ["create", "gamma"], ["rotate", "gamma"]):
+        assert main(["keys", *argv]) == 0
+    store = Store()
+    memory = SemanticMemory(store)
+    for i, vector in enumerate(random_vectors(3)):
+        for key in ("alpha", "beta", "gamma"):
+            memory.record(key, f"{key}{i}", vector)
+    assert main(["keys", "retire", "beta"]) == 0  # retired, its secret kept for audits: its memory too
+    assert main(["keys", "retire", "alpha", "--purge"]) == 0
+    assert (memory.count("alpha"), memory.count("beta"), memory.count("gamma")) == (0, 3, 3)
+    capsys.readouterr()
+    store.close()

@@ -22,6 +22,7 @@ from http_fixtures import (
 )
 
 from api.detector.app import create_app, services_of
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from provenance.c2pa_credential import load_c2pa_credential
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, sign_text
@@ -96,7 +97,7 @@ def test_verdicts_in_the_browser(browser, site, tmp_path):
     check(page, texts["watermarked"])
     assert page.text_content("#verdict") == "watermarked"
     # a detect token is shown the coarse z of the detect scope (docs/security.md), no counts
-    expected_z = detector.detect(texts["watermarked"], windows=True).disclose("detect")["z_score"]
+    expected_z = detector.detect(texts["watermarked"], options=DetectOptions(windows=True)).disclose("detect")["z_score"]
     assert expected_z > 4.0 and page.text_content("#z-score") == f"{expected_z:.2f}"
     assert page.text_content("#tokens-scored") == "–"
     assert page.locator("#passage mark.window").count() > 0  # the watermarked passage is highlighted

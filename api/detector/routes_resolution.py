@@ -31,9 +31,10 @@ from db.rows import text_sha256
 from detector.disclosure import EXPLAIN_SCOPE
 from detector.normalize import normalize as normalize_text
 from provenance.c2pa_manifest import soft_binding_alg, soft_binding_value
+from watermark.schemes import FAMILIES, family_of_text
 
-FAMILIES = ("kgw", "gumbel", "synthid")  # the keyed watermarks a manifest's soft binding can name
-SUPPORTED = tuple(soft_binding_alg(family) for family in FAMILIES)
+# the keyed watermarks a manifest's soft binding can name: their families say so (SchemeFamily.soft_binding)
+SUPPORTED = tuple(soft_binding_alg(family.name) for family in FAMILIES if family.soft_binding)
 EXACT, WATERMARK = 100, 50  # similarityScore: the same visible text; a text under the same key and spec
 DEFAULT_RESULTS, MAX_RESULTS = 10, 100
 
@@ -139,7 +140,7 @@ def blueprint(api, services) -> Blueprint:
         if budgeted and daily > 0:
             services.usage.charge(g.token.caller, budget.charge_for(verdict.num_tokens), daily)
         if verdict.verdict == "watermarked" and verdict.key_id is not None:
-            family = verdict.watermark.split(":", 1)[0]
+            family = family_of_text(verdict.watermark).name
             if query.alg in (None, soft_binding_alg(family)):
                 binding = f"{soft_binding_alg(family)} {soft_binding_value(verdict.key_id, verdict.fingerprint)}"
                 for record in find_manifests(store, soft_binding=binding, limit=query.maxResults):

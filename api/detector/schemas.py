@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from api.http import StrictModel
-from db.verdicts import MAX_PAGE_SIZE, VERDICTS
+from db.verdicts import MAX_PAGE_SIZE, VERDICTS, VerdictFilter
 from watermark.config import MAX_SPEC_CHARS
 from watermark.stats import Z_THRESHOLD
 from watermark.sampling_specs import MAX_HF_SPEC_CHARS
@@ -268,9 +268,9 @@ class VerdictQuery(StrictModel):
         except OverflowError:
             raise ValueError("out of range once converted to UTC") from None
 
-    def filters(self) -> dict[str, Any]:
-        """Keyword arguments for ``Store.list_verdicts`` / ``verdicts_csv``."""
-        return self.model_dump(exclude={"format"})
+    def filters(self) -> VerdictFilter:
+        """The filters for ``Store.list_verdicts`` / ``verdicts_csv``."""
+        return VerdictFilter(**self.model_dump(exclude={"format", "cursor", "limit"}))
 
 
 class AuditEventItem(BaseModel):

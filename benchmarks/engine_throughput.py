@@ -62,6 +62,7 @@ from common import write_json
 
 from generation.engine import Engine
 from generation.models import load_model
+from generation.runner import ComputePaths
 from generation.sample.sampler import SamplingParams
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "engine_throughput.json"
@@ -201,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     if not set(batches) <= set(BATCHES):
         parser.error("--batches: choose from 1,16,64")
-    engine = Engine(loaded, max_num_seqs=max(BATCH, *batches), max_model_len=512, packed_weights=packed,
-                    native_kernels=native)
+    engine = Engine(loaded, max_num_seqs=max(BATCH, *batches), max_model_len=512,
+                    paths=ComputePaths(packed_weights=packed, native_kernels=native))
     watermark = default_watermark(vocab_size)
     two_part = default_watermark(vocab_size, two_part=True)
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import create_engine, event, exc, select
 from sqlalchemy.engine import Engine, make_url
@@ -158,18 +156,17 @@ class Store:
         """One verdict, whole (``exact``) or in the audit scope's detect-scope view (``db.verdicts``)."""
         return verdicts.get_verdict(self, verdict_id, exact=exact)
 
-    def list_verdicts(self, since: datetime | None = None, until: datetime | None = None, verdict: str | None = None,
-                      key_id: str | None = None, min_z: float | None = None, text_sha256: str | None = None,
-                      cursor: str | None = None, limit: int = DEFAULT_PAGE_SIZE, exact: bool = True) -> VerdictPage:
+    def list_verdicts(self, filters: verdicts.VerdictFilter = verdicts.VerdictFilter(), *, cursor: str | None = None,
+                      limit: int = DEFAULT_PAGE_SIZE, exact: bool = True) -> VerdictPage:
         """Verdicts newest first, filtered (``since`` inclusive, ``until`` exclusive); pass
         ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive. ``exact=False``:
         the audit scope's detect-scope view, filtered on it (``db.verdicts``)."""
-        return verdicts.list_verdicts(self, since=since, until=until, verdict=verdict, key_id=key_id, min_z=min_z,
-                                      text_sha256=text_sha256, cursor=cursor, limit=limit, exact=exact)
+        return verdicts.list_verdicts(self, filters, cursor=cursor, limit=limit, exact=exact)
 
-    def verdicts_csv(self, **filters: Any) -> Iterator[str]:
-        """CSV lines (header first) of every verdict matching ``list_verdicts`` filters, page by page."""
-        return verdicts.verdicts_csv(self, **filters)
+    def verdicts_csv(self, filters: verdicts.VerdictFilter = verdicts.VerdictFilter(), *,
+                     limit: int = verdicts.MAX_PAGE_SIZE, exact: bool = True) -> Iterator[str]:
+        """CSV lines (header first) of every verdict ``filters`` keeps, page by page."""
+        return verdicts.verdicts_csv(self, filters, limit=limit, exact=exact)
 
 
 

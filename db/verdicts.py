@@ -147,21 +147,26 @@ def get_verdict(store, verdict_id: str, exact: bool = True) -> dict | None:
         return view(row, exact) if row is not None else None
 
 
-def list_verdicts(
-    store,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    verdict: str | None = None,
-    key_id: str | None = None,
-    min_z: float | None = None,
-    text_sha256: str | None = None,
-    cursor: str | None = None,
-    limit: int = DEFAULT_PAGE_SIZE,
-    exact: bool = True,
-) -> VerdictPage:
-    """Verdicts newest first, filtered (``since`` inclusive, ``until`` exclusive); pass
+@dataclass(frozen=True, slots=True)
+class VerdictFilter:
+    """Which verdicts a listing keeps (each None: any): created in [``since``, ``until``), with this verdict,
+    best key, at least this z, or this text hash."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    verdict: str | None = None
+    key_id: str | None = None
+    min_z: float | None = None
+    text_sha256: str | None = None
+
+
+def list_verdicts(store, filters: VerdictFilter = VerdictFilter(), *, cursor: str | None = None,
+                  limit: int = DEFAULT_PAGE_SIZE, exact: bool = True) -> VerdictPage:
+    """Verdicts newest first, ``filters`` kept (``since`` inclusive, ``until`` exclusive); pass
     ``next_cursor`` back to get the next page. Pages are stable while new verdicts arrive. ``exact=False``:
     the detect-scope view, ``verdict``, ``min_z`` and ``key_id`` on it (module docstring)."""
+    since, until, verdict, key_id = filters.since, filters.until, filters.verdict, filters.key_id
+    min_z, text_sha256 = filters.min_z, filters.text_sha256
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE_SIZE}]")
     if verdict is not None and verdict not in VERDICTS:
@@ -198,14 +203,13 @@ def list_verdicts(
     return VerdictPage([view(row, exact) for row in rows], next_cursor)
 
 
-def verdicts_csv(store, **filters: Any) -> Iterator[str]:
-    """CSV lines (header first) of every verdict matching ``list_verdicts`` filters, page by page."""
-    filters.pop("cursor", None)
-    filters.setdefault("limit", MAX_PAGE_SIZE)
+def verdicts_csv(store, filters: VerdictFilter = VerdictFilter(), *, limit: int = MAX_PAGE_SIZE,
+                 exact: bool = True) -> Iterator[str]:
+    """CSV lines (header first) of every verdict ``filters`` keeps, ``limit`` a page."""
     yield _csv_line(CSV_COLUMNS)
     cursor = None
     while True:
-        page = list_verdicts(store, cursor=cursor, **filters)
+        page = list_verdicts(store, filters, cursor=cursor, limit=limit, exact=exact)
         for item in page.items:
             yield _csv_line([_csv_cell(item[name]) for name in CSV_COLUMNS])
         if page.next_cursor is None:

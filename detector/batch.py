@@ -42,7 +42,7 @@ import json
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from detector.batch_secrets import DITHER_ID, KeySecrets, SecretsKeyring
 from detector.calibration import ShippedCalibrations, shipped_calibrations
 from detector.disclosure import recorded, with_spec_fingerprint
 from detector.key_source import has_master_key
+from detector.scoring_request import DetectOptions
 from detector.service import Detector, dither_key_of
 from detector.your_units import YourUnits
 from watermark.config import SpecError
@@ -59,38 +60,12 @@ from watermark.key_info import KeyringError
 from watermark.keys import Keyring
 from watermark.public_key import public_half_id
 from watermark.specs import AnySpec, parse_spec
-from watermark.stats import Z_THRESHOLD
 
 CHUNK_ROWS = 256  # rows per task: big enough to hide pickling and scheduling, small enough for a smooth bar
 
 
 class BatchError(Exception):
     """A batch that cannot run (bad record, unknown key, failed worker). Messages carry no secret."""
-
-
-@dataclass(slots=True)
-class DetectOptions:
-    """The detector options every record of a batch shares (``provmark detect``'s flags)."""
-
-    windows: bool = False
-    explain: bool = False
-    normalize: bool = True
-    dedup: bool = True
-    z_threshold: float = Z_THRESHOLD
-    fpr: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("windows", "explain", "normalize", "dedup"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")  # noqa: TRY004 (an option)
-        if isinstance(self.z_threshold, bool) or not isinstance(self.z_threshold, (int, float)):
-            raise ValueError(f"z_threshold: expected a number, got {self.z_threshold!r}")  # noqa: TRY004 (an option)
-        if self.fpr is not None and (isinstance(self.fpr, bool) or not isinstance(self.fpr, (int, float))):
-            raise ValueError(f"fpr: expected a number or None, got {self.fpr!r}")
-
-    def as_kwargs(self) -> dict:
-        return {"windows": self.windows, "explain": self.explain, "normalize": self.normalize, "dedup": self.dedup,
-                "z_threshold": self.z_threshold, "fpr": self.fpr}
 
 
 @dataclass(slots=True)
@@ -266,7 +241,7 @@ class ChunkDetector:
         self._detector = Detector(vocab=vocab, keyring=SecretsKeyring(secrets),
                                   calibrations=ShippedCalibrations(calibrations or {}),
                                   dither_key=secrets.get(DITHER_ID), your_units=your_units)
-        self._options = options.as_kwargs()
+        self._options = options
 
     def __repr__(self) -> str:
         return "ChunkDetector()"
@@ -276,7 +251,8 @@ class ChunkDetector:
         not raised, to name the row)."""
         spec, keys, forced = json.loads(task)
         try:
-            verdict = self._detector.detect(text, keys=keys, spec=spec, forced_positions=forced, **self._options)
+            verdict = self._detector.detect(text, keys=keys, spec=spec,
+                                            options=replace(self._options, forced_positions=forced))
         except (KeyringError, SpecError, ValueError, TypeError) as exc:
             return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         full, coarse = verdict.views("explain")

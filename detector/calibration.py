@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from detector.common_units import TABLE_KINDS
+from detector.common_units import uses_table
 from detector.key_source import has_master_key
 from watermark.key_info import KeyringIntegrityError
 from watermark.paths import write_private_atomic
@@ -332,7 +332,7 @@ def is_stale(calibration: Calibration, current_digests: set[str]) -> bool:
     """True when the detector would not use ``calibration``: it was measured under a common-unit table that
     is not the current one (``detector.common_units.current_digests``), or with one where the spec's kind
     uses none (the detector compares the digests, scoring_request.current_calibrations)."""
-    if parse_spec(calibration.spec).kind not in TABLE_KINDS:
+    if not uses_table(parse_spec(calibration.spec)):
         return calibration.common_units is not None
     return calibration.common_units not in current_digests
 

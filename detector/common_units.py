@@ -34,6 +34,7 @@ from tqdm import tqdm
 from detector import human_corpora, unit_lookup
 from detector.scoring_kernel import common_frequencies
 from watermark.paths import models_dir
+from watermark.schemes import family_of
 from watermark.units import GRAM_TAG, PAIR_TAG, TOKEN_TAG, window_identities
 from watermark.vocab import load_vocabulary
 
@@ -43,9 +44,9 @@ log = logging.getLogger(__name__)
 # the scheme's threshold (docs/detection.md, "the fix"). The table measures f, the share of 200-token
 # windows; a text of L tokens contains a unit with probability about 1 - (1 - f)^(L/200), so longer
 # texts leave out rarer units and shorter ones only the most common (``threshold_for_length``).
-THRESHOLDS = {"selfhash": 0.02, "minhash": 0.02, "lefthash": 0.01, "unigram": 0.002,
-              # the sampling watermarks keyed by our PRF: a unit is (h context tokens, token), as lefthash's
-              "gumbel": 0.01, "synthid": 0.01}
+# Keyed by KGW context scheme; another family's units take the threshold of the scheme its family names
+# (``SchemeFamily.common_units_as``: our sampling watermarks' unit is (h context tokens, token), as lefthash's).
+THRESHOLDS = {"selfhash": 0.02, "minhash": 0.02, "lefthash": 0.01, "unigram": 0.002}
 # The table keeps what the thresholds may need down to texts of ~2,000 tokens (rarer units are not kept:
 # longer texts fall back to these floors): tokens from 0.0002, pairs and n-grams from 0.002.
 FLOOR = {TOKEN_TAG: 0.0002, PAIR_TAG: 0.002, GRAM_TAG: 0.002}
@@ -105,7 +106,7 @@ class CommonUnits:
         detectors they reproduce do. ``identities``: the positions' unit identities when the caller has
         them already (a sampling watermark's caller must give them: ``watermark.units.identities``)."""
         spec = watermark.spec
-        threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
+        threshold = threshold_of(spec)
         if threshold is None:
             return np.zeros(0, dtype=np.int64)
         if identities is None:
@@ -118,7 +119,7 @@ class CommonUnits:
         slots (``detector.unit_lookup.packed_hash_table``), longest probe, the float32 threshold a frequency must reach) for a text
         of ``num_tokens`` tokens under ``watermark``'s spec; None where the spec counts every position."""
         spec = watermark.spec
-        threshold = THRESHOLDS.get(spec.scheme if spec.kind == "kgw" else spec.kind)
+        threshold = threshold_of(spec)
         if threshold is None:
             return None
         slots, probes = unit_lookup.packed_hash_table(self)
@@ -289,13 +290,22 @@ def for_vocabulary(vocab) -> CommonUnits:
     return found
 
 
-TABLE_KINDS = ("kgw", "gumbel", "synthid")  # spec kinds scored with the table (hf:, hf:synthid, vllm: count all)
+def threshold_of(spec) -> float | None:
+    """The share of human texts at which a unit of ``spec`` is left out (None: the spec's family counts every
+    position, as the reference detector it reproduces does: hf:, hf:synthid, vllm:gumbel)."""
+    scheme = family_of(spec).common_units_as(spec)
+    return None if scheme is None else THRESHOLDS.get(scheme)
+
+
+def uses_table(spec) -> bool:
+    """Whether ``spec`` is scored with the table (its family leaves common units out)."""
+    return family_of(spec).common_units_as(spec) is not None
 
 
 def for_spec(spec, vocab) -> CommonUnits | None:
-    """The table the detector scores ``spec`` with (``for_vocabulary``), or None for a kind that counts every
+    """The table the detector scores ``spec`` with (``for_vocabulary``), or None for a family that counts every
     position as the reference detector it reproduces does."""
-    return for_vocabulary(vocab) if spec.kind in TABLE_KINDS else None
+    return for_vocabulary(vocab) if uses_table(spec) else None
 
 
 def current_digests(yours=None) -> set[str]:

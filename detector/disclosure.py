@@ -117,9 +117,10 @@ SAMPLING_UNIT_VARIANCE = 0.25  # sampling specs: d = 1 / sqrt(T / 4) = 2 / sqrt(
 PAIRED_UNIT_VARIANCE = 0.25  # two-part keys' paired test: b ~ Binomial(b + c, 1/2), one unit moves z by 2 / sqrt(b + c)
 
 
-def unit_variance(spec_text: str) -> float:
-    """What one unit's change is measured against in z: gamma (1 - gamma) for kgw/hf, 1/4 for sampling specs."""
-    spec = parse_spec(spec_text)
+def unit_variance(spec) -> float:
+    """What one unit's change is measured against in z: gamma (1 - gamma) for kgw/hf, 1/4 for sampling specs
+    (``spec``: the value, or its string)."""
+    spec = parse_spec(spec)
     return SAMPLING_UNIT_VARIANCE if is_sampling(spec) else spec.gamma * (1.0 - spec.gamma)
 
 

@@ -28,8 +28,8 @@ from detector.scoring import (
     verdict_of,
 )
 from detector.scoring_request import Scored, ScoringRequest
-from detector.two_part import public_half_report
-from detector.verdict import Verdict
+from detector.two_part import PrivateScoring, public_half_report
+from detector.verdict_builder import Outcome, build_verdict
 from watermark.config import WatermarkSpec
 from watermark.scheme import Watermark
 
@@ -85,40 +85,31 @@ def score_kgw(request: ScoringRequest) -> Scored:
 
     # the published half is scored as a public verifier scores it: with the shipped table (the deployment's own
     # texts' units are not published)
-    public_half = public_half_report(marks, request.ids, common_units.for_spec(spec, request.vocab), options.dedup,
-                                     found.forced, found.flags, counted, text_alpha, min_tokens, verdict)
+    private = PrivateScoring(request.ids, common_units.for_spec(spec, request.vocab), options.dedup, found.forced,
+                             found.flags, counted)
+    public_half = public_half_report(marks, private, text_alpha, min_tokens, verdict)
     spoof_units = None
     if request.keep_spoof_units and verdict == WATERMARKED and options.dedup and request.common is not None:
         spoof_units = (found.flags[best_index], found.identities[best_index], found.unforced[best_index])
-    common = request.common
-    result = Verdict(
-        verdict=verdict,
-        z_score=best.z_score,
-        p_value=best.p_value_corrected,
-        p_value_normal=min(1.0, best.p_value_normal * len(marks)),
-        num_tokens_scored=total,
-        num_green_tokens=best.num_green_tokens,
-        green_fraction=best.num_green_tokens / total if total else float("nan"),
-        key_id=best.key_id,
-        keys=[s.to_dict() for s in scores],
-        **request.verdict_fields(text_alpha, min_tokens),
-        decided_by=decided_by,
-        num_forced_positions=int(found.forced.shape[0]),
-        num_common_positions=found.num_common[best_index],
+    outcome = Outcome(
+        verdict=verdict, decided_by=decided_by, z_score=best.z_score, p_value=best.p_value_corrected,
+        p_value_normal=min(1.0, best.p_value_normal * len(marks)), num_tokens_scored=total, key_id=best.key_id,
+        keys=[s.to_dict() for s in scores], text_alpha=text_alpha, min_tokens=min_tokens,
+        num_forced_positions=int(found.forced.shape[0]), num_common_positions=found.num_common[best_index],
         calibration=(None if best_calibration is None
                      else verdict_calibration(best_calibration, total, guarded[best_index])),
-        promise=(None if promises[best_index] is None
-                 else promises[best_index].to_dict(guarded[best_index], effective_z(text_alpha, len(marks)))),
-        common_units=common.digest if common is not None else None,
         windows=window_report,
-        public_half=public_half,
         explanation=(_explanation(request.text, request.ids, spans, found.flags[best_index], counted[best_index], h)
                      if options.explain else None),
         dither=(None if request.dither_key is None
                 else dither(request.dither_key, first.fingerprint, best.key_id,
                             found.units[best_index][counted[best_index]])),
+        num_green_tokens=best.num_green_tokens,
+        promise=(None if promises[best_index] is None
+                 else promises[best_index].to_dict(guarded[best_index], effective_z(text_alpha, len(marks)))),
+        public_half=public_half,
     )
-    return Scored(result, spoof_units)
+    return Scored(build_verdict(request, outcome), spoof_units)
 
 
 def _positions(request: ScoringRequest, h: int) -> _Positions:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from watermark.field_error import FieldError
+
 STAGES = ("invisible", "nfkc", "homoglyphs", "whitespace")
 
 # Look-alikes from Unicode's confusables list (security/confusables.txt) restricted to Cyrillic and
@@ -141,7 +143,7 @@ def _chosen_stages(stages: bool | Iterable[str]) -> frozenset[str]:
     chosen = frozenset(stages)
     unknown = chosen - set(STAGES)
     if unknown:
-        raise ValueError(f"normalize: unknown stage(s) {', '.join(sorted(unknown))} (known: {', '.join(STAGES)})")
+        raise FieldError("normalize", f"unknown stage(s) {', '.join(sorted(unknown))} (known: {', '.join(STAGES)})")
     return chosen
 
 

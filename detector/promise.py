@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from watermark.schemes import family_of
 from watermark.text_kind import CODE, CODE_SHARE, KINDS, PROSE, codeish_fraction, codeish_table, kind_of_fraction
 
 __all__ = ["CODE", "CODE_SHARE", "KINDS", "PROSE", "codeish_fraction", "codeish_table", "kind_of_fraction"]
@@ -169,7 +170,7 @@ UNIGRAM_ON_CODE = ("unigram leaves most source code without enough units to scor
 
 def spec_note(spec) -> str | None:
     """What a user picking ``spec`` for a key should know about the texts it can judge; None when nothing."""
-    return UNIGRAM_ON_CODE if getattr(spec, "kind", None) == "kgw" and spec.scheme == "unigram" else None
+    return UNIGRAM_ON_CODE if spec is not None and family_of(spec).common_units_as(spec) == "unigram" else None
 
 
 def describe() -> dict:

@@ -18,39 +18,24 @@ from detector.calibration import guarded_p_value, verdict_calibration
 from detector.disclosure import dither, dither_sorted, z_of
 from detector.scoring import WATERMARKED, effective_z, forced_scored_positions, verdict_of
 from detector.scoring_request import Scored, ScoringRequest
-from detector.scoring_sampling import GUMBEL_KINDS, counted_score, positions, window_of
-from detector.verdict import Verdict
+from detector.scoring_sampling import SampledPositions, counted_score, sampled_positions, window_of
+from detector.verdict_builder import Outcome, build_verdict
 from detector.windows import STRIDE_DIVISOR, count_windows, window_sizes
+from watermark.schemes import family_of
 from watermark.stats import holm, p_value_normal
-
-# The reference position for "how long must a watermarked text be": the model spreads its probability
-# evenly over 4 tokens (2 bits), as KGW's min_tokens takes a best-case position (detector.scoring).
-# Gumbel: E[s] there is the harmonic number H_4 = 25/12 (E[s] = sum_v p_v H(1/p_v), watermark/gumbel.py).
-GUMBEL_REFERENCE_SCORE = 25.0 / 12.0
-# SynthID: mean g over 30 layers of the winner of a tournament over 4 equally likely tokens; 0.5775 by a
-# seeded simulation of the tournament (tests/test_detector_sampling.py recomputes it).
-SYNTHID_REFERENCE_MEAN_G = 0.5775
 
 
 def min_scored_units(mark, z_threshold: float) -> int:
     """Counted units below which a negative is not informative (``insufficient_text``): the first T at
-    which watermarked text at the reference position is expected to reach ``z_threshold``."""
-    if mark.spec.kind in GUMBEL_KINDS:
-        per_unit = GUMBEL_REFERENCE_SCORE - 1.0  # Exp(1) under H0: mean 1, sd 1
-    else:
-        rate, m = mark.null_g_rate, mark.layers
-        per_unit = (SYNTHID_REFERENCE_MEAN_G - rate) * m / math.sqrt(m * rate * (1.0 - rate))
+    which watermarked text at the family's reference position (``reference_unit_z``) is expected to reach
+    ``z_threshold``."""
+    per_unit = family_of(mark.spec).reference_unit_z(mark)
     return max(1, math.ceil(z_threshold**2 / per_unit**2 - 1e-9))
 
 
 def statistic_of(mark, score) -> dict:
-    """The scheme's own statistic of one score (explain scope only)."""
-    if mark.spec.kind in GUMBEL_KINDS:
-        t = score.num_tokens_scored
-        return {"name": "gumbel_sum", "sum": score.statistic, "mean": score.statistic / t if t else None}
-    return {"name": "g_values", "ones": int(score.statistic), "trials": score.num_tokens_scored * mark.layers,
-            "null_rate": mark.null_g_rate, "mean_g": _finite(score.mean_g),
-            "weighted_mean_g": _finite(score.weighted_mean_g)}
+    """The scheme's own statistic of one score (explain scope only), as its family states it."""
+    return family_of(mark.spec).statistic(mark, score)
 
 
 def score_sampling(request: ScoringRequest) -> Scored:
@@ -60,16 +45,17 @@ def score_sampling(request: ScoringRequest) -> Scored:
                                                  request.common)
     first = marks[0]
     keep = request.keep_spoof_units and options.dedup and common is not None
-    scored = [positions(mark, ids, options.dedup, common, with_units=True, with_identities=keep) for mark in marks]
+    scored = [sampled_positions(mark, ids, options.dedup, common, with_identities=keep) for mark in marks]
+    num_positions = scored[0].values.shape[0]
     # token index of scored position 0: h, except vllm:gumbel, which scores every token (padded contexts)
-    h = int(ids.shape[0]) - scored[0][0].shape[0] if scored[0][0].shape[0] else first.context_width
-    num_common = [int((prev == np.arange(prev.shape[0])).sum()) for _, prev, *_ in scored]
-    forced = forced_scored_positions(options.forced_positions, h, scored[0][0].shape[0])
+    h = int(ids.shape[0]) - num_positions if num_positions else first.context_width
+    num_common = [int((s.prev == np.arange(s.prev.shape[0])).sum()) for s in scored]
+    forced = forced_scored_positions(options.forced_positions, h, num_positions)
     # the spoof check counts what its null counted: first occurrences, forced positions included
-    unforced = [prev.copy() if forced.shape[0] else prev for _, prev, *_ in scored] if keep else None
-    for _, prev, *_ in scored:  # a position that points at itself counts nowhere, in the text or a window
-        prev[forced] = forced
-    scores = [counted_score(mark, values, prev) for mark, (values, prev, *_) in zip(marks, scored)]
+    unforced = [s.prev.copy() if forced.shape[0] else s.prev for s in scored] if keep else None
+    for s in scored:  # a position that points at itself counts nowhere, in the text or a window
+        s.prev[forced] = forced
+    scores = [counted_score(mark, s.values, s.prev) for mark, s in zip(marks, scored)]
     guarded = [False] * len(scores)
     for i, (score, calibration) in enumerate(zip(scores, calibrations)):
         # the calibration measured this key's null of z = the normal quantile of the exact p (see calibrate)
@@ -92,35 +78,29 @@ def score_sampling(request: ScoringRequest) -> Scored:
         if window_report["detected"] and verdict != WATERMARKED:
             verdict, decided_by = WATERMARKED, "window"
 
-    values, prev, units, order = scored[best_index][:4]
+    chosen = scored[best_index]
+    values, prev, units, order = chosen.values, chosen.prev, chosen.units, chosen.order
     counted = prev < 0
-    spoof_units = (values, scored[best_index][4], unforced[best_index]) if keep and verdict == WATERMARKED else None
+    spoof_units = (values, chosen.identities, unforced[best_index]) if keep and verdict == WATERMARKED else None
     best_calibration = calibrations[best_index]
     dither_key = request.dither_key
-    result = Verdict(
-        verdict=verdict,
-        z_score=z_of(best.p_value) if total else float("nan"),
+    outcome = Outcome(
+        verdict=verdict, decided_by=decided_by, z_score=z_of(best.p_value) if total else float("nan"),
         p_value=adjusted[best_index],
         p_value_normal=min(1.0, p_value_normal(best.z_score) * len(marks)) if total else 1.0,
-        num_tokens_scored=total,
-        num_green_tokens=None,
-        green_fraction=float("nan"),
-        key_id=best.key_id,
+        num_tokens_scored=total, key_id=best.key_id,
         keys=[_key_dict(mark, score, p) for mark, score, p in zip(marks, scores, adjusted)],
-        **request.verdict_fields(text_alpha, min_tokens),
-        decided_by=decided_by,
-        num_forced_positions=int(forced.shape[0]),
-        num_common_positions=num_common[best_index],
-        common_units=common.digest if common is not None else None,
+        text_alpha=text_alpha, min_tokens=min_tokens,
+        num_forced_positions=int(forced.shape[0]), num_common_positions=num_common[best_index],
         calibration=(None if best_calibration is None
                      else verdict_calibration(best_calibration, total, guarded[best_index])),
         windows=window_report,
         explanation=_explanation(request.text, ids, spans, values, counted, h, first) if options.explain else None,
-        statistic=statistic_of(marks[best_index], best),
         dither=None if dither_key is None else _dither(dither_key, first.fingerprint, best.key_id, units, order,
                                                        counted),
+        statistic=statistic_of(marks[best_index], best),
     )
-    return Scored(result, spoof_units)
+    return Scored(build_verdict(request, outcome), spoof_units)
 
 
 def _dither(dither_key: bytes, fingerprint: str, key_id: str | None, units: np.ndarray, order: np.ndarray | None,
@@ -144,15 +124,15 @@ def _key_dict(mark, score, corrected: float) -> dict:
             "p_value": score.p_value, "p_value_corrected": corrected, "statistic": statistic_of(mark, score)}
 
 
-def _window_report(marks: list, scored: list, h: int, spans, alpha: float) -> dict:
+def _window_report(marks: list, scored: list[SampledPositions], h: int, spans, alpha: float) -> dict:
     """The best window over every key, Bonferroni-corrected for windows x keys (as KGW's)."""
-    num_positions = scored[0][0].shape[0]
+    num_positions = scored[0].values.shape[0]
     report = {"num_windows_tested": count_windows(num_positions) * len(marks), "sizes": window_sizes(num_positions),
               "stride_divisor": STRIDE_DIVISOR, "correction": "bonferroni", "alpha": alpha,
               "detected": False, "best": None}
     best, best_mark = None, None
-    for mark, (values, prev, *_) in zip(marks, scored):
-        hit = window_of(mark, values, prev, tests_other_keys=len(marks))
+    for mark, found in zip(marks, scored):
+        hit = window_of(mark, found.values, found.prev, tests_other_keys=len(marks))
         if hit is not None and (best is None or hit.p_value < best.p_value):
             best, best_mark = hit, mark
     if best is None:
@@ -170,20 +150,14 @@ def _window_report(marks: list, scored: list, h: int, spans, alpha: float) -> di
 def _explanation(text: str, ids, spans, values: np.ndarray, counted: np.ndarray, h: int, mark) -> list[dict]:
     """Per token: id, original-text span and piece, and (from position h on) its value: the Gumbel score
     s = -log(1 - r) or the SynthID g-values (one per layer)."""
-    gumbel = mark.spec.kind in GUMBEL_KINDS
+    field = family_of(mark.spec).explanation_field  # "score" (Gumbel's s) or "g_values" (one per layer)
     out = []
     for i, token_id in enumerate(ids.tolist()):
         start, end = int(spans[i, 0]), int(spans[i, 1])
         scored = i >= h
         entry = {"index": i, "token_id": token_id, "char_start": start, "char_end": end, "text": text[start:end],
                  "scored": scored, "green": None, "counted": bool(counted[i - h]) if scored else False}
-        if gumbel:
-            entry["score"] = float(values[i - h]) if scored else None
-        else:
-            entry["g_values"] = values[i - h].tolist() if scored else None
+        value = values[i - h] if scored else None
+        entry[field] = None if value is None else (value.tolist() if np.ndim(value) else float(value))
         out.append(entry)
     return out
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None

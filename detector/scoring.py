@@ -25,6 +25,7 @@ from detector.common_units import CommonUnits
 from detector.row_order import previous_and_order
 from detector.scoring_kernel import kgw_scores
 from watermark.config import WatermarkSpec
+from watermark.field_error import FieldError
 from watermark.scheme import Watermark
 from watermark.stats import (
     Z_THRESHOLD,
@@ -53,19 +54,19 @@ class Decision:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, float) and 0.0 < self.alpha < 1.0):
-            raise ValueError(f"fpr: expected a probability strictly between 0 and 1, got {self.alpha!r}")
+            raise FieldError("fpr", f"expected a probability strictly between 0 and 1, got {self.alpha!r}")
 
     @classmethod
     def make(cls, z_threshold: float | None = Z_THRESHOLD, fpr: float | None = None) -> Decision:
         """From a target false-positive rate ``fpr`` (wins when given) or a z threshold."""
         if fpr is not None:
             if isinstance(fpr, bool) or not isinstance(fpr, (int, float)):
-                raise ValueError(f"fpr: expected a number, got {fpr!r}")
+                raise FieldError("fpr", f"expected a number, got {fpr!r}")
             return cls(float(fpr), z_threshold_for_fpr(float(fpr)))
         if isinstance(z_threshold, bool) or not isinstance(z_threshold, (int, float)) or not math.isfinite(z_threshold):
-            raise ValueError(f"z_threshold: expected a finite number, got {z_threshold!r}")
+            raise FieldError("z_threshold", f"expected a finite number, got {z_threshold!r}")
         if z_threshold <= 0:
-            raise ValueError(f"z_threshold: expected a positive number, got {z_threshold!r}")
+            raise FieldError("z_threshold", f"expected a positive number, got {z_threshold!r}")
         return cls(p_value_normal(float(z_threshold)), float(z_threshold))
 
 

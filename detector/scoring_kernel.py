@@ -27,6 +27,7 @@ import torch
 
 from watermark.native_build import address, load_c_library
 from watermark.prf import SEED_MULTIPLIER, green_threshold, vocab_mix_table
+from watermark.schemes import family_of
 from watermark.seeding import context_seeds
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,8 @@ def kgw_scores(wm, token_ids, common, dedup: bool, match=None):
     spec = wm.spec
     functions = _library()
     tables = getattr(wm, "_tables", None)
-    if (functions is None or spec.kind != "kgw" or spec.scheme not in ANCHORED + SEEDED
+    family = family_of(spec)
+    if (functions is None or not (family.green_list and family.needs_key) or spec.scheme not in ANCHORED + SEEDED
             or getattr(wm, "_hf", None) is not None or tables is None):
         return None
     ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)

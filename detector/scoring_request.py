@@ -5,6 +5,7 @@ schemes: green lists (``detector.kgw_verdict``) and sampling watermarks (``detec
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,8 +16,52 @@ from detector.common_units import CommonUnits
 from detector.normalize import NormalizedText
 from detector.scoring import CORRECTION, WINDOW_ALPHA_SHARE, Decision
 from detector.verdict import Verdict
+from watermark.field_error import FieldError
 from watermark.specs import AnySpec
+from watermark.stats import Z_THRESHOLD
 from watermark.vocab import Vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class DetectOptions:
+    """How ``Detector.detect`` scores a text (see its docstring): windows, per-token explanation, which
+    normalisation stages (True: all), n-gram dedup, the decision threshold (``z_threshold`` or ``fpr``), and
+    the token indices a constraint forced."""
+
+    windows: bool = False
+    explain: bool = False
+    normalize: bool | Iterable[str] = True
+    dedup: bool = True
+    z_threshold: float = Z_THRESHOLD
+    fpr: float | None = None
+    forced_positions: Iterable[int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "explain", "dedup"):
+            if not isinstance(getattr(self, name), bool):
+                raise FieldError(name, f"expected True or False, got {getattr(self, name)!r}")  # noqa: TRY004 (an option)
+        if isinstance(self.z_threshold, bool) or not isinstance(self.z_threshold, (int, float)):
+            raise FieldError("z_threshold", f"expected a number, got {self.z_threshold!r}")  # noqa: TRY004 (an option)
+        if self.fpr is not None and (isinstance(self.fpr, bool) or not isinstance(self.fpr, (int, float))):
+            raise FieldError("fpr", f"expected a number or None, got {self.fpr!r}")
+
+    def scoring(self) -> ScoringOptions:
+        """These options validated (ValueError names a bad one)."""
+        return ScoringOptions(windows=self.windows, explain=self.explain, dedup=self.dedup,
+                              normalize=_normalize_option(self.normalize),
+                              decision=Decision.make(self.z_threshold, self.fpr),
+                              forced_positions=tuple(self.forced_positions or ()))
+
+
+def _normalize_option(value) -> bool | tuple[str, ...]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise FieldError("normalize", f"expected True, False or stage names, got {value!r}") from None
 
 
 @dataclass(slots=True)
@@ -33,9 +78,9 @@ class ScoringOptions:
     def __post_init__(self) -> None:
         for name in ("windows", "explain", "dedup"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+                raise FieldError(name, f"expected True or False, got {getattr(self, name)!r}")
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.forced_positions):
-            raise ValueError("forced_positions: expected token indices (integers >= 0)")
+            raise FieldError("forced_positions", "expected token indices (integers >= 0)")
 
     @property
     def text_alpha(self) -> float:

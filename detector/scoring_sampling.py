@@ -18,20 +18,9 @@ import numpy as np
 from detector.common_units import CommonUnits
 from detector.row_order import previous_and_order
 from detector.windows import window_sizes, window_starts
-from watermark.sampling_stats import (
-    g_binomial_p_value,
-    g_binomial_sf,
-    g_z,
-    gamma_p_value,
-    gamma_sf,
-    gamma_z,
-    synthid_layer_weights,
-)
+from watermark.schemes import family_of
 from watermark.stats import holm
 from watermark.units import identities as unit_identities
-
-GUMBEL_KINDS = ("gumbel", "vllm-gumbel")
-SYNTHID_KINDS = ("synthid", "hf-synthid")
 
 
 @dataclass(slots=True)
@@ -55,6 +44,24 @@ class SamplingScore:
                 "statistic": finite(self.statistic), "z_score": finite(self.z_score), "p_value": self.p_value,
                 "mean_g": finite(self.mean_g), "weighted_mean_g": finite(self.weighted_mean_g),
                 "p_value_corrected": finite(self.p_value_corrected), "start": self.start, "end": self.end}
+
+
+@dataclass(slots=True)
+class SampledPositions:
+    """One key's scored positions of a text (index i is scored position i): what a sampling verdict reads."""
+
+    values: np.ndarray  # float64 [N] (Gumbel) or uint8 [N, m] g-values (SynthID)
+    prev: np.ndarray  # previous occurrence of the position's unit; itself: counts nowhere; -1: counted
+    units: np.ndarray  # [N, h + 1] the dedup units (the dither's input)
+    order: np.ndarray | None  # the units' sorted order (None without dedup)
+    identities: np.ndarray | None  # key-free unit identities, when asked
+
+
+def sampled_positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None,
+                      with_identities: bool = False) -> SampledPositions:
+    """``positions`` with units, as one named value."""
+    found = positions(mark, token_ids, dedup, common, with_units=True, with_identities=with_identities)
+    return SampledPositions(*found[:4], found[4] if with_identities else None)
 
 
 def positions(mark, token_ids, dedup: bool = True, common: CommonUnits | None = None,
@@ -124,15 +131,13 @@ def window_of(mark, values: np.ndarray, prev: np.ndarray, tests_other_keys: int 
     n = values.shape[0]
     per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values
     best, windows = None, 0
+    family = family_of(mark.spec)
     for size in window_sizes(n):
         starts = window_starts(n, size)
         windows += len(starts)
         counts, sums = _window_sums(per_position, prev, size)
         counts, sums = counts[starts], sums[starts]
-        if mark.spec.kind in GUMBEL_KINDS:
-            p = gamma_sf(sums, counts)
-        else:
-            p = g_binomial_sf(np.rint(sums).astype(np.int64), counts * mark.layers, mark.null_g_rate)
+        p = family.window_p_values(mark, sums, counts)
         i = int(np.argmin(p))
         if best is None or p[i] < best[0]:
             best = (float(p[i]), size, int(starts[i]))
@@ -170,15 +175,10 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def _score(mark, counted: np.ndarray, key_id) -> SamplingScore:
-    t = int(counted.shape[0])
-    if mark.spec.kind in GUMBEL_KINDS:
-        total = float(counted.sum()) if t else 0.0
-        return SamplingScore(key_id, t, total, gamma_z(total, t), gamma_p_value(total, t))
-    if mark.spec.kind not in SYNTHID_KINDS:
+    """The score of counted values, as the mark's family scores a position (``watermark.schemes.sampling``)."""
+    family = family_of(mark.spec)
+    if not family.sampling:
         raise ValueError(f"not a sampling watermark: {mark.spec.format()!r}")
-    m, rate = mark.layers, mark.null_g_rate
-    ones = int(counted.sum()) if t else 0
-    mean = ones / (t * m) if t else float("nan")
-    weighted = float((counted * synthid_layer_weights(m)).sum() / (t * m)) if t else float("nan")
-    return SamplingScore(key_id, t, float(ones), g_z(ones, t * m, rate), g_binomial_p_value(ones, t * m, rate),
-                         mean_g=mean, weighted_mean_g=weighted)
+    found = family.score_counted(mark, counted)
+    return SamplingScore(key_id, int(counted.shape[0]), found.statistic, found.z_score, found.p_value,
+                         mean_g=found.mean_g, weighted_mean_g=found.weighted_mean_g)

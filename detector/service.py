@@ -26,18 +26,18 @@ from detector.kgw_verdict import score_kgw
 from detector.normalize import normalize as normalize_text
 from detector.paraphrase_match import ParaphraseMatcher
 from detector.sampling_verdict import score_sampling
-from detector.scoring import INSUFFICIENT_TEXT, NOT_WATERMARKED, WATERMARKED, Decision
-from detector.scoring_request import ScoringOptions, ScoringRequest, current_calibrations
-from detector.spoof_check import SPOOF_KINDS, scored_units, verdict_spoof_check
+from detector.scoring import INSUFFICIENT_TEXT, NOT_WATERMARKED, WATERMARKED
+from detector.scoring_request import DetectOptions, ScoringRequest, current_calibrations
+from detector.spoof_check import has_check, scored_units, verdict_spoof_check
 from detector.tokenizing import tokenize
 from detector.verdict import Verdict
 from detector.your_units import YourUnits, scoring_table
+from watermark.field_error import FieldError
 from watermark.key_binding import keys_bound_to, require_bound, shared_spec
 from watermark.key_info import KeyNotFoundError
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, make_watermark
 from watermark.specs import AnySpec, is_sampling, parse_spec
-from watermark.stats import Z_THRESHOLD
 from watermark.vocab import Vocabulary, load_vocabulary
 
 VERDICTS = (WATERMARKED, NOT_WATERMARKED, INSUFFICIENT_TEXT)
@@ -110,10 +110,8 @@ class Detector:
 
     # ------------------------------------------------------------------------------- detect
     def detect(self, text: str, *, keys: Iterable[str] | None = None, spec: str | AnySpec | None = None,
-               windows: bool = False, explain: bool = False, normalize: bool | Iterable[str] = True,
-               dedup: bool = True, z_threshold: float = Z_THRESHOLD, fpr: float | None = None,
-               forced_positions: Iterable[int] | None = None) -> Verdict:
-        """Score ``text``; see the module docstring. Raises SpecError (bad spec), KeyNotFoundError
+               options: DetectOptions = DetectOptions()) -> Verdict:
+        """Score ``text`` under ``options`` (``DetectOptions``); see the module docstring. Raises SpecError (bad spec), KeyNotFoundError
         (unknown key, or no detection key for a kgw spec), ValueError (bad option or text).
 
         ``keys=None`` tests every detection key of the keyring bound to ``spec``; an hf spec (``hf:``,
@@ -129,11 +127,9 @@ class Detector:
         generation, when the text is exactly its output): they are left out of T and G, so a fully
         constrained text is ``insufficient_text`` rather than judged on coins the key never tossed."""
         if not isinstance(text, str):
-            raise ValueError(f"text: expected a string, got {type(text).__name__}")
+            raise FieldError("text", f"expected a string, got {type(text).__name__}")
         spec = parse_spec(self.own_spec(keys) if spec is None and keys is not None else spec)
-        options = ScoringOptions(windows=windows, explain=explain, dedup=dedup, normalize=_normalize_option(normalize),
-                                 decision=Decision.make(z_threshold, fpr),
-                                 forced_positions=tuple(forced_positions or ()))
+        options = options.scoring()
         marks = self.watermarks(spec, keys)
         normalized = normalize_text(text, options.normalize)
         vocab = self.vocab
@@ -148,7 +144,7 @@ class Detector:
         # hf:synthid and vllm:gumbel count every position (the table says so per kind), as their reference
         # detectors do
         common = self.common_units_for(spec, fresh=False)
-        checked = self.output_memory is not None and spec.needs_key and spec.kind in SPOOF_KINDS
+        checked = self.output_memory is not None and spec.needs_key and has_check(spec)
         sampling = is_sampling(spec)
         # the own-output match runs inside the kgw scoring kernel's call (no crossing into C of its own)
         matches = self._match_requests(marks) if checked and not sampling else None
@@ -267,7 +263,7 @@ class Detector:
         vocab = self.vocab
         if not spec.needs_key:
             if keys is not None:
-                raise ValueError("keys: an hf spec is public (its hashing_key is in the spec); pass no key")
+                raise FieldError("keys", "an hf spec is public (its hashing_key is in the spec); pass no key")
             return [self._cached(spec, None, lambda: make_watermark(spec, None, vocab.vocab_size))]
         with self._lock:
             self._refresh_if_keyring_changed()
@@ -290,7 +286,7 @@ class Detector:
                     keys = [keys]
                 key_ids = list(dict.fromkeys(keys))  # a key listed twice is tested once
                 if not key_ids:
-                    raise ValueError("keys: expected at least one key id (or None for all detection keys)")
+                    raise FieldError("keys", "expected at least one key id (or None for all detection keys)")
                 if self._keys_are_bound():
                     if self._all_infos is None:
                         self._all_infos = {info.key_id: info for info in self.keyring.list()}
@@ -362,14 +358,3 @@ class Detector:
             self._all_infos = None
             self._bound_infos = {}
             self._watermarks = {k: w for k, w in self._watermarks.items() if k[1] is None}
-
-
-def _normalize_option(value) -> bool | tuple[str, ...]:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return (value,)
-    try:
-        return tuple(value)
-    except TypeError:
-        raise ValueError(f"normalize: expected True, False or stage names, got {value!r}") from None

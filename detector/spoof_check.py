@@ -34,15 +34,26 @@ from db.output_memory import NullSample
 from detector.common_units import CommonUnits
 from detector.scoring import score_positions
 from detector.scoring_sampling import positions
+from watermark.schemes import FAMILIES, family_of
 
 MIN_UNITS = 16  # fewer counted units: no spoof check (the permutation variance is too coarse)
 MIN_NULL = 100  # the key's own outputs (past db.output_memory.WARMUP) needed before a spoof p-value is given
 SPOOF_ALPHA = 1e-3  # spoof_suspected when the normal-fit p-value is at most this
-# spec kinds with the check: keyring keys scored with the common-unit table (hf:, hf:synthid, vllm:gumbel are not)
-SPOOF_KINDS = ("kgw", "gumbel", "synthid")
-# kinds whose check has measured power (docs/security.md): gumbel's genuine output recurs on its own
-# highest-scoring units, so its null sits above the spoofs' z; its z is reported, ``suspected`` stays None
-JUDGED_KINDS = ("kgw", "synthid")
+# Which specs have the check is their family's (``SchemeFamily.spoof_check``: keyring keys scored with the
+# common-unit table; hf:, hf:synthid, vllm:gumbel have none), and which have measured power (``spoof_judged``,
+# docs/security.md): gumbel's genuine output recurs on its own highest-scoring units, so its null sits above the
+# spoofs' z; its z is reported, ``suspected`` stays None.
+
+
+def has_check(spec) -> bool:
+    """Whether verdicts under ``spec`` get the spoof check (its family's ``spoof_check``)."""
+    return family_of(spec).spoof_check
+
+
+def _refuse_unchecked(mark) -> None:
+    if not has_check(mark.spec):
+        raise ValueError(f"the spoof check takes specs of {', '.join(f.name for f in FAMILIES if f.spoof_check)}, "
+                         f"not {mark.spec.format()!r}")
 FLAT = 1e-12  # a sum of squares below this share of its raw sum is rounding: every value equal
 
 
@@ -78,11 +89,11 @@ class OutputCounts:
 
 def spoof_check(mark, token_ids, common: CommonUnits, counts: OutputCounts, leave_out: bool = False,
                 without: np.ndarray | None = None) -> SpoofCheck | None:
-    """The check on one text under one key (None for specs without it, ``SPOOF_KINDS``, or too few counted
+    """The check on one text under one key (None for specs without it, ``has_check``, or too few counted
     units). ``leave_out``: the text is one of the outputs in ``counts``; score it as if it were not.
     ``without``: the unit identities of one output in ``counts`` that the text repeats (an edited copy of
     it, ``db.output_grams``), taken out of the counts as a verdict does."""
-    if mark.spec.kind not in SPOOF_KINDS:
+    if not has_check(mark.spec):
         return None
     scores, counted, identities = counted_units(mark, token_ids, common)
     if scores.shape[0] < MIN_UNITS:
@@ -110,12 +121,10 @@ def scored_units(mark, token_ids, common: CommonUnits | None) -> tuple[np.ndarra
     """(Every scored position's values as the detector scores them: KGW green flags [N], gumbel s [N], synthid
     g-values [N, m]; its key-free unit identity [N]; its previous occurrence under dedup with the common units
     left out [N], < 0 for the units that count): the check's input, as a verdict's own scoring pass has it."""
-    kind = mark.spec.kind
-    if kind == "kgw":
+    _refuse_unchecked(mark)
+    if family_of(mark.spec).green_list:
         flags, prev, identities = score_positions(mark, token_ids, common, dedup=True, with_identities=True)
         return flags, identities, prev
-    if kind not in SPOOF_KINDS:
-        raise ValueError(f"the spoof check takes {', '.join(SPOOF_KINDS)} specs, not {mark.spec.format()!r}")
     values, prev, identities = positions(mark, token_ids, True, common, with_identities=True)
     return values, identities, prev
 
@@ -168,9 +177,8 @@ class StoredCounts:
 def output_null_z(mark, token_ids, common: CommonUnits, memory) -> tuple[float | None, np.ndarray]:
     """(The spoof z of one of the service's own outputs against the counts before it: its null sample, None
     when it has too few counted units; its unit identities, for the counts it adds), from one scoring pass.
-    ValueError for a spec without the check (``SPOOF_KINDS``)."""
-    if mark.spec.kind not in SPOOF_KINDS:
-        raise ValueError(f"the spoof check takes {', '.join(SPOOF_KINDS)} specs, not {mark.spec.format()!r}")
+    ValueError for a spec without the check (``has_check``)."""
+    _refuse_unchecked(mark)
     scores, counted, identities = counted_units(mark, token_ids, common)
     if scores.shape[0] < MIN_UNITS:
         return None, identities
@@ -184,15 +192,15 @@ def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], 
     """What a ``watermarked`` verdict reports: the text's spoof z, its p-value under the key's own outputs
     (normal fit, and the empirical tail), ``suspected`` (p <= SPOOF_ALPHA), the null's size. ``suspected``
     is None while the key's null has fewer than MIN_NULL outputs, and for a kind without measured power
-    (gumbel: not in ``JUDGED_KINDS``: a false bit would read as an assurance); None (and nothing looked up)
-    when the spec has no check (``SPOOF_KINDS``), or the text fewer than MIN_UNITS counted units.
+    (gumbel: not ``spoof_judged``: a false bit would read as an assurance); None (and nothing looked up)
+    when the spec has no check (``has_check``), or the text fewer than MIN_UNITS counted units.
 
     ``units``: (values, identities, previous occurrences) of every scored position as the verdict's own
     scoring pass found them (``scored_units`` gives the same from the token ids); ``memory``: the key's memory
     as this process holds it (``db.output_memory.MemoryMirror.view``: its count table and null, no query).
     ``without``: the unit identities of one remembered output the text repeats (``db.output_grams``), left
     out of the counts as each output of the null was scored without itself."""
-    if mark.spec.kind not in SPOOF_KINDS:
+    if not has_check(mark.spec):
         return None
     values, identities, prev = units
     if without is None:
@@ -209,7 +217,7 @@ def verdict_spoof_check(mark, units: tuple[np.ndarray, np.ndarray, np.ndarray], 
         return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": None,
                 "p_value_empirical": None, "suspected": None}
     p_normal = null.p_value_normal(check.z)
-    judged = mark.spec.kind in JUDGED_KINDS
+    judged = family_of(mark.spec).spoof_judged
     return {"z": round(check.z, 4), "units": check.units, "null_outputs": size, "p_value": p_normal,
             "p_value_empirical": null.p_value(check.z), "suspected": bool(p_normal <= SPOOF_ALPHA) if judged else None}
 

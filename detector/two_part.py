@@ -11,6 +11,8 @@ the public half says otherwise, or ours says watermarked).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from detector.calibration import CalibrationStore
@@ -19,12 +21,25 @@ from watermark.key_binding import bound_spec
 from watermark.public_key import SPOOF_ALPHA, PublicKey, public_half_id, spoof_test
 
 
-def public_half_report(marks, ids, common, dedup: bool, forced: np.ndarray, flags, counted, alpha: float,
-                       min_tokens: int, verdict: str) -> dict | None:
+@dataclass(frozen=True, slots=True)
+class PrivateScoring:
+    """How the text was scored under the private halves: its ids, the common-unit table and dedup the
+    published half is scored with, the forced positions, and each mark's private-half flags and counted mask."""
+
+    ids: object
+    common: object
+    dedup: bool
+    forced: np.ndarray
+    flags: list
+    counted: list
+
+
+def public_half_report(marks, private: PrivateScoring, alpha: float, min_tokens: int, verdict: str) -> dict | None:
     """The report of the tested two-part key whose public half is most significant; None when no tested
-    key has a public half. ``flags`` / ``counted``: each mark's private-half flags and counted mask."""
+    key has a public half."""
+    ids, common, dedup, forced = private.ids, private.common, private.dedup, private.forced
     best = None
-    for mark, private_flags, private_counted in zip(marks, flags, counted):
+    for mark, private_flags, private_counted in zip(marks, private.flags, private.counted):
         if not getattr(mark, "has_public_half", False):
             continue
         public = mark.public_mark()

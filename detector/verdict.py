@@ -71,9 +71,10 @@ class Verdict:
     public_half: dict | None = None
     # keyed per-text dither of the detect-scope view (detector.disclosure); not part of the verdict itself
     dither: float | None = field(default=None, repr=False)
+    spec: object = field(default=None, repr=False, compare=False)  # the spec value scored under (not shown)
 
     def to_dict(self) -> dict:
-        """Every field but ``dither`` as a new JSON-like tree: ``dataclasses.asdict``'s result, without its deep copy
+        """Every field but ``dither`` and ``spec`` as a new JSON-like tree: ``dataclasses.asdict``'s result, without its deep copy
         of every leaf (45-63 us a verdict there, 6-8 us here): the fields hold plain dicts and lists of immutable
         scalars, and only those containers are copied (``_copied``)."""
         out = {name: _copied(getattr(self, name)) for name in _FIELDS if name != "explanation"}
@@ -106,11 +107,11 @@ class Verdict:
         if scope not in (DETECT_SCOPE, EXPLAIN_SCOPE, "admin"):
             raise ValueError(f"scope: expected detect, explain or admin, got {scope!r}")
         full = self.to_dict()
-        coarse = disclose(full, False, self.dither, unit_variance(self.watermark))
+        coarse = disclose(full, False, self.dither, unit_variance(self.spec or self.watermark))
         return (coarse if scope == DETECT_SCOPE else full), coarse
 
 
-_FIELDS = tuple(f.name for f in fields(Verdict) if f.name != "dither")
+_FIELDS = tuple(f.name for f in fields(Verdict) if f.name not in ("dither", "spec"))
 
 
 def _copied(value):

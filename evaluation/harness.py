@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from evaluation.attack_context import check_rate
 from evaluation.attacks import ATTACK_NAMES, get_attack
+from watermark import schemes
 from watermark.specs import AnySpec, is_sampling, parse_spec
 
 DEFAULT_RATES = (0.0, 0.1, 0.25, 0.5)
@@ -35,10 +36,10 @@ SCHEME_PRESETS = {
     "lefthash": "kgw:scheme=lefthash,h=1,gamma=0.25,delta=2.0",  # the 2023 paper's one-token context
     "unigram": "kgw:scheme=unigram,h=0,gamma=0.25,delta=2.0",  # Zhao et al. 2023 (fixed list)
     "kirchenbauer2023": "kgw:scheme=lefthash,h=1,gamma=0.5,delta=2.0",  # 2023 paper, Table 2 row
-    "gumbel": "gumbel:h=4,prf=hmac-sha256,dedup=true",  # Aaronson's exponential minimum, our PRF
-    "synthid": "synthid:h=4,layers=30,top_k=40,prf=hmac-sha256,dedup=true",  # Dathathri et al. 2024
+    **schemes.presets(),  # each family's own (gumbel: Aaronson's exponential minimum; synthid: Dathathri et al.)
 }
-COMPARE_SCHEMES = ("selfhash", "minhash", "lefthash", "unigram", "gumbel", "synthid")  # `--schemes compare`
+# `--schemes compare`: the KGW context schemes, then every family's preset
+COMPARE_SCHEMES = ("selfhash", "minhash", "lefthash", "unigram", *schemes.presets())
 DEFAULT_EXACT_FPRS = (1e-3, 1e-5)  # rates too small to read off the negatives: exact p <= f
 
 METRIC_DEFINITIONS = {

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detector.scoring_request import DetectOptions
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeySpecError
 from watermark.scheme import Watermark
@@ -67,7 +68,7 @@ class Target:
 
     def truth(self, ids: list[int]) -> bool | None:
         """The evaluator's ground truth: the last token's colour if it is counted (never shown to the attacker)."""
-        last = self.detector.detect(self.detector.vocab.tokenizer.decode(ids), explain=True).explanation[-1]
+        last = self.detector.detect(self.detector.vocab.tokenizer.decode(ids), options=DetectOptions(explain=True)).explanation[-1]
         return bool(last["green"]) if last["counted"] else None
 
 

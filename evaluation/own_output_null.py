@@ -45,6 +45,7 @@ from generation.sample.params import SamplingParams
 from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark, make_watermark
+from watermark.schemes import FAMILIES, family_of
 from watermark.specs import parse_spec
 from watermark.vocab import load_vocabulary
 
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = parse_spec(args.spec) if args.spec else WatermarkSpec.default()
         if args.texts < 300 or args.tokens < 50:
             raise ValueError("--texts must be >= 300 and --tokens >= 50 (the null needs 140 outputs first)")
-        if spec.kind not in ("kgw", "synthid") or not spec.needs_key:
-            raise ValueError(f"--spec: the check judges kgw and synthid keys, not {spec.format()!r}")
+        if not family_of(spec).spoof_judged or not spec.needs_key:
+            raise ValueError(f"--spec: the check judges keys of {', '.join(judged_families())}, not {spec.format()!r}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -185,3 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def judged_families() -> list[str]:
+    """The families whose spoof check has measured power (``SchemeFamily.spoof_judged``)."""
+    return [family.name for family in FAMILIES if family.spoof_judged]

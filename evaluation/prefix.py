@@ -13,10 +13,9 @@ import numpy as np
 import torch
 from scipy import special
 
-from detector.common_units import THRESHOLDS, threshold_for_length
+from detector.common_units import threshold_for_length, threshold_of
 from detector.scoring import _previous, counted_positions, score_positions
-from detector.scoring_sampling import GUMBEL_KINDS
-from watermark.sampling_stats import g_binomial_sf, gamma_sf
+from watermark.schemes import family_of
 from watermark.specs import is_sampling
 from watermark.stats import binomial_sf
 from watermark.units import identities as unit_identities
@@ -30,19 +29,20 @@ def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None,
     ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
     total_tokens = int(ids.shape[0])
     p = np.ones(total_tokens + 1, dtype=np.float64)
-    if total_tokens <= watermark.context_width and watermark.spec.kind != "vllm-gumbel":
+    family = family_of(watermark.spec)
+    if total_tokens <= watermark.context_width and not family.scores_every_token:
         return p
     if is_sampling(watermark.spec):
         values, units = watermark.scored_positions(ids)
         values, units = values.numpy(), units.numpy()
         prev = _previous(units) if dedup else np.full(units.shape[0], -1, dtype=np.int64)
         counted = prev < 0
-        threshold = THRESHOLDS.get(watermark.spec.kind)
+        threshold = threshold_of(watermark.spec)
         per_position = values.sum(axis=1).astype(np.float64) if values.ndim == 2 else values.astype(np.float64)
     else:
         flags, prev = score_positions(watermark, ids, None, dedup)
         counted = counted_positions(prev)
-        threshold = THRESHOLDS.get(watermark.spec.scheme) if watermark.spec.kind == "kgw" else None
+        threshold = threshold_of(watermark.spec)
         units = None
         per_position = flags.astype(np.float64)
     first = total_tokens - per_position.shape[0]  # tokens before the first scored position (h; 0 for vllm:gumbel)
@@ -65,8 +65,6 @@ def prefix_p_values(watermark, token_ids, dedup: bool = True, common=None,
             z = (hits - gamma * scored) / np.sqrt(np.maximum(scored, 1) * gamma * (1 - gamma))
             held = np.where(scored > 0, special.ndtr(-(z - margins[first + 1:])), 1.0)
             p[first + 1:] = np.maximum(p[first + 1:], held)
-    elif watermark.spec.kind in GUMBEL_KINDS:
-        p[first + 1:] = gamma_sf(hits, scored)
-    else:
-        p[first + 1:] = g_binomial_sf(np.rint(hits).astype(np.int64), scored * watermark.layers, watermark.null_g_rate)
+    else:  # the family's own tail: Gamma (Gumbel races) or binomial (tournaments)
+        p[first + 1:] = family.window_p_values(watermark, hits, scored)
     return p

@@ -42,6 +42,8 @@ from generation.models import load_model
 from watermark.config import WatermarkSpec
 from watermark.keys import Keyring
 from watermark.scheme import Watermark, generation_watermark
+from watermark.schemes import family_of
+from watermark.specs import parse_spec
 from watermark.vocab import encode
 
 TWO_PART_KEY, ONE_PART_KEY = "two-part", "one-part"
@@ -67,7 +69,7 @@ class PublicHalfConfig:
                 raise ValueError(f"{name}: expected an integer >= 2, got {value!r}")
         if not self.spoof_deltas or any(not 0 < d <= 20 for d in self.spoof_deltas):
             raise ValueError(f"spoof_delta: expected numbers in (0, 20], got {self.spoof_deltas!r}")
-        if WatermarkSpec.parse(self.spec).kind != "kgw":
+        if not family_of(parse_spec(self.spec)).two_part:
             raise ValueError("spec: a two-part key needs a kgw spec")
 
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +29,50 @@ from generation.engine import Engine
 from generation.models import load_model
 from watermark.keys import Keyring
 from watermark.scheme import generation_watermark
+from watermark.schemes import family_of
 from watermark.specs import AnySpec, is_sampling
 from watermark.stats import z_for_p
 
 CHARACTER_FAMILY = "character"
 
 
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """What a run uses beside its config: the model (None: the embedded one), the keyring and key that
+    watermark (None: the keyring's active key; one is created on an empty keyring), a progress bar, where
+    detection runs (``inline``, ``local`` on ``detect_workers`` processes, or ``ray`` at ``ray_address``:
+    ``evaluation.scorer``) and what generates (``engine``, or ``vllm`` with the model folder ``vllm_model``)."""
+
+    loaded: object = None
+    keyring: object = None
+    key_id: str | None = None
+    progress: bool = True
+    detect_backend: str = "inline"
+    detect_workers: int | None = None
+    ray_address: str | None = None
+    generate_backend: str = "engine"
+    vllm_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchemeCells:
+    """What every cell of one scheme is measured against: the spec and its watermark, the scorer, the
+    negatives' z-scores and thresholds, the generations and the teacher-forced LM."""
+
+    spec: AnySpec
+    wm: object
+    scorer: Scorer
+    negatives: list
+    thresholds: dict
+    generations: list
+    lm: TeacherForcedLM
+
+
 class EvaluationRun:
-    def __init__(self, config: EvalConfig, out: Path, *, loaded=None, keyring=None, key_id=None, progress=True,
-                 detect_backend: tuple = ("inline", None, None), generate_backend: str = "engine",
-                 vllm_model: str | None = None):
+    def __init__(self, config: EvalConfig, out: Path, setup: RunSetup = RunSetup()):
+        loaded, keyring, key_id, generate_backend = setup.loaded, setup.keyring, setup.key_id, setup.generate_backend
+        vllm_model, progress = setup.vllm_model, setup.progress
+        detect_backend = (setup.detect_backend, setup.detect_workers, setup.ray_address)
         if generate_backend not in ("engine", "vllm"):
             raise ValueError(f"generate_backend={generate_backend!r}: choose engine or vllm")
         self.config = config
@@ -141,7 +176,8 @@ class EvaluationRun:
         layers = OwnOutputLayers(self.vocab, generations)  # the service's memory of these outputs
         for name, rate in jobs:
             attacked = self._attacked(name, rate, texts, context)
-            cell = self._cell(name, rate, attacked, spec, wm, scorer, negatives, thresholds, generations, lm)
+            cell = self._cell(name, rate, attacked,
+                              SchemeCells(spec, wm, scorer, negatives, thresholds, generations, lm))
             # the watermark at the verdict's own threshold for alpha = f, the 5-gram and the semantic match
             cell["own_output_layers"] = layers.measure(attacked, [s for s in cell.pop("_z")],
                                                        {f"{f:g}": z_for_p(f) for f in FMRS})
@@ -191,8 +227,10 @@ class EvaluationRun:
             self.new_attack_texts += len(missing)
         return [self.attack_cache.get(k) for k in keys]
 
-    def _cell(self, name, rate, attacked, spec, wm, scorer, negatives, thresholds, generations, lm) -> dict:
+    def _cell(self, name, rate, attacked, scheme: SchemeCells) -> dict:
         cfg = self.config
+        spec, wm, scorer, negatives = scheme.spec, scheme.wm, scheme.scorer, scheme.negatives
+        thresholds, generations, lm = scheme.thresholds, scheme.generations, scheme.lm
         scored = scorer.score(attacked, spec, wm.key_id, prefixes=True)
         z = [s["z"] for s in scored]
         curves = [s["prefix"] for s in scored]
@@ -263,17 +301,13 @@ def chat_prompt_ids(tokenizer, content: str) -> list[int]:
 
 
 def scheme_name(spec: AnySpec) -> str:
-    """The scheme's family name: selfhash, lefthash, ... for kgw/hf; gumbel, synthid, hf-synthid, vllm-gumbel."""
-    return spec.kind if is_sampling(spec) else spec.scheme
+    """The scheme's name: selfhash, lefthash, ... for the green-list families; else the family's name."""
+    return spec.scheme if family_of(spec).green_list else family_of(spec).name
 
 
 def scheme_label(spec: AnySpec) -> str:
     """A short name for plots and file names, e.g. ``selfhash-h4-g0.25-d2``, ``gumbel-h4``, ``synthid-h4-m30``."""
-    if is_sampling(spec):
-        layers = getattr(spec, "layers", None)
-        return f"{spec.kind}-h{spec.context_width}" + (f"-m{layers}" if layers else "")
-    text = f"{spec.scheme}-h{spec.context_width}-g{spec.gamma:g}-d{spec.delta:g}"
-    return ("hf-" if spec.kind == "hf" else "") + text + ("-hard" if spec.hard else "")
+    return family_of(spec).label(spec)
 
 
 def _by_length(cfg, scored: list[dict], generations) -> dict:
@@ -323,25 +357,15 @@ def _median_or_none(values: list) -> float | None:
     return median if np.isfinite(median) else None
 
 
-def run_evaluation(config: EvalConfig, out_dir: str | Path, *, loaded=None, keyring=None, key_id: str | None = None,
-                   progress: bool = True, make_plots: bool = True, detect_backend: str = "inline",
-                   detect_workers: int | None = None, ray_address: str | None = None,
-                   generate_backend: str = "engine", vllm_model: str | None = None) -> dict:
-    """Run ``config`` and write ``out_dir/results.json`` (and the plots); returns the results.
-
-    ``loaded``: a ``generation.models.LoadedModel`` (default: the embedded model). ``keyring`` and
-    ``key_id``: the key that watermarks (default: the keyring's active key; one is created on an
-    empty keyring). Cached generations under ``out_dir/cache`` are reused. ``detect_backend``:
-    ``inline`` (default, in this process), ``local`` (``detector.batch`` on ``detect_workers``
-    processes) or ``ray`` (Ray Data at ``ray_address``): same verdicts (``evaluation.scorer``).
-    ``generate_backend``: ``engine`` (ours, default) or ``vllm`` (vLLM with our plugin, model folder
-    ``vllm_model``, default the embedded model; ``evaluation.vllm_generator``)."""
+def run_evaluation(config: EvalConfig, out_dir: str | Path, setup: RunSetup = RunSetup(), *,
+                   make_plots: bool = True) -> dict:
+    """Run ``config`` with ``setup`` (``RunSetup``: model, key, where detection runs, what generates) and
+    write ``out_dir/results.json`` (and the plots); returns the results. Cached generations under
+    ``out_dir/cache`` are reused; the detection backends give the same verdicts (``evaluation.scorer``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    run = EvaluationRun(config, out, loaded=loaded, keyring=keyring, key_id=key_id, progress=progress,
-                        detect_backend=(detect_backend, detect_workers, ray_address),
-                        generate_backend=generate_backend, vllm_model=vllm_model)
+    run = EvaluationRun(config, out, setup)
     results = run.execute()
     results["stats"]["seconds"] = round(time.monotonic() - started, 1)
     if make_plots:

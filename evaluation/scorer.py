@@ -33,6 +33,7 @@ from detector.disclosure import z_of
 from detector.normalize import normalize as normalize_text
 from detector.promise import prefix_margins
 from detector.scoring import Decision
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from detector.tokenizing import tokenize
 from evaluation.prefix import prefix_p_values
@@ -140,7 +141,7 @@ class Scorer:
     def _verdicts(self, detector: Detector, texts: list[str], spec: AnySpec, keys, normalize: bool) -> list[dict]:
         """Per text {"z", "watermarked", "p_value", "alpha"} from the chosen detection back end."""
         if self.detect_backend == "inline":
-            verdicts = (detector.detect(t, keys=keys, spec=spec, normalize=normalize) for t in texts)
+            verdicts = (detector.detect(t, keys=keys, spec=spec, options=DetectOptions(normalize=normalize)) for t in texts)
             return [{"z": v.z_score, "watermarked": v.watermarked, "p_value": v.p_value, "alpha": v.alpha}
                     for v in verdicts]
         prepared = batch.prepare_jobs([{"text": t} for t in texts], batch.DetectOptions(normalize=normalize),

@@ -17,17 +17,19 @@ import numpy as np
 import torch
 
 from evaluation.stealing import ColourEstimate
+from generation.sample.stage import WatermarkStage
 
 SCORE_CAP = 1.0  # a pair score of 1 (e^1 more often than the base model predicts) gets the full delta
 CANDIDATES = 50  # base-model candidates an edit chooses from (as evaluation.attacks_model)
 
 
-class SpoofStage:
+class SpoofStage(WatermarkStage):
     """Adds the stolen bias to the rows it serves; never chooses tokens."""
 
     chooses_tokens = False
 
-    def transform_(self, scores: torch.Tensor, contexts: Sequence[Sequence[int]], marks: Sequence) -> None:
+    def transform_(self, scores: torch.Tensor, contexts: Sequence[Sequence[int]], marks: Sequence,
+                   code: Sequence[bool] | None = None) -> None:
         for row, (context, mark) in enumerate(zip(contexts, marks)):
             if mark is None or len(context) < mark.context_width:
                 continue
@@ -35,9 +37,6 @@ class SpoofStage:
             bias = mark.delta * np.clip(np.where(known, found, 0.0), 0.0, SCORE_CAP) / SCORE_CAP
             width = min(bias.shape[0], scores.shape[1])
             scores[row, :width] += torch.from_numpy(bias[:width]).to(scores.dtype)
-
-    def choose(self, probs, contexts, marks, generators):
-        raise TypeError("the spoof stage transforms logits; it does not choose tokens")
 
 
 SPOOF_STAGE = SpoofStage()

@@ -36,18 +36,20 @@ from generation.constraints.constraint import (
 from generation.cpu import native
 from generation.kv_cache import DEFAULT_BLOCK_SIZE, CacheConfig, default_cache_tokens
 from generation.models import LoadedModel, load_model
-from generation.runner import ModelRunner
+from generation.runner import ComputePaths, ModelRunner
 from generation.sample import LogitsPipeline, StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
 from generation.sample.sampling_stage import check_request
 from generation.sample.top_head import set_top_head_backend
 from generation.scheduler import Batch, Scheduler, SchedulerConfig
 from generation.sequence import (
+    OutputDetails,
     RequestOutput,
     Sequence,
     TextTracker,
     request_output,
 )
+from watermark.field_error import FieldError
 from watermark.greenlist import set_bias_backend
 from watermark.gumbel import set_survivors_backend
 from watermark.scheme import Watermark
@@ -65,7 +67,8 @@ class Engine:
     (blocks of ``block_size`` tokens; default: every sequence at full length, capped by a share of the free
     memory: generation/kv_cache.py); excess sequences wait or are preempted and recomputed. ``prefix_caching``
     lets a prompt reuse the cached blocks of a prefix computed before (generation/block_manager.py).
-    ``packed_weights`` runs the model through oneDNN-packed linear weights (generation/cpu/packed_linear.py;
+    ``paths`` (``ComputePaths``) picks the compute paths: ``packed_weights`` runs the model through
+    oneDNN-packed linear weights (generation/cpu/packed_linear.py;
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
     runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
     they build); ``block_table_attention`` and ``cuda_graphs`` are the CUDA decode path (generation/gpu/;
@@ -74,9 +77,8 @@ class Engine:
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
                  max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, packed_weights: bool | None = None,
-                 native_kernels: bool | None = None, block_table_attention: bool | None = None,
-                 cuda_graphs: bool | None = None) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True,
+                 paths: ComputePaths = ComputePaths()) -> None:
         if model is None:
             model = load_model()
         self.loaded = model
@@ -89,8 +91,9 @@ class Engine:
             max_cache_tokens = default_cache_tokens(model.model, max_num_seqs, max_model_len)
         self.config = SchedulerConfig(max_num_seqs, max_model_len, max_cache_tokens, max_prefill_tokens)
         cache_config = CacheConfig.for_tokens(self.config.max_cache_tokens, max_model_len, block_size)
-        self.runner = ModelRunner(model.model, cache_config, packed_weights, native_kernels, block_table_attention,
-                                  cuda_graphs)
+        self.runner = ModelRunner(model.model, cache_config, packed_weights=paths.packed_weights,
+                                  native_kernels=paths.native_kernels,
+                                  block_table_attention=paths.block_table_attention, cuda_graphs=paths.cuda_graphs)
         if self.runner.native_attention:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only
@@ -143,7 +146,7 @@ class Engine:
         params.validate_for_vocab(self.vocab_size)
         constraint = self.constraint_compiler().compile(params.constraint) if params.constraint is not None else None
         if watermark is not None and getattr(watermark, "vocab_size", self.vocab_size) != self.vocab_size:
-            raise ValueError(f"watermark: built for vocab_size {watermark.vocab_size}, model has {self.vocab_size}")
+            raise FieldError("watermark", f"built for vocab_size {watermark.vocab_size}, model has {self.vocab_size}")
         check_request(watermark, params)  # a sampling watermark cannot serve greedy requests: refused here
         state = SamplerState(params, prompt_ids, self.eos_token_ids)
         with self._inbox_lock:
@@ -183,13 +186,14 @@ class Engine:
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"prompt: token ids {bad[:5]} outside [0, {self.vocab_size})")
+                raise FieldError("prompt", f"token ids {bad[:5]} outside [0, {self.vocab_size})")
         else:
             raise TypeError("prompt must be a str or a list of int token ids")
         if not ids:
-            raise ValueError("prompt: empty (no tokens)")
+            raise FieldError("prompt", "empty (no tokens)")
         if len(ids) >= self.config.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens, but max_model_len={self.config.max_model_len} leaves no room to generate")
+            raise FieldError("prompt", f"{len(ids)} tokens, but max_model_len={self.config.max_model_len} leaves no room to "
+                             "generate")
         return ids
 
     def abort(self, request_id: str) -> None:
@@ -322,8 +326,8 @@ class Engine:
     def _output(self, seq: Sequence, delta: str) -> RequestOutput:
         return request_output(
             seq.request_id, seq.prompt_ids, seq.output_ids, seq.text.text, seq.finish_reason, seq.watermark,
-            text_delta=delta, finished=seq.is_finished, logprobs=seq.logprobs, top_logprobs=seq.top_logprobs,
-            forced_positions=seq.forced_positions, error=seq.error)
+            OutputDetails(text_delta=delta, finished=seq.is_finished, logprobs=seq.logprobs,
+                          top_logprobs=seq.top_logprobs, forced_positions=seq.forced_positions, error=seq.error))
 
     # ------------------------------------------------------------------ conveniences
     def generate(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams],

@@ -13,6 +13,8 @@ attention in torch ops (generation/gpu/paged_attention.py), with decode batches 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from generation.cpu import native, paged_native
@@ -28,6 +30,17 @@ from generation.cpu.slot_attention import (
 from generation.gpu.graphs import DecodeGraphs
 from generation.gpu.paged_attention import ROWS_KWARG, BlockTableRows, shared_view, use_block_table_attention_
 from generation.kv_cache import CacheConfig, ForwardPlan, PagedKVCache
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePaths:
+    """Which compute paths a runner takes, each None = by the machine (see ``ModelRunner``): oneDNN-packed
+    weights, the C++ kernels, decode attention through the block tables, CUDA graphs."""
+
+    packed_weights: bool | None = None
+    native_kernels: bool | None = None
+    block_table_attention: bool | None = None
+    cuda_graphs: bool | None = None
 
 
 class ModelRunner:

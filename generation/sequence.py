@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from generation.constraints.constraint import FORCED_BELOW, Constraint
 from generation.sample.sampler import SamplerState, SamplingParams
+from watermark.config import SpecError
+from watermark.schemes import family_of
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 DECODE_CONTEXT_TOKENS = 5  # tokens decoded before the new ones so merges and spaces resolve (as vLLM/TGI)
@@ -34,6 +36,7 @@ class WatermarkInfo:
     spec: str
     key_id: str | None
     fingerprint: str
+    family: str | None = None  # the scheme family's name (watermark.schemes), said once here
 
 
 @dataclass(slots=True)
@@ -68,23 +71,40 @@ class RequestOutput:
     decoding_stats: dict | None = None  # advanced decoding extras, e.g. speculative acceptance counts
 
 
+@dataclass(frozen=True, slots=True)
+class OutputDetails:
+    """What an output carries beside its ids and text, each optional: the streamed part (``text_delta``,
+    None: the whole text), whether it is the last, logprobs, the constraint's forced positions, an error,
+    and a decoding method's score and extras."""
+
+    text_delta: str | None = None
+    finished: bool = True
+    logprobs: list[float] | None = None
+    top_logprobs: list | None = None
+    forced_positions: list[int] | tuple = ()
+    error: str | None = None
+    cumulative_logprob: float | None = None
+    stats: dict | None = None
+
+
+NO_DETAILS = OutputDetails()
+
+
 def request_output(request_id: str, prompt_ids: list[int], token_ids: list[int], text: str, finish_reason: str | None,
-                   watermark=None, *, text_delta: str | None = None, finished: bool = True,
-                   logprobs: list[float] | None = None, top_logprobs: list | None = None,
-                   forced_positions: list[int] = (), error: str | None = None,
-                   cumulative_logprob: float | None = None, stats: dict | None = None) -> RequestOutput:
+                   watermark=None, details: OutputDetails = NO_DETAILS) -> RequestOutput:
     """The one place a RequestOutput is assembled (engine steps and every decoding method): lists copied,
-    usage counted, the watermark described by its public fields only. ``text_delta`` defaults to the
+    usage counted, the watermark described by its public fields only. ``details.text_delta`` defaults to the
     whole text (a finished output handed over at once)."""
+    d = details
     return RequestOutput(
         request_id=request_id, prompt_token_ids=list(prompt_ids), token_ids=list(token_ids), text=text,
-        text_delta=text if text_delta is None else text_delta, finished=finished, finish_reason=finish_reason,
+        text_delta=text if d.text_delta is None else d.text_delta, finished=d.finished, finish_reason=finish_reason,
         usage=Usage(len(prompt_ids), len(token_ids)),
-        logprobs=list(logprobs) if logprobs is not None else None,
-        top_logprobs=list(top_logprobs) if top_logprobs is not None else None,
+        logprobs=list(d.logprobs) if d.logprobs is not None else None,
+        top_logprobs=list(d.top_logprobs) if d.top_logprobs is not None else None,
         watermark=watermark_info(watermark) if watermark is not None else None,
-        forced_positions=list(forced_positions), error=error, cumulative_logprob=cumulative_logprob,
-        decoding_stats=stats)
+        forced_positions=list(d.forced_positions), error=d.error, cumulative_logprob=d.cumulative_logprob,
+        decoding_stats=d.stats)
 
 
 def watermark_info(watermark) -> WatermarkInfo:
@@ -92,7 +112,15 @@ def watermark_info(watermark) -> WatermarkInfo:
     is not hashable (the evaluation's spoofer) is formatted each time."""
     spec = watermark.spec
     text = _spec_text(spec) if isinstance(spec, Hashable) else spec.format()
-    return WatermarkInfo(text, watermark.key_id, watermark.fingerprint)
+    return WatermarkInfo(text, watermark.key_id, watermark.fingerprint, _family_name(spec))
+
+
+def _family_name(spec) -> str | None:
+    """The spec's family name; None for a stand-in no family owns (the evaluation's spoofer)."""
+    try:
+        return family_of(spec).name
+    except (SpecError, AttributeError):
+        return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -41,7 +41,7 @@ def sampled_ids(vocab, mark, length: int, seed: int) -> list[int]:
             token = int(torch.multinomial(torch.softmax(logits[0], 0), 1, generator=generator))
         elif kind == "gumbel":
             token = int(mark.choose(logits, torch.tensor([context]))[0])
-        elif kind == "vllm-gumbel":  # vLLM's race: argmax(logits + Gumbel noise); only the words can win
+        elif kind == "vllm:gumbel":  # vLLM's race: argmax(logits + Gumbel noise); only the words can win
             u = mark.uniforms(torch.tensor([context]), torch.tensor(words))[0]
             u = u.clamp_min(torch.finfo(torch.float32).tiny)
             token = words[int(torch.argmax(logits[0, words] - torch.log(-torch.log(u))))]

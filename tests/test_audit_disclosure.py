@@ -19,6 +19,7 @@ from sqlalchemy import text as sql
 from api.detector.app import create_app, services_of
 from db.migrations import alembic_config, head_revision
 from db.store import Store
+from db.verdicts import VerdictFilter
 from watermark.keys import Keyring
 
 pytest_plugins = ["pg"]
@@ -150,7 +151,7 @@ def test_rows_written_before_the_shown_columns_keep_what_their_caller_saw(databa
     assert (seen["b" * 36]["verdict"], seen["b" * 36]["z"]) == ("insufficient_text", None)
     assert seen["c" * 36]["verdict"] is None and seen["c" * 36]["disclosure"] == "withheld"
     assert all(item["green_count"] is None for item in seen.values())
-    assert [item["id"] for item in store.list_verdicts(exact=False, min_z=5.0).items] == ["a" * 36]
+    assert [item["id"] for item in store.list_verdicts(VerdictFilter(min_z=5.0), exact=False).items] == ["a" * 36]
     assert store.get_verdict("c" * 36)["z"] == 1.7  # the exact row is untouched
     from db.audit_rows import row_digest
     from db.rows import VerdictRow

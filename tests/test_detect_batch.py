@@ -14,6 +14,7 @@ from api.cli import main
 from db.rows import AuditEventRow, VerdictRow
 from db.store import Store
 from detector import batch, batch_secrets
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from watermark.key_info import KeyringError
 from watermark.keys import Keyring
@@ -96,9 +97,9 @@ def test_per_record_key_and_spec_and_parquet_round_trip(capsys, tmp_path, record
     assert code == 0, err
     out = pq.read_table(tmp_path / "out.parquet").to_pylist()
     detector = Detector(vocab=shared_vocabulary())
-    expected = [detector.detect(rows[0]["text"], keys=["beta"], windows=True),
-                detector.detect(rows[1]["text"], keys=["alpha"], windows=True, forced_positions=[3, 4]),
-                detector.detect(rows[2]["text"], spec=HF_SPEC, windows=True)]
+    expected = [detector.detect(rows[0]["text"], keys=["beta"], options=DetectOptions(windows=True)),
+                detector.detect(rows[1]["text"], keys=["alpha"], options=DetectOptions(windows=True, forced_positions=[3, 4])),
+                detector.detect(rows[2]["text"], spec=HF_SPEC, options=DetectOptions(windows=True))]
     assert [r["id"] for r in out] == ["a", "b", "c"]
     for row, verdict in zip(out, expected):
         want = verdict.to_dict()
@@ -143,8 +144,8 @@ def test_stored_batch_verdicts_record_the_detect_scope_view_the_service_shows(ca
     store, service = Store(), Detector(keyring=keyring)
     for record, o in zip(records[:6], out):
         seen = store.get_verdict(o["verdict_id"], exact=False)
-        shown = service.detect(record["text"], windows=True,
-                               forced_positions=record.get("forced_positions")).disclose("detect")
+        shown = service.detect(record["text"], options=DetectOptions(
+            windows=True, forced_positions=record.get("forced_positions"))).disclose("detect")
         assert seen["disclosure"] == "coarse-dithered/v1", seen
         assert (seen["verdict"], seen["z"], seen["p_value"], seen["key_id"], seen["windows"]) == \
             (shown["verdict"], shown["z_score"], shown["p_value"], shown["key_id"], shown["windows"])

@@ -18,6 +18,7 @@ from api.cli import main
 from api.detector.app import create_app, services_of
 from db.rows import AuditEventRow, VerdictRow
 from detector.disclosure import DETECT_FIELDS
+from detector.scoring_request import DetectOptions
 from watermark.keys import Keyring
 from watermark.scheme import make_watermark
 
@@ -136,7 +137,7 @@ def test_the_detect_scope_answer_for_one_unit_is_the_same_whatever_its_value(ser
     base_url, _, explain, detect_only = service
     vocab = shared_vocabulary()
     mark = make_watermark(SPECS[key_id], keyring.secret(key_id), vocab.vocab_size, key_id)
-    if mark.spec.kind == "vllm-gumbel":  # vLLM scores every token (contexts padded): a one-token text
+    if mark.spec.kind == "vllm:gumbel":  # vLLM scores every token (contexts padded): a one-token text
         prefix, candidates = [], [encode(vocab, w)[0] for w in ONE_TOKEN_WORDS]
     else:
         prefix, candidates = encode(vocab, "The cat sat on"), word_ids(vocab)
@@ -222,7 +223,8 @@ def test_human_text_is_not_flagged_beyond_the_binomial_bound_for_a_fixed_key(key
 def test_the_reference_signal_behind_min_tokens_is_what_the_tournament_gives():
     """SYNTHID_REFERENCE_MEAN_G: mean g over 30 layers of the tournament winner when the model spreads its
     probability over 4 tokens, recomputed with the closed form the sampler uses (4 standard errors)."""
-    from detector.sampling_verdict import GUMBEL_REFERENCE_SCORE, SYNTHID_REFERENCE_MEAN_G, min_scored_units
+    from detector.sampling_verdict import min_scored_units
+    from watermark.schemes.sampling import GUMBEL_REFERENCE_SCORE, SYNTHID_REFERENCE_MEAN_G
     from watermark.synthid import tournament_probs
 
     n, layers, choices = 20_000, 30, 4
@@ -248,12 +250,12 @@ def test_several_keys_bound_to_one_spec_are_tested_together_with_holm(keyring):
     keyring.create("g2", secret=hashlib.sha256(b"provmark-test/sampling-detect/g2").digest(), spec=SPECS["g1"])
     text = watermarked(keyring, "g1", seed=5)
     detector = Detector(vocab=shared_vocabulary(), keyring=keyring)
-    verdict = detector.detect(text, spec="gumbel:h=4", windows=True)
+    verdict = detector.detect(text, spec="gumbel:h=4", options=DetectOptions(windows=True))
     by_key = {k["key_id"]: k for k in verdict.keys}
     assert set(by_key) == {"g1", "g2"} and verdict.key_id == "g1" and verdict.verdict == "watermarked"
     assert by_key["g1"]["p_value_corrected"] == pytest.approx(min(1.0, 2 * by_key["g1"]["p_value"]))
     assert by_key["g2"]["p_value"] > 1e-3 and verdict.p_value == by_key["g1"]["p_value_corrected"]
     assert verdict.windows["best"]["key_id"] == "g1"
-    forced = detector.detect(text, spec="gumbel:h=4", keys=["g1"], forced_positions=range(4, 24))
+    forced = detector.detect(text, spec="gumbel:h=4", keys=["g1"], options=DetectOptions(forced_positions=range(4, 24)))
     assert forced.num_forced_positions == 20
     assert forced.num_tokens_scored == detector.detect(text, spec="gumbel:h=4", keys=["g1"]).num_tokens_scored - 20

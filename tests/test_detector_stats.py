@@ -23,6 +23,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from detector.scoring import counted_positions, green_flags, previous_occurrence
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from detector.windows import window_counts
 from watermark.config import WatermarkSpec
@@ -225,7 +226,7 @@ def test_without_dedup_a_repeated_mostly_green_sentence_looks_watermarked(vocab,
     assert alone.verdict != "watermarked"
     repeated = " ".join([chosen] * 50)
     with_dedup = detector.detect(repeated)
-    without_dedup = detector.detect(repeated, dedup=False)
+    without_dedup = detector.detect(repeated, options=DetectOptions(dedup=False))
     assert with_dedup.verdict != "watermarked" and with_dedup.z_score < Z_THRESHOLD
     assert without_dedup.verdict == "watermarked"
     assert without_dedup.z_score > 2 * with_dedup.z_score
@@ -257,7 +258,7 @@ def test_windows_find_a_watermarked_passage_the_whole_text_misses(detector, past
     whole = detector.detect(pasted_passage.text)
     assert whole.num_tokens > 1500
     assert whole.verdict == "not_watermarked" and whole.z_score < Z_THRESHOLD
-    found = detector.detect(pasted_passage.text, windows=True)
+    found = detector.detect(pasted_passage.text, options=DetectOptions(windows=True))
     assert found.verdict == "watermarked" and found.decided_by == "window"
     best = found.windows["best"]
     assert found.windows["detected"] and best["p_value_corrected"] <= found.windows["alpha"]
@@ -274,7 +275,7 @@ def test_corrected_window_p_value_never_flags_human_text(detector, articles, spe
     texts = list(articles) if spec == "kgw:scheme=selfhash" else []
     texts += [" ".join(articles[i:i + 30]) for i in range(0, len(articles), 30)]
     for text in texts:
-        verdict = detector.detect(text, spec=spec, windows=True)
+        verdict = detector.detect(text, spec=spec, options=DetectOptions(windows=True))
         assert not verdict.windows["detected"]
         assert verdict.verdict != "watermarked"
 
@@ -294,8 +295,8 @@ def test_normalisation_undoes_invisible_characters_and_homoglyphs(vocab, pool):
     attacked = " ".join(w[:2] + "\u200b" + w[2:] if i % 2 else w.translate(look_alike)
                         for i, w in enumerate(words))
     assert attacked != clean
-    raw = detector.detect(attacked, normalize=False)
-    fixed = detector.detect(attacked, explain=True)
+    raw = detector.detect(attacked, options=DetectOptions(normalize=False))
+    fixed = detector.detect(attacked, options=DetectOptions(explain=True))
     assert detector.detect(clean).verdict == "watermarked"
     assert fixed.verdict == "watermarked" and raw.verdict != "watermarked"
     assert {"invisible", "homoglyphs"} <= set(fixed.normalizations)

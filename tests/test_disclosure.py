@@ -8,6 +8,7 @@ import pytest
 from http_fixtures import human_text, shared_vocabulary, watermarked_text
 
 from detector.disclosure import DETECT_FIELDS, STEP_UNITS, dither, shown_z, z_step
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from watermark.keys import Keyring
 from watermark.stats import p_value_normal, z_for_p
@@ -60,13 +61,13 @@ def test_detect_view_of_a_watermarked_and_a_human_text(keyring):
     human = human_text(1200)
     marked = watermarked_text(shared_vocabulary(), keyring.secret("k-disc"), human)
     for text, expected in ((marked, "watermarked"), (human, "not_watermarked")):
-        verdict = detector.detect(text, windows=True)
+        verdict = detector.detect(text, options=DetectOptions(windows=True))
         view = verdict.disclose("detect")
         assert verdict.verdict == expected and view["verdict"] == expected
         assert set(view) == {*DETECT_FIELDS, "disclosure", "z_score", "p_value", "key_id", "decided_by", "windows",
                              "calibration_id", "spoof_suspected"}
         assert view["p_value"] >= verdict.p_value and view["z_score"] <= max(0.0, z_for_p(verdict.p_value))
-        assert view == detector.detect(text, windows=True).disclose("detect")  # deterministic per text
+        assert view == detector.detect(text, options=DetectOptions(windows=True)).disclose("detect")  # deterministic per text
         assert verdict.disclose("explain") == verdict.to_dict()
         if expected == "watermarked":
             assert view["key_id"] == "k-disc" and view["windows"]["detected"] in (True, False)
@@ -98,7 +99,7 @@ def _asdict_form(verdict) -> dict:
     from dataclasses import asdict
 
     out = asdict(verdict)
-    del out["dither"]
+    del out["dither"], out["spec"]  # neither is part of the verdict a caller reads
     return verdict.finished(out)
 
 
@@ -125,11 +126,11 @@ def test_to_dict_is_the_asdict_tree_and_shares_no_container_with_the_verdict(pro
     vocab = shared_vocabulary()
     detector = Detector(vocab=vocab, keyring=ring)
     marked = watermarked_text(vocab, secret, human_text(1500))
-    verdicts = [detector.detect(marked, keys=["k-two"], windows=True, explain=True),
-                detector.detect(human_text(900, 3000), keys=["k-two"], windows=True),
+    verdicts = [detector.detect(marked, keys=["k-two"], options=DetectOptions(windows=True, explain=True)),
+                detector.detect(human_text(900, 3000), keys=["k-two"], options=DetectOptions(windows=True)),
                 detector.detect("too short", keys=["k-two"]),
-                detector.detect(human_text(900), keys=["k-gumbel"], explain=True),
-                detector.detect(human_text(600), spec="hf:", windows=True)]
+                detector.detect(human_text(900), keys=["k-gumbel"], options=DetectOptions(explain=True)),
+                detector.detect(human_text(600), spec="hf:", options=DetectOptions(windows=True))]
     assert verdicts[0].watermarked and verdicts[0].public_half and verdicts[0].explanation and verdicts[3].statistic
     for verdict in verdicts:
         before = json.dumps(_asdict_form(verdict), sort_keys=True)

@@ -25,7 +25,7 @@ import pytest
 
 from evaluation import metrics
 from evaluation.harness import EvalConfig, parse_scheme
-from evaluation.runner import run_evaluation
+from evaluation.runner import RunSetup, run_evaluation
 
 # ------------------------------------------------------------------------------------ metrics (unit)
 
@@ -105,8 +105,9 @@ def evaluation(tmp_path_factory):
     # a fixed key: the checks below are about detection power, and a fresh random key per run made the
     # 12-text clean TPR fail about once in a few runs on one low-entropy text (4 of 4 fixed keys pass)
     keyring.create("eval", secret=hashlib.sha256(b"eval-key/0").digest())
-    first = run_evaluation(EvalConfig(**SIZE), out, loaded=loaded, keyring=keyring, progress=False)
-    second = run_evaluation(EvalConfig(**SIZE), out, loaded=loaded, keyring=keyring, progress=False)
+    setup = RunSetup(loaded=loaded, keyring=keyring, progress=False)
+    first = run_evaluation(EvalConfig(**SIZE), out, setup)
+    second = run_evaluation(EvalConfig(**SIZE), out, setup)
     return {"first": first, "second": second, "out": out, "home": home, "loaded": loaded}
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from evaluation.harness import COMPARE_SCHEMES, EvalConfig
-from evaluation.runner import run_evaluation
+from evaluation.runner import RunSetup, run_evaluation
 
 
 def test_compare_preset_and_lengths_are_checked_at_the_door():
@@ -33,7 +33,7 @@ def test_kgw_gumbel_and_synthid_side_by_side(tmp_path):
     keyring.create("cmp", secret=hashlib.sha256(b"compare-key/0").digest())
     config = EvalConfig(n=8, tokens=120, schemes=("lefthash", "gumbel", "synthid"), attacks=("token-delete",),
                         rates=(0.0, 0.25), null_keys=1, lengths=(50, 120), max_num_seqs=32, seed=0)
-    results = run_evaluation(config, tmp_path / "out", loaded=load_model(), keyring=keyring, progress=False)
+    results = run_evaluation(config, tmp_path / "out", RunSetup(loaded=load_model(), keyring=keyring, progress=False))
     labels = [s["label"] for s in results["schemes"]]
     assert labels == ["lefthash-h1-g0.25-d2", "gumbel-h4", "synthid-h4-m30"]  # a non-default KGW spec: its null keys too
     for scheme in results["schemes"]:

@@ -14,7 +14,7 @@ from generation.gpu.graphs import BATCH_BUCKETS, DecodeGraphs, bucket_for, padde
 from generation.gpu.paged_attention import block_table_attention, gather_blocks
 from generation.kv_cache import CacheConfig
 from generation.models import load_model
-from generation.runner import ModelRunner
+from generation.runner import ComputePaths, ModelRunner
 from generation.sample.sampler import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -168,8 +168,9 @@ def test_the_engine_through_static_buckets_matches_the_native_default(cpu_loaded
     prompts = [cpu_loaded.vocab.tokenizer(p)["input_ids"] for p in ("The capital of France is", "def fibonacci(n):")]
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
     default = Engine(cpu_loaded, max_num_seqs=4, max_model_len=128)
-    cuda_like = Engine(cpu_loaded, max_num_seqs=4, max_model_len=128, packed_weights=False, native_kernels=False,
-                       block_table_attention=True, cuda_graphs=True)
+    cuda_like = Engine(cpu_loaded, max_num_seqs=4, max_model_len=128,
+                       paths=ComputePaths(packed_weights=False, native_kernels=False, block_table_attention=True,
+                                          cuda_graphs=True))
     want = [o.token_ids for o in default.generate(prompts, greedy, use_tqdm=False)]
     got = [o.token_ids for o in cuda_like.generate(prompts, greedy, use_tqdm=False)]
     assert got == want

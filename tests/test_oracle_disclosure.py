@@ -13,6 +13,7 @@ import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
 
 from api.detector.app import create_app, services_of
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from watermark.keys import Keyring
 from watermark.vocab import encode
@@ -51,7 +52,7 @@ def true_colours(keyring, texts) -> list[bool | None]:
     detector = Detector(vocab=shared_vocabulary(), keyring=keyring)
     colours = []
     for text in texts:
-        counted = [t for t in detector.detect(text, explain=True).explanation if t["counted"]]
+        counted = [t for t in detector.detect(text, options=DetectOptions(explain=True)).explanation if t["counted"]]
         colours.append(counted[0]["green"] if len(counted) == 1 else None)
     return colours
 

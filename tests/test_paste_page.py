@@ -24,6 +24,7 @@ from identity_fixtures import signing_keys_for
 from test_paraphrase_match import HUMAN, PARAPHRASE, remember_texts
 
 from api.detector.app import create_app, services_of
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from provenance.c2pa_manifest import TextClaims, WatermarkClaim, sign_text
 from watermark.keys import Keyring
@@ -97,7 +98,7 @@ def test_verdicts_in_the_browser(browser, site, tmp_path):
     check(page, texts["watermarked"])
     assert page.text_content("#verdict") == "watermarked"
     # a detect token is shown the coarse z of the detect scope (docs/security.md), no counts
-    expected_z = detector.detect(texts["watermarked"], windows=True).disclose("detect")["z_score"]
+    expected_z = detector.detect(texts["watermarked"], options=DetectOptions(windows=True)).disclose("detect")["z_score"]
     assert expected_z > 4.0 and page.text_content("#z-score") == f"{expected_z:.2f}"
     assert page.text_content("#tokens-scored") == "–"
     assert page.locator("#passage mark.window").count() > 0  # the watermarked passage is highlighted

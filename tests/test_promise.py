@@ -27,6 +27,7 @@ from scipy.stats import binom
 from detector import calibrate as measuring
 from detector import common_units, human_corpora, promise
 from detector.calibration import Bucket, Calibration, CalibrationStore
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from evaluation.prefix import prefix_p_values
 from watermark.keys import Keyring
@@ -115,7 +116,7 @@ def test_the_kind_of_text_is_read_from_its_tokens(vocab):
 def test_every_keyed_verdict_states_its_promise_and_what_it_costs(vocab):
     detector = Detector(vocab=vocab, keyring=OneKey())
     for text, kind in ((PROSE, promise.PROSE), (CODE, promise.CODE)):
-        verdict = detector.detect(text, spec=SPEC, windows=True)
+        verdict = detector.detect(text, spec=SPEC, options=DetectOptions(windows=True))
         stated = verdict.to_dict()["promise"]
         margin = promise.BOUNDED_MARGIN["selfhash"][kind]
         assert stated["promise"] == promise.BOUNDED and stated["kind"] == kind and stated["margin"] == margin
@@ -133,7 +134,7 @@ def test_every_keyed_verdict_states_its_promise_and_what_it_costs(vocab):
 
 def test_a_rate_of_one_half_or_more_states_no_tokens_factor(vocab):
     # z threshold 0 at fpr 1/2 (below 0 above it): no tokens are needed without the margin, so no factor is stated
-    stated = Detector(vocab=vocab, keyring=OneKey()).detect(PROSE, spec=SPEC, fpr=0.5).promise
+    stated = Detector(vocab=vocab, keyring=OneKey()).detect(PROSE, spec=SPEC, options=DetectOptions(fpr=0.5)).promise
     assert stated["tokens_factor"] is None and stated["z_needed"] == pytest.approx(stated["margin"], abs=1e-3)
 
 

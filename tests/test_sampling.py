@@ -20,6 +20,7 @@ from generation.sample.sampler import (
     mirostat_v1_k,
     truncate_,
 )
+from generation.sample.stage import WatermarkStage
 
 ALPHA = 1e-3  # false-failure rate of each chi-square test (fixed seeds make it deterministic anyway)
 
@@ -328,12 +329,12 @@ def test_sampled_frequencies_match_the_distribution(config):
     chi_square_check(counts, probs)
 
 
-class BoostStage:
+class BoostStage(WatermarkStage):
     """A watermark stage that transforms: token 5 up by 100 on the rows it serves."""
 
     chooses_tokens = False
 
-    def transform_(self, scores, contexts, marks):
+    def transform_(self, scores, contexts, marks, code=None):
         for row, mark in enumerate(marks):
             if mark is not None:
                 scores[row, 5] += 100.0
@@ -345,7 +346,7 @@ def _marks_with(stage, rows: int) -> list:
     return [mark] * rows
 
 
-class LastLiveTokenStage:
+class LastLiveTokenStage(WatermarkStage):
     """A sampler stage (as Gumbel-max or a SynthID tournament would be): it picks the highest live token id."""
 
     chooses_tokens = True
@@ -353,10 +354,7 @@ class LastLiveTokenStage:
     def __init__(self):
         self.seen = []
 
-    def transform_(self, scores, contexts, marks):
-        pass
-
-    def choose(self, probs, contexts, marks, generators):
+    def choose(self, probs, contexts, marks, generators, candidates=None):
         self.seen.append((probs.clone(), list(contexts)))
         live = probs > 0
         return (live * torch.arange(probs.shape[1])).argmax(-1)

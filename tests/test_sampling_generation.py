@@ -16,14 +16,14 @@ from generation.decoding.beam import BeamConfig
 from generation.decoding.mbr import MBRConfig
 from generation.decoding.speculative.decode import speculative_decode
 from generation.decoding.speculative.drafters import ModelDrafter, PromptLookupDrafter
-from generation.sample.context_memory import GeneratedContexts, HFContextWindow
+from generation.sample.context_memory import GeneratedContexts
 from generation.sample.params import SamplerState, SamplingParams
 from generation.sample.pipeline import LogitsPipeline, StepRows
 from generation.sample.sampling_stage import SAMPLING_STAGE, row_context
 from generation.sample.watermark_stage import KGW_BIAS, stage_for
 from watermark import gumbel as gumbel_module
 from watermark.gumbel import race_scores
-from watermark.hf_synthid import HFSynthIDState, context_hash_value
+from watermark.hf_synthid import HFContextWindow, HFSynthIDState, context_hash_value
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import make_watermark
 

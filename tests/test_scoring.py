@@ -15,6 +15,7 @@ from transformers import LlamaConfig, WatermarkDetector, WatermarkingConfig
 from transformers.generation.logits_process import WatermarkLogitsProcessor
 
 from detector.scoring import Decision, min_scored_tokens, previous_occurrence
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from detector.tokenizing import tokenize
 from detector.windows import window_counts
@@ -162,7 +163,7 @@ def test_short_text_is_insufficient_and_explanation_offsets_are_in_the_original(
     short = detector.detect("Hi there.")
     assert short.verdict == "insufficient_text" and short.num_tokens_scored < short.min_tokens
     text = "Ｔhe  quick\u200b brown fox jumps over the lazy dog, again and again."
-    verdict = detector.detect(text, explain=True, keys=["ka"])
+    verdict = detector.detect(text, keys=["ka"], options=DetectOptions(explain=True))
     tokens = verdict.explanation
     assert len(tokens) == verdict.num_tokens
     assert all(t["text"] == text[t["char_start"]:t["char_end"]] for t in tokens)
@@ -207,8 +208,8 @@ def test_hf_specs_equal_transformers_watermark_detector(vocab, human_texts, sche
         for dedup in (True, False):
             reference = WatermarkDetector(model_config, "cpu", config, ignore_repeated_ngrams=dedup)(
                 input_ids, return_dict=True)
-            ours = detector.detect(text, spec=spec, dedup=dedup, normalize=False)
+            ours = detector.detect(text, spec=spec, options=DetectOptions(dedup=dedup, normalize=False))
             assert ours.num_tokens_scored == reference.num_tokens_scored[0]
             assert ours.num_green_tokens == reference.num_green_tokens[0]
             assert abs(ours.z_score - float(reference.z_score[0])) <= 1e-9
-    assert detector.detect(marked, spec=spec, normalize=False).verdict == "watermarked"
+    assert detector.detect(marked, spec=spec, options=DetectOptions(normalize=False)).verdict == "watermarked"

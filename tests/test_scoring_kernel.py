@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from detector import common_units, scoring, scoring_kernel, unit_lookup
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from watermark.config import WatermarkSpec
 from watermark.public_key import public_half_secret
@@ -101,10 +102,10 @@ def test_verdicts_are_the_same_with_and_without_the_kernel(monkeypatch, vocab, t
     for two_part in (False, True):
         detector = Detector(vocab=vocab, keyring=OneKey(two_part))
         for text in words:
-            fast = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
+            fast = detector.detect(text, spec=spec_text, options=DetectOptions(explain=True, windows=True)).to_dict()
             with monkeypatch.context() as m:
                 without_kernel(m)
-                slow = detector.detect(text, spec=spec_text, explain=True, windows=True).to_dict()
+                slow = detector.detect(text, spec=spec_text, options=DetectOptions(explain=True, windows=True)).to_dict()
             assert fast == slow
 
 

@@ -261,7 +261,7 @@ def test_the_generation_side_names_sampling_units_as_the_detector_counts_them(tm
         mark = make_watermark(spec, keyring.secret(key), vocab.vocab_size, key)
         ids = sample(world, None, generator)
         own.remember(WatermarkInfo(mark.spec.format(), key, mark.fingerprint), ids, vocab)
-        if mark.spec.kind == "vllm-gumbel":
+        if mark.spec.kind == "vllm:gumbel":
             assert memory.outputs(key) == 0
             continue
         _, prev, units = positions(mark, torch.tensor(ids), True, common_units.for_spec(mark.spec, vocab),

@@ -22,7 +22,7 @@ from db.store import Store, StoreUnavailable
 from db.store import (
     database_url as default_database_url,
 )
-from db.verdicts import VerdictRecord, decode_cursor
+from db.verdicts import VerdictFilter, VerdictRecord, decode_cursor
 from watermark.key_info import KeyInfo
 
 pytest_plugins = ["pg"]
@@ -172,7 +172,7 @@ def test_cursor_pagination_is_complete_ordered_and_stable(store):
 def test_list_filters(store):
     _insert_at(store, [BASE_TIME + timedelta(minutes=i) for i in range(12)])
     def ids(**kw) -> set[str]:
-        return {item["id"] for item in store.list_verdicts(**kw).items}
+        return {item["id"] for item in store.list_verdicts(VerdictFilter(**kw)).items}
 
     assert ids(verdict="not_watermarked") == {f"v-{i:03d}" for i in range(1, 12, 2)}
     assert ids(key_id="k-b") == {f"v-{i:03d}" for i in range(0, 12, 3)}

@@ -16,14 +16,17 @@ Two families share one type:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 SCHEMES = ("lefthash", "minhash", "selfhash", "unigram")
 HF_SCHEMES = ("lefthash", "selfhash")
 PRFS = ("hmac-sha256", "sha3-256")
-SAMPLING_KINDS = ("gumbel", "synthid", "vllm")  # watermark.sampling_specs
+KGW_KIND = "kgw"  # the two families of this spec type (watermark.schemes.kgw, watermark.schemes.hf)
+HF_KIND = "hf"
+HF_SYNTHID_TAG = "synthid"  # hf:synthid,... is its own family (watermark.schemes.hf_synthid)
 MAX_CONTEXT_WIDTH = 64  # far beyond any published setting; bounds per-position work
 HF_DEFAULT_HASHING_KEY = 15485863  # transformers' default: the millionth prime
 # Numeric bounds, one table for every place a spec is accepted (engine, CLI, both services, vLLM plugin):
@@ -45,9 +48,37 @@ class SpecError(ValueError):
     """A spec string or field is invalid; the message names the field."""
 
 
+def kept_text(method):
+    """A spec value's ``format``, computed on the first call and kept on the (frozen) value."""
+
+    @functools.wraps(method)
+    def format(self) -> str:
+        text = self._text
+        if text is None:
+            text = method(self)
+            object.__setattr__(self, "_text", text)
+        return text
+
+    return format
+
+
+def kept_fingerprint(method):
+    """A spec value's ``fingerprint(V)``, computed once per V and kept on the (frozen) value."""
+
+    @functools.wraps(method)
+    def fingerprint(self, vocab_size: int) -> str:
+        found = self._fingerprints.get(vocab_size) if isinstance(vocab_size, int) else None
+        if found is None:
+            found = method(self, vocab_size)
+            self._fingerprints[vocab_size] = found
+        return found
+
+    return fingerprint
+
+
 @dataclass(frozen=True, slots=True)
 class WatermarkSpec:
-    kind: str = "kgw"
+    kind: str = KGW_KIND
     scheme: str = "selfhash"
     context_width: int = 4
     gamma: float = 0.25
@@ -56,11 +87,13 @@ class WatermarkSpec:
     hard: bool = False
     prf: str = "hmac-sha256"
     hashing_key: int = HF_DEFAULT_HASHING_KEY  # hf only: transformers' public integer key
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)  # format(), kept
+    _fingerprints: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # fingerprint(V), kept
 
     def __post_init__(self) -> None:
-        if self.kind not in ("kgw", "hf"):
+        if self.kind not in (KGW_KIND, HF_KIND):
             raise SpecError(f"kind: expected 'kgw' or 'hf', got {self.kind!r}")
-        allowed = SCHEMES if self.kind == "kgw" else HF_SCHEMES
+        allowed = SCHEMES if self.kind == KGW_KIND else HF_SCHEMES
         if self.scheme not in allowed:
             raise SpecError(f"scheme: expected one of {', '.join(allowed)}, got {self.scheme!r}")
         if isinstance(self.context_width, bool) or not isinstance(self.context_width, int):
@@ -76,17 +109,17 @@ class WatermarkSpec:
             raise SpecError(f"delta: expected a number in [0, {MAX_DELTA:g}] (use 'hard' for a hard green list), "
                             f"got {self.delta!r}")
         if self.code_delta is not None:
-            if self.kind != "kgw":
+            if self.kind != KGW_KIND:
                 raise SpecError("code_delta: only kgw specs take it (transformers' watermark has one bias)")
             if not (isinstance(self.code_delta, (int, float)) and not isinstance(self.code_delta, bool)
                     and math.isfinite(self.code_delta) and 0 <= self.code_delta <= MAX_DELTA):
                 raise SpecError(f"code_delta: expected a number in [0, {MAX_DELTA:g}], got {self.code_delta!r}")
             object.__setattr__(self, "code_delta", float(self.code_delta))
-        if self.kind == "kgw" and self.prf not in PRFS:
+        if self.kind == KGW_KIND and self.prf not in PRFS:
             raise SpecError(f"prf: expected one of {', '.join(PRFS)}, got {self.prf!r}")
-        if self.kind == "hf" and self.hard:
+        if self.kind == HF_KIND and self.hard:
             raise SpecError("hard: transformers' watermark has no hard mode")
-        if self.kind == "hf" and (isinstance(self.hashing_key, bool) or not isinstance(self.hashing_key, int)
+        if self.kind == HF_KIND and (isinstance(self.hashing_key, bool) or not isinstance(self.hashing_key, int)
                                   or not 0 <= self.hashing_key <= MAX_HASHING_KEY):
             raise SpecError(f"hashing_key: expected an integer in 0..2**63-1, got {self.hashing_key!r}")
         object.__setattr__(self, "gamma", float(self.gamma))
@@ -101,20 +134,21 @@ class WatermarkSpec:
 
     @classmethod
     def parse(cls, text: "str | WatermarkSpec") -> "WatermarkSpec":
-        """Parse a spec string; fields left out take their defaults."""
-        if isinstance(text, WatermarkSpec):
+        """Parse a ``kgw:`` or ``hf:`` spec string; fields left out take their defaults (any family's spec:
+        ``watermark.specs.parse_spec``)."""
+        if isinstance(text, cls):
             return text
         kind, fields = split_spec(text, MAX_SPEC_CHARS, "kgw:scheme=selfhash,h=4,gamma=0.25,delta=2.0",
                                   "the 'kgw:' or 'hf:' prefix")
-        if kind in SAMPLING_KINDS or (kind == "hf" and "synthid" in fields):
-            # watermark.sampling_specs parses these; generation and the services do not take them yet
-            raise SpecError(f"spec: {kind}{':synthid' if kind == 'hf' else ''} specs (sampling watermarks) "
-                            "are not accepted here yet; use a kgw: or hf: spec")
-        if kind == "kgw":
+        if kind == HF_KIND and HF_SYNTHID_TAG in fields:
+            raise SpecError("spec: hf:synthid specs (sampling watermarks) are not green-list specs; use a kgw: or hf: "
+                            "spec here (watermark.specs.parse_spec takes every family)")
+        if kind == KGW_KIND:
             return cls._from_kgw_fields(fields)
-        if kind == "hf":
+        if kind == HF_KIND:
             return cls._from_hf_fields(fields)
-        raise SpecError(f"kind: expected 'kgw' or 'hf', got {kind!r}")
+        raise SpecError(f"kind: expected 'kgw' or 'hf', got {kind!r} (the sampling watermarks and the other "
+                        "families: watermark.specs.parse_spec)")
 
     @classmethod
     def _from_kgw_fields(cls, fields: dict[str, str | None]) -> "WatermarkSpec":
@@ -140,7 +174,7 @@ class WatermarkSpec:
                 raise SpecError(f"{name}: unknown field for kgw (known: scheme, h, gamma, delta, code_delta, prf, hard)")
         if values.get("scheme") == "unigram":
             values.setdefault("context_width", 0)
-        return cls(kind="kgw", **values)
+        return cls(kind=KGW_KIND, **values)
 
     @classmethod
     def _from_hf_fields(cls, fields: dict[str, str | None]) -> "WatermarkSpec":
@@ -159,12 +193,13 @@ class WatermarkSpec:
                 values[target] = _parse_int(name, raw)
             else:
                 values[target] = _parse_float(name, raw)
-        return cls(kind="hf", **values)
+        return cls(kind=HF_KIND, **values)
 
     # ---- presentation ---------------------------------------------------------------------
+    @kept_text
     def format(self) -> str:
         """The canonical spec string: every field, fixed order; ``parse(format())`` is identity."""
-        if self.kind == "hf":
+        if self.kind == HF_KIND:
             return (f"hf:seeding_scheme={self.scheme},greenlist_ratio={self.gamma!r},bias={self.delta!r},"
                     f"hashing_key={self.hashing_key},context_width={self.context_width}")
         text = (f"kgw:scheme={self.scheme},h={self.context_width},gamma={self.gamma!r},"
@@ -172,8 +207,10 @@ class WatermarkSpec:
                 + f",prf={self.prf}")
         return text + (",hard" if self.hard else "")
 
-    __str__ = format
+    def __str__(self) -> str:
+        return self.format()
 
+    @kept_fingerprint
     def fingerprint(self, vocab_size: int) -> str:
         """A stable 128-bit hex digest of the canonical spec (without ``code_delta``) and the vocabulary size V."""
         if not isinstance(vocab_size, int) or vocab_size <= 0:
@@ -191,7 +228,7 @@ class WatermarkSpec:
     @property
     def needs_key(self) -> bool:
         """kgw specs are keyed by a keyring secret; hf specs carry their own public integer key."""
-        return self.kind == "kgw"
+        return self.kind == KGW_KIND
 
     def with_(self, **changes) -> "WatermarkSpec":
         return replace(self, **changes)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import torch
 
-from watermark.config import WatermarkSpec
+from watermark.config import HF_KIND, WatermarkSpec
 
 HF_TABLE_SIZE = 1_000_003  # transformers' fixed_table size
 HF_SELFHASH_CANDIDATES = 40  # transformers scores only the 40 most likely candidates under selfhash
@@ -22,7 +22,7 @@ GREENLIST_CACHE_SIZE = 1024
 
 class HFGreenlists:
     def __init__(self, spec: WatermarkSpec, vocab_size: int) -> None:
-        if spec.kind != "hf":
+        if spec.kind != HF_KIND:
             raise ValueError("HFGreenlists needs an hf: spec")
         self.spec = spec
         self.vocab_size = vocab_size

@@ -21,12 +21,14 @@ Bernoulli(q) with q the table's exact fraction of ones (not exactly 1/2 for a fi
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
 
 from watermark.prf import to_signed64
-from watermark.sampling_specs import HFSynthIDSpec, parse_sampling_spec, sampling_fingerprint
+from watermark.sampling_specs import HFSynthIDSpec, sampling_fingerprint
 from watermark.synthid import probs_to_logits, tournament_from_bits, tournament_probs
 
 LCG_MULTIPLIER = 6364136223846793005  # transformers' accumulate_hash default (< 2**63)
@@ -58,7 +60,7 @@ class HFSynthID:
     """g-values, the tournament and the detection units of one ``hf:synthid`` spec (no secret)."""
 
     def __init__(self, spec: HFSynthIDSpec | str, vocab_size: int) -> None:
-        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
+        self.spec = HFSynthIDSpec.parse(spec) if isinstance(spec, str) else spec
         if not isinstance(self.spec, HFSynthIDSpec):
             raise ValueError(f"HFSynthID needs an hf:synthid spec, got {self.spec.format()!r}")
         if not isinstance(vocab_size, int) or vocab_size <= 1:
@@ -229,3 +231,45 @@ def before_eos_mask(synthid: HFSynthID, token_ids: torch.Tensor, eos_token_id: i
         if hits.shape[0]:
             mask[int(hits[0, 0]):] = False
     return mask[synthid.context_width:]
+
+
+class HFContextWindow:
+    """transformers' SynthID processor state for one sequence, replayed from its generated tokens."""
+
+    __slots__ = ("mark", "start", "absorbed", "window", "counts")
+
+    def __init__(self, mark: HFSynthID, prompt_len: int) -> None:
+        self.mark = mark
+        self.start = prompt_len
+        self.absorbed = 0  # generated steps whose context hash went through the window
+        size = mark.spec.context_history_size
+        self.window: deque[int] = deque([0] * size)  # oldest first; transformers' history starts as zeros
+        self.counts: dict[int, int] = {0: size}
+
+    def context(self, history: Sequence[int], step: int) -> list[int]:
+        """The context of generated step ``step``: the ``ngram_len - 1`` generated tokens before it, zeros first."""
+        width = self.mark.context_width
+        generated = history[self.start + max(0, step - width):self.start + step]
+        return [0] * (width - len(generated)) + [int(t) for t in generated]
+
+    def _skipped(self, step: int) -> bool:
+        # transformers' skip_first_ngram_calls: the first ngram_len - 1 calls return the scores as they are
+        return self.mark.spec.skip_first_ngram_calls and step < self.mark.context_width
+
+    def _push(self, value: int) -> None:
+        oldest = self.window.popleft()
+        self.counts[oldest] -= 1
+        self.window.append(value)
+        self.counts[value] = self.counts.get(value, 0) + 1
+
+    def step(self, history: Sequence[int]) -> tuple[list[int], bool]:
+        """(context, watermarked?) for the position after ``history`` (the committed tokens)."""
+        now = len(history) - self.start
+        for step in range(self.absorbed, now):
+            if not self._skipped(step):
+                self._push(context_hash_value(self.context(history, step)))
+        self.absorbed = max(self.absorbed, now)
+        context = self.context(history, now)
+        if self._skipped(now):
+            return context, False
+        return context, self.counts.get(context_hash_value(context), 0) == 0

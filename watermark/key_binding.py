@@ -14,6 +14,8 @@ its random values: kind, h and PRF (and the layer count for synthid), not ``dedu
 
 from __future__ import annotations
 
+import functools
+
 from watermark.config import WatermarkSpec
 from watermark.key_info import KeyInfo, KeySpecError
 from watermark.specs import AnySpec, is_sampling, parse_spec
@@ -34,7 +36,13 @@ def bound_spec(info: KeyInfo) -> AnySpec:
     as it was then, without ``code_delta``: their spec, fingerprint and stored calibrations stay what they were."""
     if info.spec is None:
         return LEGACY_DEFAULT
-    return parse_spec(info.spec)
+    return _parsed(info.spec)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> AnySpec:
+    """A key's recorded spec string, parsed once per process (spec values are frozen)."""
+    return parse_spec(text)
 
 
 def colour_fields(spec: AnySpec) -> tuple:

@@ -4,7 +4,7 @@ the per-context seeds of our PRF (``watermark.keyed_words``), domain-separated b
 from __future__ import annotations
 
 from watermark.keyed_words import ContextSeeds
-from watermark.sampling_specs import parse_sampling_spec, sampling_fingerprint
+from watermark.sampling_specs import sampling_fingerprint
 from watermark.seeding import secret_digest
 
 
@@ -16,7 +16,7 @@ class KeyedSamplingWatermark:
     SPEC_TYPE: type = object
 
     def __init__(self, spec, secret: bytes, vocab_size: int, key_id: str | None = None) -> None:
-        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
+        self.spec = self.SPEC_TYPE.parse(spec) if isinstance(spec, str) else spec
         name = type(self).__name__
         if not isinstance(self.spec, self.SPEC_TYPE):
             raise ValueError(f"{name} needs a {self.SCHEME}: spec, got {self.spec.format()!r}")

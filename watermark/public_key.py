@@ -142,6 +142,6 @@ class PublicKey:
             spec = WatermarkSpec.parse(raw["spec"])
         except SpecError as exc:
             raise PublicKeyError(f"spec: {exc}") from None
-        if spec.kind != "kgw":
+        if not spec.needs_key:  # WatermarkSpec: kgw (keyed) or hf (public): a two-part key is keyed
             raise PublicKeyError("spec: a public key is a kgw spec")
         return cls(**{**raw, "spec": spec.format()})

@@ -1,6 +1,7 @@
 """Specs of the sampling watermarks (the sampler itself is keyed), as values and as spec strings.
 
-Four kinds, beside ``kgw:`` and ``hf:`` (``watermark.config.WatermarkSpec``)::
+Four families (each one module of the registry, ``watermark.schemes``; each class parses and prints its own
+spec strings), beside ``kgw:`` and ``hf:`` (``watermark.config.WatermarkSpec``)::
 
     gumbel:h=4,prf=hmac-sha256,dedup=true                 Gumbel-max (Aaronson), keyed by our PRF
     synthid:h=4,layers=30,top_k=40,prf=hmac-sha256,dedup=true   tournament sampling (Dathathri et al. 2024)
@@ -20,7 +21,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from watermark.config import PRFS, SpecError, _parse_bool, _parse_float, _parse_int, split_spec
+from watermark.config import (
+    PRFS,
+    SpecError,
+    _parse_bool,
+    _parse_float,
+    _parse_int,
+    kept_fingerprint,
+    kept_text,
+    split_spec,
+)
 
 MAX_SAMPLING_CONTEXT = 64  # as for kgw: bounds per-position work
 MAX_LAYERS = 64  # our synthid takes one bit per layer from one 64-bit keyed word
@@ -36,6 +46,7 @@ class _SpecValue:
 
     __slots__ = ()
 
+    @kept_fingerprint
     def fingerprint(self, vocab_size: int) -> str:
         return sampling_fingerprint(self, vocab_size)
 
@@ -48,11 +59,21 @@ class GumbelSpec(_SpecValue):
     prf: str = "hmac-sha256"
     dedup: bool = True
     kind: str = field(default="gumbel", init=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _fingerprints: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_width(self.context_width, MAX_SAMPLING_CONTEXT)
         _check_prf(self.prf)
 
+    @classmethod
+    def parse(cls, text: str) -> GumbelSpec:
+        """``gumbel:h=4,prf=hmac-sha256,dedup=true``; fields left out take their defaults."""
+        fields = _fields_of(text, "gumbel")
+        return cls(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
+                                      "prf": ("prf", str), "dedup": ("dedup", bool)}, "gumbel"))
+
+    @kept_text
     def format(self) -> str:
         return f"gumbel:h={self.context_width},prf={self.prf},dedup={str(self.dedup).lower()}"
 
@@ -69,6 +90,8 @@ class SynthIDSpec(_SpecValue):
     dedup: bool = True
     top_k: int = 40  # the tournament runs over the k most likely tokens (0: all), as synthid-text does
     kind: str = field(default="synthid", init=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _fingerprints: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_width(self.context_width, MAX_SAMPLING_CONTEXT)
@@ -76,6 +99,15 @@ class SynthIDSpec(_SpecValue):
         _check_int_range("layers", self.layers, 1, MAX_LAYERS)
         _check_int_range("top_k", self.top_k, 0, MAX_SYNTHID_TOP_K)
 
+    @classmethod
+    def parse(cls, text: str) -> SynthIDSpec:
+        """``synthid:h=4,layers=30,top_k=40,prf=hmac-sha256,dedup=true``; fields left out take their defaults."""
+        fields = _fields_of(text, "synthid")
+        return cls(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
+                                      "layers": ("layers", int), "prf": ("prf", str), "top_k": ("top_k", int),
+                                      "dedup": ("dedup", bool)}, "synthid"))
+
+    @kept_text
     def format(self) -> str:
         return (f"synthid:h={self.context_width},layers={self.layers},top_k={self.top_k},prf={self.prf},"
                 f"dedup={str(self.dedup).lower()}")
@@ -93,7 +125,9 @@ class HFSynthIDSpec(_SpecValue):
     sampling_table_size: int = 2**16
     context_history_size: int = 1024
     skip_first_ngram_calls: bool = False
-    kind: str = field(default="hf-synthid", init=False)
+    kind: str = field(default="hf:synthid", init=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _fingerprints: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, tuple) or not 1 <= len(self.keys) <= MAX_HF_LAYERS:
@@ -113,6 +147,20 @@ class HFSynthIDSpec(_SpecValue):
     def layers(self) -> int:
         return len(self.keys)
 
+    @classmethod
+    def parse(cls, text: str) -> HFSynthIDSpec:
+        """``hf:synthid,keys=K1:K2:...,ngram_len=5,...``: transformers' config, field for field."""
+        fields = _fields_of(text, "hf", "synthid")
+        if "keys" not in fields or not fields["keys"]:
+            raise SpecError("keys: hf:synthid needs keys=K1:K2:... (transformers' watermarking keys)")
+        keys = tuple(_parse_int("keys", k) for k in fields.pop("keys").split(":"))
+        values = _fields(fields, {"ngram_len": ("ngram_len", int), "sampling_table_seed": ("sampling_table_seed", int),
+                                  "sampling_table_size": ("sampling_table_size", int),
+                                  "context_history_size": ("context_history_size", int),
+                                  "skip_first_ngram_calls": ("skip_first_ngram_calls", bool)}, "hf:synthid")
+        return cls(keys=keys, **values)
+
+    @kept_text
     def format(self) -> str:
         return (f"hf:synthid,keys={':'.join(str(k) for k in self.keys)},ngram_len={self.ngram_len},"
                 f"sampling_table_seed={self.sampling_table_seed},sampling_table_size={self.sampling_table_size},"
@@ -128,11 +176,22 @@ class VLLMGumbelSpec(_SpecValue):
 
     context_width: int = 4
     dedup: bool = True  # vLLM's GumbelWatermarkDetector(deduplicate_contexts=True), its default
-    kind: str = field(default="vllm-gumbel", init=False)
+    kind: str = field(default="vllm:gumbel", init=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _fingerprints: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_width(self.context_width, VLLM_MAX_CONTEXT)
 
+    @classmethod
+    def parse(cls, text: str) -> VLLMGumbelSpec:
+        """``vllm:gumbel,context_width=4,dedup=true``."""
+        fields = _fields_of(text, "vllm", "gumbel",
+                            "vllm: only vLLM's gumbel watermark is supported (vllm:gumbel,...)")
+        return cls(**_fields(fields, {"context_width": ("context_width", int), "h": ("context_width", int),
+                                      "dedup": ("dedup", bool)}, "vllm:gumbel"))
+
+    @kept_text
     def format(self) -> str:
         return f"vllm:gumbel,context_width={self.context_width},dedup={str(self.dedup).lower()}"
 
@@ -140,46 +199,6 @@ class VLLMGumbelSpec(_SpecValue):
 
 
 SamplingSpec = GumbelSpec | SynthIDSpec | HFSynthIDSpec | VLLMGumbelSpec
-
-
-def is_sampling_spec_text(text: str) -> bool:
-    """Whether a spec string names one of the sampling watermarks (not kgw / hf KGW)."""
-    if not isinstance(text, str):
-        return False
-    kind, _, body = text.strip().partition(":")
-    kind = kind.strip().lower()
-    first = body.split(",", 1)[0].strip().lower()
-    return kind in ("gumbel", "synthid") or (kind == "hf" and first == "synthid") or kind == "vllm"
-
-
-def parse_sampling_spec(text: str) -> SamplingSpec:
-    """Parse a ``gumbel:``, ``synthid:``, ``hf:synthid,...`` or ``vllm:gumbel,...`` spec string.
-
-    Fields left out take their defaults; ``parse_sampling_spec(spec.format()) == spec``."""
-    kind, fields = split_spec(text, MAX_HF_SPEC_CHARS, "gumbel:h=4,prf=hmac-sha256", "the kind prefix")
-    if kind == "gumbel":
-        return GumbelSpec(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
-                                             "prf": ("prf", str), "dedup": ("dedup", bool)}, "gumbel"))
-    if kind == "synthid":
-        return SynthIDSpec(**_fields(fields, {"h": ("context_width", int), "context_width": ("context_width", int),
-                                              "layers": ("layers", int), "prf": ("prf", str),
-                                              "top_k": ("top_k", int),
-                                              "dedup": ("dedup", bool)}, "synthid"))
-    if kind == "hf" and _take_tag(fields, "synthid"):
-        if "keys" not in fields or not fields["keys"]:
-            raise SpecError("keys: hf:synthid needs keys=K1:K2:... (transformers' watermarking keys)")
-        keys = tuple(_parse_int("keys", k) for k in fields.pop("keys").split(":"))
-        values = _fields(fields, {"ngram_len": ("ngram_len", int), "sampling_table_seed": ("sampling_table_seed", int),
-                                  "sampling_table_size": ("sampling_table_size", int),
-                                  "context_history_size": ("context_history_size", int),
-                                  "skip_first_ngram_calls": ("skip_first_ngram_calls", bool)}, "hf:synthid")
-        return HFSynthIDSpec(keys=keys, **values)
-    if kind == "vllm":
-        if not _take_tag(fields, "gumbel"):
-            raise SpecError("vllm: only vLLM's gumbel watermark is supported (vllm:gumbel,...)")
-        return VLLMGumbelSpec(**_fields(fields, {"context_width": ("context_width", int), "h": ("context_width", int),
-                                                 "dedup": ("dedup", bool)}, "vllm:gumbel"))
-    raise SpecError(f"kind: expected gumbel, synthid, hf:synthid or vllm:gumbel, got {kind!r}")
 
 
 def sampling_fingerprint(spec: SamplingSpec, vocab_size: int) -> str:
@@ -196,6 +215,16 @@ def vllm_key_from_secret(secret: bytes) -> int:
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
         raise ValueError("watermark key: expected at least 16 secret bytes")
     return int.from_bytes(hashlib.sha256(b"provmark/vllm-key/v1\x00" + bytes(secret)).digest()[:8], "little")
+
+
+def _fields_of(text: str, prefix: str, tag: str | None = None, missing_tag: str | None = None) -> dict:
+    """The fields of a spec string of this prefix (and leading tag: ``hf:synthid,...``); SpecError otherwise."""
+    kind, fields = split_spec(text, MAX_HF_SPEC_CHARS, "gumbel:h=4,prf=hmac-sha256", "the kind prefix")
+    if kind != prefix or (tag is not None and not _take_tag(fields, tag)):
+        if missing_tag is not None and kind == prefix:
+            raise SpecError(missing_tag)
+        raise SpecError(f"kind: expected {prefix}:{tag + ',...' if tag else '...'}, got {text[:40]!r}")
+    return fields
 
 
 def _take_tag(fields: dict[str, str | None], tag: str) -> bool:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import special
 
+from watermark.field_error import FieldError
+
 Z_THRESHOLD = 4.0  # default verdict threshold: one-sided normal p ~ 3.2e-5 (Kirchenbauer et al.)
 
 
@@ -48,7 +50,7 @@ def binomial_sf(green: np.ndarray, total: np.ndarray, gamma: float) -> np.ndarra
 def z_threshold_for_fpr(fpr: float) -> float:
     """The z whose one-sided normal tail is ``fpr``."""
     if not 0.0 < fpr < 1.0:
-        raise ValueError(f"fpr: expected a probability strictly between 0 and 1, got {fpr!r}")
+        raise FieldError("fpr", f"expected a probability strictly between 0 and 1, got {fpr!r}")
     return z_for_p(fpr)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from watermark.sampling_specs import VLLMGumbelSpec, parse_sampling_spec, sampling_fingerprint, vllm_key_from_secret
+from watermark.sampling_specs import VLLMGumbelSpec, sampling_fingerprint, vllm_key_from_secret
 
 UINT32 = 0xFFFFFFFF
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # Salmon et al. (SC'11), Philox4x32 multipliers
@@ -115,7 +115,7 @@ class VLLMGumbel:
 
     def __init__(self, spec: VLLMGumbelSpec | str, secret: bytes | None, vocab_size: int,
                  key_id: str | None = None, vllm_key: int | None = None) -> None:
-        self.spec = parse_sampling_spec(spec) if isinstance(spec, str) else spec
+        self.spec = VLLMGumbelSpec.parse(spec) if isinstance(spec, str) else spec
         if not isinstance(self.spec, VLLMGumbelSpec):
             raise ValueError(f"VLLMGumbel needs a vllm:gumbel spec, got {self.spec.format()!r}")
         if vllm_key is None:

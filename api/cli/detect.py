@@ -26,6 +26,7 @@ from api.cli.errors import CLIError
 from detector.batch_secrets import KeySecrets, SecretsKeyring
 from detector.calibration import Calibration, ShippedCalibrations
 from detector.disclosure import with_spec_fingerprint
+from detector.scoring_request import DetectOptions
 from detector.service import Detector
 from watermark.config import SpecError
 from watermark.key_binding import same_colours
@@ -155,8 +156,10 @@ def _published_half_detector(args):
 
 
 def _detect(detector, text: str, options: dict):
+    options = dict(options)
     try:
-        return detector.detect(text, **options)
+        keys, spec = options.pop("keys"), options.pop("spec")
+        return detector.detect(text, keys=keys, spec=spec, options=DetectOptions(**options))
     except KeyringError as exc:  # keyring messages never carry secrets
         raise CLIError(str(exc)) from None
     except (SpecError, ValueError) as exc:

@@ -225,10 +225,11 @@ def run_robustness(args) -> int:
     loaded, keyring = _load(args)
     if args.detect_workers is not None and args.detect_workers < 1:
         raise CLIError(f"--detect-workers: expected a positive integer, got {args.detect_workers}")
-    results = runner.run_evaluation(config, args.out, loaded=loaded, keyring=keyring, key_id=args.key,
-                                    progress=not args.no_progress, detect_backend=args.detect_backend,
-                                    detect_workers=args.detect_workers, ray_address=args.ray_address,
-                                    generate_backend=args.generate_backend, vllm_model=args.model)
+    setup = runner.RunSetup(loaded=loaded, keyring=keyring, key_id=args.key, progress=not args.no_progress,
+                            detect_backend=args.detect_backend, detect_workers=args.detect_workers,
+                            ray_address=args.ray_address, generate_backend=args.generate_backend,
+                            vllm_model=args.model)
+    results = runner.run_evaluation(config, args.out, setup)
     print(json.dumps(headline(results), indent=1))
     print(f"results: {args.out}/results.json; plots: {', '.join(results.get('plots', []))}")
     return 0

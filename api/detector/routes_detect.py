@@ -40,6 +40,8 @@ from db.verdicts import VerdictRecord
 from watermark.config import SpecError
 from watermark.specs import AnySpec, parse_spec
 from watermark.key_info import KeyNotFoundError, KeySpecError, KeyringError
+from detector.scoring_request import DetectOptions
+from watermark.field_error import FieldError
 
 # detect()'s ValueErrors start with the option they blame ("fpr: ...").
 REQUEST_FIELDS = frozenset(DetectRequest.model_fields)
@@ -135,9 +137,9 @@ def _run_detection(services, body: DetectRequest, spec: AnySpec | None, text: st
     try:
         with services.detect_lock:
             return services.detector.detect(
-                text, keys=body.keys, spec=spec, windows=body.windows, explain=body.explain,
-                normalize=body.normalize, dedup=body.dedup, z_threshold=body.z_threshold, fpr=body.fpr,
-                forced_positions=body.forced_positions)
+                text, keys=body.keys, spec=spec, options=DetectOptions(
+                    windows=body.windows, explain=body.explain, normalize=body.normalize, dedup=body.dedup,
+                    z_threshold=body.z_threshold, fpr=body.fpr, forced_positions=body.forced_positions))
     except KeyNotFoundError as error:  # keyring messages name key ids, never secrets
         raise ApiError(404, "key_not_found", str(error)) from None
     except KeySpecError as error:  # names key ids and their (public) specs
@@ -145,8 +147,8 @@ def _run_detection(services, body: DetectRequest, spec: AnySpec | None, text: st
                        details=[{"field": "watermark", "message": str(error)}]) from None
     except KeyringError as error:
         raise ApiError(500, "keyring_error", f"the keyring cannot be used ({type(error).__name__})") from None
-    except ValueError as error:
-        name = str(error).split(":", 1)[0].strip()
+    except ValueError as error:  # a FieldError names its field; any other is the body's
+        name = error.field if isinstance(error, FieldError) else None
         field = name if name in REQUEST_FIELDS else "(body)"
         raise ApiError(422, "invalid_fields", f"invalid fields: {field}",
                        details=[{"field": field, "message": str(error)}]) from None

@@ -34,9 +34,10 @@ from db.manifests import MANIFEST_MEDIA_TYPE, find_manifests, get_manifest
 from db.rows import text_sha256
 from detector.normalize import normalize as normalize_text
 from provenance.c2pa_manifest import soft_binding_alg, soft_binding_value
+from watermark.schemes import FAMILIES, family_of_text
 
-FAMILIES = ("kgw", "gumbel", "synthid")  # the keyed watermarks a manifest's soft binding can name
-SUPPORTED = tuple(soft_binding_alg(family) for family in FAMILIES)
+# the keyed watermarks a manifest's soft binding can name: their families say so (SchemeFamily.soft_binding)
+SUPPORTED = tuple(soft_binding_alg(family.name) for family in FAMILIES if family.soft_binding)
 EXACT, WATERMARK = 100, 50  # similarityScore: the same visible text; a text under the same key and spec
 PARAPHRASE_MAX = 99  # similarityScore of a paraphrase's manifests: 100 x its cosine, never that of the same text
 DEFAULT_RESULTS, MAX_RESULTS = 10, 100
@@ -144,7 +145,7 @@ def blueprint(api, services) -> Blueprint:
             for record in find_manifests(store, receipt_id=paraphrase["receipt_id"], limit=query.maxResults):
                 matches.add(record.manifest_id, score)
         if verdict.verdict == "watermarked" and verdict.key_id is not None:
-            family = verdict.watermark.split(":", 1)[0]
+            family = family_of_text(verdict.watermark).name
             if query.alg in (None, soft_binding_alg(family)):
                 binding = f"{soft_binding_alg(family)} {soft_binding_value(verdict.key_id, verdict.fingerprint)}"
                 for record in find_manifests(store, soft_binding=binding, limit=query.maxResults):

@@ -34,7 +34,8 @@ def blueprint(api, services) -> Blueprint:
         if _wants_csv(query):
             return _csv_response(store, query)
         try:
-            page = store.list_verdicts(**query.filters(), exact=reads_exact())
+            page = store.list_verdicts(query.filters(), cursor=query.cursor, limit=query.limit,
+                                      exact=reads_exact())
         except ValueError as error:  # only the cursor can still be malformed here
             raise ApiError(422, "invalid_fields", "invalid fields: cursor",
                            details=[{"field": "cursor", "message": str(error)}]) from None
@@ -63,7 +64,7 @@ def _wants_csv(query: VerdictQuery) -> bool:
 
 def _csv_response(store, query: VerdictQuery) -> Response:
     """The header and the first page are read before answering, so a database error is a clean 503."""
-    lines = store.verdicts_csv(**query.filters(), exact=reads_exact())
+    lines = store.verdicts_csv(query.filters(), limit=query.limit, exact=reads_exact())
     first = list(itertools.islice(lines, 2))  # the header, then the first row (runs the first query)
     body = stream_with_context(itertools.chain(first, lines))
     response = Response(body, mimetype=CSV_MEDIA_TYPE)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from api.http import StrictModel
-from db.verdicts import MAX_PAGE_SIZE, VERDICTS
+from db.verdicts import MAX_PAGE_SIZE, VERDICTS, VerdictFilter
 from detector.paraphrase_match import FIELD_DESCRIPTION as PARAPHRASE_FIELD
 from watermark.config import MAX_SPEC_CHARS
 from watermark.stats import Z_THRESHOLD
@@ -264,9 +264,9 @@ class VerdictQuery(StrictModel):
         except OverflowError:
             raise ValueError("out of range once converted to UTC") from None
 
-    def filters(self) -> dict[str, Any]:
-        """Keyword arguments for ``Store.list_verdicts`` / ``verdicts_csv``."""
-        return self.model_dump(exclude={"format"})
+    def filters(self) -> VerdictFilter:
+        """The filters for ``Store.list_verdicts`` / ``verdicts_csv``."""
+        return VerdictFilter(**self.model_dump(exclude={"format", "cursor", "limit"}))
 
 
 class AuditEventItem(BaseModel):

@@ -34,7 +34,7 @@ from api.api_page import install_api_page
 from api.generation import openai_compat, routes_native
 from api.generation.credentials import Credentials
 from api.generation.engine_worker import EngineWorker
-from api.generation.routes_common import GenerationService
+from api.generation.routes_common import GenerationService, GenerationServices
 from api.generation.routes_models import TOKEN_ID_MARK
 from api.http import (
     Auth,
@@ -161,7 +161,8 @@ def _openapi() -> OpenAPI:
 
 def _blueprints(api: OpenAPI, auth: Auth, service, max_num_seqs: int) -> list[Blueprint]:
     """Every route of the service, in one list: create_app serves them, openapi_document documents them."""
-    return [*(module.blueprint(api, auth) for module in (routes_native, openai_compat)),
+    services = GenerationServices(service, auth)
+    return [*(module.blueprint(api, services) for module in (routes_native, openai_compat)),
             _meta_blueprint(api, auth, service, max_num_seqs)]
 
 

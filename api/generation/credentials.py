@@ -59,7 +59,7 @@ class Credentials:
         if c2pa_mode != "off" and self.c2pa_credential is not None and out.text:  # an empty text has nothing to sign
             claim = None
             if mark is not None and mark.key_id is not None:  # a keyed watermark: the soft binding can name it
-                claim = WatermarkClaim(family=mark.spec.split(":", 1)[0], spec=mark.spec,
+                claim = WatermarkClaim(family=mark.family, spec=mark.spec,
                                        spec_fingerprint=mark.fingerprint, key_id=mark.key_id)
             claims = TextClaims(model_id=self.model_id, receipt_id=receipt_id, issuer=self.links.issuer,
                                 detector_url=self.links.detector or "", watermark=claim)

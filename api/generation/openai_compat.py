@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 from typing import Annotated, TypeVar
 
-from flask import Blueprint, Response, current_app, g, jsonify
+from flask import Blueprint, Response, g, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.generation.routes_common import (
     MAX_LOGPROBS,
     SSE_HEADERS,
+    GenerationServices,
     invalid_field,
     sse,
     sse_error,
@@ -108,7 +109,7 @@ class ChatCompletionRequest(OpenAIRequest):
 
 
 # ---------------------------------------------------------------------------------------- routes
-def blueprint(api, auth) -> Blueprint:
+def blueprint(api, services: GenerationServices) -> Blueprint:
     """The openai routes, registered on the app as the detector's route modules are."""
     bp = Blueprint("openai", __name__)
 
@@ -116,10 +117,10 @@ def blueprint(api, auth) -> Blueprint:
 
     @api.route(bp, "/v1/completions", methods=["POST"], summary="OpenAI-compatible completion",
                body=CompletionRequest, responses={200: CompletionResponse, **errors}, scope="generate", tags=["openai"])
-    @auth.require("generate")
+    @services.auth.require("generate")
     def completions():
         req = parse_body(CompletionRequest)
-        service = _service()
+        service = services.generation
         _check_common(service, req)
         if req.echo:
             raise invalid_field("echo", "echo is not supported (only false)")
@@ -136,10 +137,10 @@ def blueprint(api, auth) -> Blueprint:
     @api.route(bp, "/v1/chat/completions", methods=["POST"], summary="OpenAI-compatible chat completion",
                body=ChatCompletionRequest, responses={200: ChatCompletionResponse, **errors}, scope="generate",
                tags=["openai"])
-    @auth.require("generate")
+    @services.auth.require("generate")
     def chat_completions():
         req = parse_body(ChatCompletionRequest)
-        service = _service()
+        service = services.generation
         _check_common(service, req)
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid_field("top_logprobs", "needs logprobs: true")
@@ -153,17 +154,13 @@ def blueprint(api, auth) -> Blueprint:
 
     @api.route(bp, "/v1/models", methods=["GET"], summary="The models served (OpenAI-compatible)",
                responses={200: ModelList}, scope="generate", tags=["openai"])
-    @auth.require("generate")
+    @services.auth.require("generate")
     def models():
-        service = _service()
+        service = services.generation
         card = {"id": service.model_id, "object": "model", "created": service.started_at, "owned_by": "provmark"}
         return jsonify({"object": "list", "data": [card]})
 
     return bp
-
-def _service():
-    return current_app.extensions["provmark.generation"]
-
 
 def _check_common(service, req: OpenAIRequest) -> None:
     if req.model not in service.model_names:

@@ -23,7 +23,7 @@ from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
 from detector import common_units
 from detector.normalize import normalize
-from detector.spoof_check import SPOOF_KINDS, output_null_z
+from detector.spoof_check import has_check, output_null_z
 from detector.your_units import YourUnits, scoring_table
 from watermark.scheme import make_watermark
 from watermark.specs import parse_spec
@@ -36,7 +36,7 @@ MAX_CACHED_MARKS = 16  # specs are bound to keys, so a service sees a handful
 
 class OwnOutput:
     """``remember`` each watermarked output of a keyring key under a spec the check takes (kgw:, gumbel:,
-    synthid:; ``detector.spoof_check.SPOOF_KINDS``)."""
+    synthid:; ``detector.spoof_check.has_check``)."""
 
     def __init__(self, store: Store, keyring, semantic: SemanticMemory | None = None) -> None:
         """``semantic``: where outputs' meaning goes (default: the store's, newest DEFAULT_KEEP per key)."""
@@ -100,7 +100,7 @@ class OwnOutput:
         found = self._marks.get((spec_text, key_id))
         if found is None:
             spec = parse_spec(spec_text)
-            if spec.kind not in SPOOF_KINDS:
+            if not has_check(spec):
                 return None
             found = make_watermark(spec, self.keyring.secret(key_id), vocab.vocab_size, key_id)
             if len(self._marks) >= MAX_CACHED_MARKS:

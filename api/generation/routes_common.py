@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from api.generation.credentials import DEFAULT_C2PA_MODE, Credentials, Issued
 from api.generation.engine_worker import EngineWorker, GenerationFailed, WorkerUnavailable
 from api.generation.own_output import OwnOutput
-from api.http import ApiError, deprecated, error_body
+from api.http import ApiError, Auth, deprecated, error_body
 from api.refusals import too_large
 from db.rows import new_id
 from db.semantic_memory import SemanticMemory
@@ -29,6 +28,7 @@ from db.store import Store
 from generation.sample.params import SamplingParams
 from generation.sample.sampling_stage import check_request
 from watermark.config import SpecError
+from watermark.field_error import FieldError
 from watermark.key_binding import require_generation_bound
 from watermark.key_info import InvalidKeyIdError, KeyNotFoundError, KeySpecError, validate_key_id
 from watermark.sampling_common import SamplingWatermarkError
@@ -38,8 +38,7 @@ WATERMARK_OFF = "off"  # the request's watermark field: no watermark
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; a token the sampler ruled out reports this (as vLLM does)
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's documented maximum for top_logprobs
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_SAMPLING_FIELD_RE = re.compile(r"^SamplingParams\.(\w+)=")
-_PLAIN_FIELD_RE = re.compile(r"^(\w+):")
+SAMPLING_FIELDS = frozenset(field.name for field in fields(SamplingParams))
 
 
 def invalid_field(field: str, message: str) -> ApiError:
@@ -49,15 +48,23 @@ def invalid_field(field: str, message: str) -> ApiError:
 
 
 def error_from_value_error(exc: Exception, rename: dict[str, str] | None = None) -> ApiError:
-    """SamplingParams / Engine.submit ValueErrors name a field first; answer 422 naming it (as the caller spelled it)."""
-    text = str(exc)
-    match = _SAMPLING_FIELD_RE.match(text) or _PLAIN_FIELD_RE.match(text)
-    if match is None:
-        return invalid_field("(body)", text)
-    field = (rename or {}).get(match.group(1), match.group(1))
-    if match.re is _SAMPLING_FIELD_RE:  # "SamplingParams.top_p=1.5: must be ..." -> "top_p=1.5: must be ..."
-        return invalid_field(field, f"{field}={text[match.end():]}")
-    return invalid_field(field, text[match.end():].strip())
+    """422 for a SamplingParams / Engine.submit ValueError: a FieldError names its field (answered as the caller
+    spelled it); any other is the body's."""
+    if not isinstance(exc, FieldError):
+        return invalid_field("(body)", str(exc))
+    field = (rename or {}).get(exc.field, exc.field)
+    if exc.field in SAMPLING_FIELDS:  # SamplingParams' reason starts with the value: "top_p=1.5: must be ..."
+        return invalid_field(field, f"{field}={exc.reason}")
+    return invalid_field(field, exc.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationServices:
+    """What every generation blueprint is given, as the detector's are given their DetectorServices
+    (``blueprint(api, services)``): the service (None where the routes are only documented) and the auth."""
+
+    generation: GenerationService | None
+    auth: Auth
 
 
 @dataclass(slots=True)
@@ -176,8 +183,10 @@ class GenerationService:
             raise ApiError(404, "key_not_found", str(exc)) from None
         except KeySpecError as exc:
             raise invalid_field(key_field, str(exc)) from None
-        except ValueError as exc:  # an hf spec with a key id
-            raise invalid_field(key_field, str(exc).removeprefix("key: ")) from None
+        except FieldError as exc:  # an hf spec with a key id
+            raise invalid_field(key_field, exc.reason) from None
+        except ValueError as exc:
+            raise invalid_field(key_field, str(exc)) from None
 
     # ------------------------------------------------------------------ running
     def start(self, prompt_ids: list[int], params: SamplingParams, watermark, *, streaming: bool,

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, current_app, g, jsonify
+from flask import Blueprint, Response, g, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.generation.credentials import Issued
 from api.generation.routes_common import (
     MAX_LOGPROBS,
     SSE_HEADERS,
+    GenerationServices,
     invalid_field,
     sse,
     sse_error,
@@ -104,7 +105,7 @@ class GenerateResponse(BaseModel):
     logprobs: list[TokenLogprob] | None = None
 
 
-def blueprint(api, auth) -> Blueprint:
+def blueprint(api, services: GenerationServices) -> Blueprint:
     """The generate routes, registered on the app as the detector's route modules are."""
     bp = Blueprint("generate", __name__)
 
@@ -112,10 +113,10 @@ def blueprint(api, auth) -> Blueprint:
                responses={200: GenerateResponse, 404: "unknown watermark key",
                           413: "prompt above the size limit", 500: "the engine failed"},
                scope="generate", tags=["generation"])
-    @auth.require("generate")
+    @services.auth.require("generate")
     def generate():
         req = parse_body(GenerateRequest)
-        service = current_app.extensions["provmark.generation"]
+        service = services.generation
         if (req.prompt is None) == (req.messages is None):
             raise invalid_field("prompt", "give exactly one of prompt or messages")
         prompt_ids = (service.prompt_ids(req.prompt) if req.prompt is not None

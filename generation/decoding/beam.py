@@ -28,7 +28,7 @@ import torch
 from generation.decoding.engine_interface import DecodingEngine, generation_room
 from generation.sample import StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
-from generation.sequence import RequestOutput, request_output
+from generation.sequence import OutputDetails, RequestOutput, request_output
 from watermark.scheme import Watermark
 
 CANDIDATES_PER_BEAM = 2  # transformers keeps 2 x num_beams candidates so num_beams survive even if all top ones end
@@ -173,8 +173,9 @@ def run_beam(engine: DecodingEngine, prompt_ids: list[int], params: SamplingPara
     for i, hyp in enumerate(finished[:n]):
         text, _ = decode_text(tokenizer, hyp.token_ids, params, eos)
         outputs.append(request_output(f"beam-{i}", prompt_ids, hyp.token_ids, text, hyp.reason, watermark,
-                                      cumulative_logprob=hyp.logprob,
-                                      stats={"beam_score": hyp.score, "num_beams": num_beams, "steps": steps}))
+                                      OutputDetails(cumulative_logprob=hyp.logprob,
+                                                    stats={"beam_score": hyp.score, "num_beams": num_beams,
+                                                           "steps": steps})))
     return outputs
 
 

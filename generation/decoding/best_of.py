@@ -21,7 +21,7 @@ from generation.decoding.beam import ends_on_token
 from generation.decoding.engine_interface import DecodingEngine, generation_room
 from generation.sample import StepRows
 from generation.sample.sampler import SamplerState, SamplingParams
-from generation.sequence import RequestOutput, TextTracker, request_output
+from generation.sequence import OutputDetails, RequestOutput, TextTracker, request_output
 from watermark.scheme import Watermark
 
 SEED_SPACE = 2**63  # torch.Generator.manual_seed takes any int below 2**64; stay in signed range
@@ -116,6 +116,6 @@ def _output(rank: int, sib: _Sibling, prompt_ids: list[int], params: SamplingPar
     on_token = sib.reason == "stop" and ids and ends_on_token(ids[-1], params, eos)
     sib.text.update(ids[:-1] if on_token else ids, final=True)  # as Engine._finish: the stop token has no text
     return request_output(f"best_of-{rank}", prompt_ids, ids, sib.text.text, sib.reason, watermark,
-                          cumulative_logprob=sib.logprob, logprobs=sib.logprobs, top_logprobs=sib.top_logprobs,
-                          stats={"sibling": sib.index, "best_of": best_of})
+                          OutputDetails(cumulative_logprob=sib.logprob, logprobs=sib.logprobs,
+                                        top_logprobs=sib.top_logprobs, stats={"sibling": sib.index, "best_of": best_of}))
 

@@ -47,7 +47,7 @@ from generation.models import LoadedModel, load_model
 from generation.sample import StepRows
 from generation.sample.params import GREEDY_TEMPERATURE, SamplerState, SamplingParams
 from generation.sample.sampler import NEG_INF
-from generation.sequence import RequestOutput, TextTracker, request_output
+from generation.sequence import OutputDetails, RequestOutput, TextTracker, request_output
 from watermark.scheme import Watermark
 from watermark.vocab import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL_ID
 
@@ -232,7 +232,7 @@ def run_contrastive(engine: DecodingEngine, prompt_ids: list[int], params: Sampl
             break
 
     return [request_output(
-        f"contrastive-{next(_request_ids)}", prompt_ids, output, text.text, finish_reason, watermark,
+        f"contrastive-{next(_request_ids)}", prompt_ids, output, text.text, finish_reason, watermark, OutputDetails(
         logprobs=logprobs, top_logprobs=top_logprobs, cumulative_logprob=cumulative,
         stats={
             "method": "contrastive",
@@ -241,5 +241,5 @@ def run_contrastive(engine: DecodingEngine, prompt_ids: list[int], params: Sampl
             "beta": config.beta,
             "expert_argmax_overrides": overrides,
             "mean_plausible_tokens": plausible_total / len(output),
-        },
+        }),
     )]

@@ -16,11 +16,11 @@ from generation.decoding.engine_interface import DecodingEngine, check_watermark
 from generation.decoding.mbr import MBRConfig, run_mbr
 from generation.decoding.speculative.decode import SpeculativeConfig, run_speculative
 from generation.sample.params import SamplingParams
-from generation.sample.sampling_stage import check_request, scheme_name
+from generation.sample.sampling_stage import check_request
 from generation.sequence import RequestOutput
 from watermark.sampling_common import SamplingWatermarkError
 from watermark.scheme import Watermark
-from watermark.specs import is_sampling
+from watermark.schemes import family_of, is_sampling
 
 METHOD_FIELDS = ("beam", "speculative", "contrastive", "mbr")  # at most one of these per request
 
@@ -32,17 +32,18 @@ def check_sampling_method(spec, params: SamplingParams, method: str | None, num_
     function of context and distribution, so every sibling would be the same text."""
     if not is_sampling(spec):
         return
-    name = scheme_name(spec)
+    family = family_of(spec)
+    name = family.name
     if method == "beam":
         raise SamplingWatermarkError(f"{name}: beam search ranks continuations and draws nothing, so a sampling "
                                      "watermark has nothing to key; sample (temperature > 0) or use a kgw: spec")
-    if name == "gumbel" and (method == "mbr" or (method is None and num_samples > 1)):
+    if family.deterministic_choice and (method == "mbr" or (method is None and num_samples > 1)):
         what = "MBR candidates" if method == "mbr" else "n / best_of siblings"
-        raise SamplingWatermarkError(f"gumbel: {what} of one prompt would all be the same text (the keyed race "
+        raise SamplingWatermarkError(f"{name}: {what} of one prompt would all be the same text (the keyed race "
                                      "is deterministic given the context); use one sample, or a synthid: spec")
-    if method == "speculative" and name == "hf:synthid":
-        raise SamplingWatermarkError("hf:synthid: speculative decoding is not supported (transformers' context "
-                                     "window follows committed tokens only); decode without it")
+    if method == "speculative" and family.committed_context_only:
+        raise SamplingWatermarkError(f"{name}: speculative decoding is not supported (its context window "
+                                     "follows committed tokens only); decode without it")
 
 
 def _fail(field: str, value: object, rule: str) -> None:

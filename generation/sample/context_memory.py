@@ -8,7 +8,8 @@ preempted sequence recomputed from its tokens gets the same answers.
   ordinary draw when its context (last h tokens) was the context of an earlier generated position of
   the same sequence, so a repeated context is not resampled identically (SynthID-Text, G.3; vLLM's
   context dedup). Prompt positions do not count: the detector never sees the prompt.
-* ``HFContextWindow`` (``hf:synthid``): transformers' ``SynthIDTextWatermarkLogitsProcessor`` state.
+* a family's own context rule (``SchemeFamily.context_memory``), e.g. ``watermark.hf_synthid.HFContextWindow``
+  (``hf:synthid``): transformers' ``SynthIDTextWatermarkLogitsProcessor`` state.
   Its context is the last ngram_len - 1 GENERATED tokens, left-padded with zeros (the prompt is not
   used), and a step whose context hash is among the last ``context_history_size`` context hashes
   (a window that starts full of zeros) is left unwatermarked.
@@ -16,10 +17,7 @@ preempted sequence recomputed from its tokens gets the same answers.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
-
-from watermark.hf_synthid import HFSynthID, context_hash_value
 
 
 class GeneratedContexts:
@@ -51,45 +49,3 @@ class GeneratedContexts:
             return True
         return any(self._context_at(history, p) == current
                    for p in range(max(len(committed), self.start), len(history)))
-
-
-class HFContextWindow:
-    """transformers' SynthID processor state for one sequence, replayed from its generated tokens."""
-
-    __slots__ = ("synthid", "start", "absorbed", "window", "counts")
-
-    def __init__(self, synthid: HFSynthID, prompt_len: int) -> None:
-        self.synthid = synthid
-        self.start = prompt_len
-        self.absorbed = 0  # generated steps whose context hash went through the window
-        size = synthid.spec.context_history_size
-        self.window: deque[int] = deque([0] * size)  # oldest first; transformers' history starts as zeros
-        self.counts: dict[int, int] = {0: size}
-
-    def context(self, history: Sequence[int], step: int) -> list[int]:
-        """The context of generated step ``step``: the ``ngram_len - 1`` generated tokens before it, zeros first."""
-        width = self.synthid.context_width
-        generated = history[self.start + max(0, step - width):self.start + step]
-        return [0] * (width - len(generated)) + [int(t) for t in generated]
-
-    def _skipped(self, step: int) -> bool:
-        # transformers' skip_first_ngram_calls: the first ngram_len - 1 calls return the scores as they are
-        return self.synthid.spec.skip_first_ngram_calls and step < self.synthid.context_width
-
-    def _push(self, value: int) -> None:
-        oldest = self.window.popleft()
-        self.counts[oldest] -= 1
-        self.window.append(value)
-        self.counts[value] = self.counts.get(value, 0) + 1
-
-    def step(self, history: Sequence[int]) -> tuple[list[int], bool]:
-        """(context, watermarked?) for the position after ``history`` (the committed tokens)."""
-        now = len(history) - self.start
-        for step in range(self.absorbed, now):
-            if not self._skipped(step):
-                self._push(context_hash_value(self.context(history, step)))
-        self.absorbed = max(self.absorbed, now)
-        context = self.context(history, now)
-        if self._skipped(now):
-            return context, False
-        return context, self.counts.get(context_hash_value(context), 0) == 0

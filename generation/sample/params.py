@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from generation.constraints.constraint import ConstraintSpec
+from watermark.field_error import FieldError
 
 # Temperatures below this decode greedily (argmax), as vLLM does (its _SAMPLING_EPS). Dividing logits by
 # a temperature near the smallest float overflows fp32 (30 / 1e-38 > 3.4e38), and every overflowed token
@@ -20,7 +21,7 @@ MIROSTAT_MODES = (0, 1, 2)  # off, v1, v2 (Basu et al. 2021, "Mirostat", algorit
 
 
 def _fail(field: str, value: object, rule: str) -> None:
-    raise ValueError(f"SamplingParams.{field}={value!r}: {rule}")
+    raise FieldError(field, f"{value!r}: {rule}", f"SamplingParams.{field}={value!r}: {rule}")
 
 
 def _check_token_ids(field: str, ids, vocab_size: int) -> None:

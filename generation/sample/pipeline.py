@@ -9,7 +9,7 @@ bit-for-bit untouched:
 4. bans              -inf on no-repeat n-grams, bad words, EOS / stop ids before min_new_tokens
                      (a ban always wins: a +inf bias on a banned token stays -inf, never NaN)
    -- reported logprobs are read here: before the watermark, so they do not reveal green lists --
-5. watermark stage   each watermarked row's WatermarkStage (watermark_stage.py): the KGW bias transforms
+5. watermark stage   each watermarked row's WatermarkStage (stage.py, every hook declared there): the KGW bias transforms
                      the logits; a sampler stage (Gumbel-max, SynthID tournament: sampling_stage.py)
                      chooses in stage 8, over the distribution stages 6-7 leave.
                      A row's context (its last context_width tokens) is computed once per step (StepRows,
@@ -100,7 +100,7 @@ class LogitsPipeline:
         for stage in dict.fromkeys(s for s in stages if s is not None):
             served = marks if all(s is stage or s is None for s in stages) else \
                 [m if s is stage else None for m, s in zip(marks, stages)]
-            if code is not None and getattr(stage, "reads_kind", False):
+            if code is not None and stage.reads_kind:
                 stage.transform_(scores, rows.contexts, served, code)
             else:
                 stage.transform_(scores, rows.contexts, served)
@@ -260,7 +260,7 @@ class LogitsPipeline:
             return chosen
 
         heads = [j for j in head_rows(subset.params, self.vocab_size)
-                 if getattr(stage_for(rows.watermarks[batch[j]]), "takes_candidates", False)] \
+                 if stage_for(rows.watermarks[batch[j]]).takes_candidates] \
             if sampling.TOP_K_HEAD else []
         tokens[subset.index] = self._heads_then_rest(scores, subset, heads, on_heads, on_rest)
 

@@ -55,7 +55,7 @@ def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp * logp.exp()).nansum(-1, keepdim=True)  # -inf * 0 = nan counts as 0
 
 
-# ---- stage 1: penalties, bias, bans (sparse: only the ids each row's history touches) ----
+# ---- stages 2-4 of generation.sample.pipeline: penalties, logit bias, bans (sparse: only the ids each row's history touches) ----
 
 def _no_overflow_(scores: torch.Tensor) -> torch.Tensor:
     """Clamp logits pushed past the float range back to its largest value, in place.
@@ -117,7 +117,7 @@ def apply_temperatures_(scores: torch.Tensor, params: list[SamplingParams]) -> N
         apply_temperature_(scores, torch.tensor([p.temperature for p in params], device=scores.device)[:, None])
 
 
-# ---- stage 4: truncation, each on [R, V] with per-row parameter columns ----
+# ---- stage 7: truncation, each on [R, V] with per-row parameter columns ----
 
 def top_k_(scores: torch.Tensor, k: torch.Tensor, presorted: bool = False) -> None:
     """Keep tokens >= the row's k-th largest logit (ties kept, as transformers)."""
@@ -302,7 +302,7 @@ def mirostat_(scores: torch.Tensor, modes: list[int], mu: torch.Tensor) -> None:
     scores.masked_fill_(drop, NEG_INF)
 
 
-# ---- stage 5: drawing ----
+# ---- stage 8: drawing ----
 
 def draw_(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One uniform per row from the row's own generator, inverse CDF over the row's probabilities.

@@ -1,6 +1,6 @@
 """The LogitsPipeline stage of the sampling watermarks: the keyed sampler chooses the token.
 
-For a sampled row under a ``gumbel:``, ``synthid:`` or ``hf:synthid`` spec, stage 8 gets the row's
+For a sampled row under a ``gumbel:``, ``synthid:`` or ``hf:synthid`` spec, stage 8 (the draw) gets the row's
 distribution p after every earlier stage (constraints, penalties, logit bias, bans, temperature,
 truncation) and:
 
@@ -25,16 +25,12 @@ from collections.abc import Sequence
 
 import torch
 
-from generation.sample.context_memory import GeneratedContexts, HFContextWindow
+from generation.sample.context_memory import GeneratedContexts
 from generation.sample.sampler import draw_
+from generation.sample.stage import WatermarkStage
 from generation.sample.top_head import top_head
-from watermark.gumbel import GumbelWatermark
-from watermark.hf_synthid import HFSynthID
 from watermark.sampling_common import SamplingWatermarkError, require_sampling
-from watermark.sampling_specs import VLLMGumbelSpec
-from watermark.specs import is_sampling
-
-SCHEME_NAMES = {"gumbel": "gumbel", "synthid": "synthid", "hf-synthid": "hf:synthid", "vllm-gumbel": "vllm:gumbel"}
+from watermark.schemes import family_of, is_sampling
 
 
 def is_sampling_mark(mark) -> bool:
@@ -42,21 +38,16 @@ def is_sampling_mark(mark) -> bool:
     return mark is not None and is_sampling(getattr(mark, "spec", None))
 
 
-def scheme_name(spec) -> str:
-    return SCHEME_NAMES.get(spec.kind, spec.kind)
-
-
 def check_spec(spec, params) -> None:
     """SamplingWatermarkError (a ValueError) when a sampling ``spec`` cannot watermark a request under
-    ``params``: greedy decoding (temperature 0) or ``vllm:gumbel`` (detection only). Nothing for other specs."""
+    ``params``: greedy decoding (temperature 0), or a family not generated here (``generation_refusal``:
+    vllm:gumbel). Nothing for other specs."""
     if not is_sampling(spec):
         return
-    if isinstance(spec, VLLMGumbelSpec):
-        raise SamplingWatermarkError(
-            "vllm:gumbel: provmark detects vLLM's Gumbel watermark but does not generate it (its Philox race "
-            "over the whole vocabulary is too costly here); generate with vLLM's --watermark-config, or use "
-            "a gumbel: spec")
-    require_sampling(0.0 if params.greedy else params.temperature, scheme_name(spec))
+    family = family_of(spec)
+    if family.generation_refusal is not None:
+        raise SamplingWatermarkError(family.generation_refusal)
+    require_sampling(0.0 if params.greedy else params.temperature, family.name)
 
 
 def check_request(mark, params) -> None:
@@ -68,13 +59,14 @@ def check_request(mark, params) -> None:
 def row_context(mark, state, history: Sequence[int]) -> tuple[list[int], bool]:
     """(context, watermarked?) of the position after ``history`` (``state.history`` or it plus drafted
     tokens) for a row under a sampling watermark; ``state.watermark_memory`` keeps the per-sequence part."""
-    if isinstance(mark, HFSynthID):
-        if len(history) != len(state.history):
-            raise SamplingWatermarkError("hf:synthid: drafted positions are not supported (transformers' state "
+    family = family_of(mark.spec)
+    if family.context_memory is not None:  # the family's own context rule (hf:synthid: transformers' window)
+        if family.committed_context_only and len(history) != len(state.history):
+            raise SamplingWatermarkError(f"{family.name}: drafted positions are not supported (its context "
                                          "follows committed tokens only)")
         memory = state.watermark_memory
-        if not isinstance(memory, HFContextWindow):
-            memory = state.watermark_memory = HFContextWindow(mark, state.prompt_len)
+        if not isinstance(memory, family.context_memory):
+            memory = state.watermark_memory = family.context_memory(mark, state.prompt_len)
         return memory.step(history)
     width = mark.context_width
     if len(history) < width:
@@ -88,14 +80,11 @@ def row_context(mark, state, history: Sequence[int]) -> tuple[list[int], bool]:
     return context, not memory.repeated(state.history, history)
 
 
-class SamplingWatermarkStage:
-    """Stage 5/8 for the sampling watermarks: nothing to transform; ``choose`` replaces the draw."""
+class SamplingWatermarkStage(WatermarkStage):
+    """The sampling watermarks' stage: nothing to transform in stage 5; ``choose`` replaces stage 8's draw."""
 
     chooses_tokens = True
     takes_candidates = True  # ``choose`` may get a top-k row's head: probs over ``candidates`` only
-
-    def transform_(self, scores: torch.Tensor, contexts, marks) -> None:
-        return None  # the logits stay the model's: the watermark is in the choice
 
     def choose(self, probs: torch.Tensor, contexts: Sequence[Sequence[int]], marks: Sequence,
                generators: Sequence[torch.Generator], candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,14 +104,8 @@ class SamplingWatermarkStage:
             if ids is None and 0 < getattr(mark, "head_size", 0) < sub.shape[-1]:
                 sub, ids = _head(sub, mark.head_size)
             context = torch.tensor([list(contexts[j]) for j in rows], dtype=torch.int64)
-            if isinstance(mark, GumbelWatermark):
-                got = mark.choose_from_probs(sub.contiguous(), context) if ids is None else \
-                    mark.choose_among(sub, context, ids)
-            else:  # SynthIDWatermark, HFSynthID: the winner distribution, drawn with the rows' generators
-                winner, played = mark.winner_distribution(sub, context, ids)
-                got = draw_(winner, [generators[j] for j in rows])
-                if played is not None:
-                    got = played.gather(1, got[:, None])[:, 0]
+            # the family chooses: a Gumbel race, or a tournament's winner drawn with the rows' own generators
+            got = family_of(mark.spec).choose(mark, sub, context, ids, [generators[j] for j in rows], draw_)
             if whole:
                 tokens.copy_(got)
             else:

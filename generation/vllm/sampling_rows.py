@@ -20,9 +20,9 @@ import torch
 
 from generation.sample.params import SamplerState, SamplingParams
 from generation.sample.pipeline import LogitsPipeline, StepRows
-from generation.sample.sampling_stage import check_spec, scheme_name
+from generation.sample.sampling_stage import check_spec
 from watermark.key_binding import require_bound
-from watermark.specs import is_sampling
+from watermark.schemes import family_of, is_sampling
 
 NEG_INF = float("-inf")
 # vLLM options applied after the plugin that change the distribution: (attribute, neutral value)
@@ -46,7 +46,7 @@ def check_sampling_request(spec, vllm_params, key_info=None) -> None:
     (``key_info``, when given) bound to this spec. Nothing for other specs."""
     if not is_sampling(spec):
         return
-    name = scheme_name(spec)
+    name = family_of(spec).name
     for field, neutral in AFTER_PLUGIN:
         value = getattr(vllm_params, field, neutral)
         if value is not None and float(value) != neutral:

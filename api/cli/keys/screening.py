@@ -127,7 +127,9 @@ def show_progress(args) -> bool:
 def bound_spec_of(args):
     """The spec a new key is bound to: ``--watermark`` or the default spec; a clear error for a bad one."""
     try:
-        return parse_spec(spec_to_bind(args.spec))
+        spec = parse_spec(args.spec)  # parsed once, here at the door
+        spec_to_bind(spec)  # a spec a key can be bound to (a keyed family's)
+        return spec
     except SpecError as exc:
         raise CLIError(f"--watermark: {exc}") from None
 

@@ -24,7 +24,7 @@ from generation.decoding.speculative.drafters import (
 from generation.decoding.speculative.positions import RequestPositions
 from generation.decoding.speculative.verify import verify_round, verify_round_greedy, verify_round_replay
 from generation.sample.sampler import SamplingParams
-from generation.sequence import RequestOutput, TextTracker, request_output
+from generation.sequence import OutputDetails, RequestOutput, TextTracker, request_output
 from watermark.scheme import Watermark
 
 METHODS = ("prompt_lookup", "draft")
@@ -202,5 +202,6 @@ class _Run:
 
     def output(self, prompt_ids: list[int], watermark, stats: dict) -> RequestOutput:
         return request_output(f"spec-{next(_request_ids)}", prompt_ids, self.output_ids, self.text.text,
-                              self.finish_reason, watermark, text_delta=self.text.take_delta(final=True),
-                              logprobs=self.logprobs, top_logprobs=self.top_logprobs, stats=stats)
+                              self.finish_reason, watermark,
+                              OutputDetails(text_delta=self.text.take_delta(final=True), logprobs=self.logprobs,
+                                            top_logprobs=self.top_logprobs, stats=stats))

@@ -65,7 +65,7 @@ def test_detect_view_of_a_watermarked_and_a_human_text(keyring):
         view = verdict.disclose("detect")
         assert verdict.verdict == expected and view["verdict"] == expected
         assert set(view) == {*DETECT_FIELDS, "disclosure", "z_score", "p_value", "key_id", "decided_by", "windows",
-                             "calibration_id", "spoof_suspected"}
+                             "calibration_id", "spoof_suspected", "paraphrase_of_own_output"}
         assert view["p_value"] >= verdict.p_value and view["z_score"] <= max(0.0, z_for_p(verdict.p_value))
         assert view == detector.detect(text, options=DetectOptions(windows=True)).disclose("detect")  # deterministic per text
         assert verdict.disclose("explain") == verdict.to_dict()

@@ -1,6 +1,6 @@
 """Where a batch-1 decode step's time goes: one greedy request alone, float32, its steps timed piece by piece.
 
-    python benchmarks/batch1_step.py [--threads 2] [--steps 40] [--rounds 10] [--dtype float32]
+    python benchmarks/batch1_step.py [--threads 2] [--rounds 120] [--steps 1] [--dtype float32]
 
 One request (a 32-token prompt, greedy, forced to run) decodes alone in the engine. Each round times
 ``--steps`` steps on each of three paths in turn, in the same process (so a busy machine slows all alike):
@@ -92,8 +92,8 @@ def instrument(engine: Engine, clock: Clock) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=40, help="steps timed per path per round")
-    parser.add_argument("--rounds", type=int, default=10, help="A/B rounds (medians reported)")
+    parser.add_argument("--steps", type=int, default=1, help="steps timed per path per round")
+    parser.add_argument("--rounds", type=int, default=120, help="rounds over the three paths (medians reported)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", help="the JSON result (default benchmarks/results/batch1_step.json)")
     args = parser.parse_args(argv)

@@ -1,13 +1,13 @@
 """A decode step of the engine's native view straight through its layers, without transformers' module plumbing.
 
-At batch 1 a decode step's arithmetic takes about 15 ms; transformers' forward around the kernels (the
-model's output-capturing decorators, the causal-mask helper, each decoder layer's and each submodule's
-``__call__``, keyword plumbing) adds about a millisecond and a half of Python on top, a tenth of the step
-(benchmarks/batch1_step.py). ``DirectDecode`` runs the same step as a plain loop: per layer the same
-calls in the same order (the native RMSNorm, the fused q/k/v matmul, the paged rotary + cache write +
-attention kernel, ``o_proj``, the residual add, the native RMSNorm, the gated MLP, the residual add),
-then the final norm. Every number is computed by the same kernel as through the modules, so the hidden
-states are the same bits (tests/test_direct_decode.py).
+Transformers' forward around the kernels (the model's output-capturing decorators, the causal-mask
+helper, each decoder layer's and each submodule's ``__call__``, keyword plumbing) took about a tenth of a
+batch-1 step in benchmarks/batch1_step.py (the kernels' own time left out: 3.6 of 32.6 ms at 2 threads,
+9.3 of 45.2 ms at 1, on a busy machine; 2.5 and 5.6 ms through this loop). ``DirectDecode`` runs the
+same step as a plain loop: per layer the same calls in the same order (the native RMSNorm, the fused
+q/k/v matmul, the paged rotary + cache write + attention kernel, ``o_proj``, the residual add, the native
+RMSNorm, the gated MLP, the residual add), then the final norm. Every number is computed by the same
+kernel as through the modules, so the hidden states are the same bits (tests/test_direct_decode.py).
 
 It is built only for a view whose every layer is Llama's layout with every native swap in place
 (generation/cpu/native_layers.py: ``NativeAttention``, ``NativeRMSNorm`` twice, ``NativeGatedMLP``) and

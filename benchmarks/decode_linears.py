@@ -1,6 +1,6 @@
 """The decode step's linears alone, at 1, 2 and 4 rows: which kernel streams the default model's weights fastest.
 
-    python benchmarks/decode_linears.py [--threads 2] [--rounds 15] [--dtype float32]
+    python benchmarks/decode_linears.py [--threads 2] [--rounds 15] [--dtype float32] [--rows 1,2,4]
 
 The default model's 121 linear weights (30 layers' fused q/k/v, o, fused gate/up, down, and the LM head:
 538 MB in float32) are run one after another at each row count through every kernel the engine could use,
@@ -37,8 +37,6 @@ from generation.cpu.decode_linear import PackedDecodeLinear  # noqa: E402
 from generation.cpu.packed_linear import PACK_BATCH_HINT  # noqa: E402
 from generation.models import load_model  # noqa: E402
 
-ROWS = (1, 2, 4)
-
 
 def weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The decoder's weights as the engine runs them (q/k/v and gate/up concatenated) and the LM head's."""
@@ -55,15 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--rows", default="1,2,4", help="comma-separated row counts")
     parser.add_argument("--out", help="the JSON result (default benchmarks/results/decode_linears.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    row_counts = [int(r) for r in args.rows.split(",")]
     loaded = load_model(dtype=args.dtype)
     plain = weights(loaded.model)
     native = [PackedDecodeLinear(w, None) for w in plain]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT) for w in plain]
     total = sum(w.numel() * w.element_size() for w in plain)
-    inputs = {(rows, k): torch.randn(rows, k).to(plain[0].dtype) for rows in ROWS for k in {w.shape[1] for w in plain}}
+    inputs = {(rows, k): torch.randn(rows, k).to(plain[0].dtype) for rows in row_counts for k in {w.shape[1] for w in plain}}
 
     def pass_of(kernel: str, rows: int) -> float:
         for lin in native:
@@ -80,17 +80,17 @@ def main(argv: list[str] | None = None) -> int:
                     torch.nn.functional.linear(x, w)
         return time.perf_counter() - start
 
-    kernels = {rows: (["gemv"] if rows == 1 else []) + ["tile", "onednn", "mkl"] for rows in ROWS}
-    times = {(rows, k): [] for rows in ROWS for k in kernels[rows]}
-    for rows in ROWS:
+    kernels = {rows: (["gemv"] if rows == 1 else []) + ["tile", "onednn", "mkl"] for rows in row_counts}
+    times = {(rows, k): [] for rows in row_counts for k in kernels[rows]}
+    for rows in row_counts:
         for k in kernels[rows]:
             pass_of(k, rows)  # warm-up
     for _ in range(args.rounds):
-        for rows in ROWS:
+        for rows in row_counts:
             for k in kernels[rows]:
                 times[(rows, k)].append(pass_of(k, rows))
     results = {}
-    for rows in ROWS:
+    for rows in row_counts:
         row = {}
         for k in kernels[rows]:
             med = statistics.median(times[(rows, k)])

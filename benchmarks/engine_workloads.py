@@ -1,7 +1,7 @@
 """The engine at scale: prefix caching, time to first token, a long prompt arriving into running decodes, KV
 memory per token, and throughput at 16 and 64 concurrent requests against transformers in the same run.
 
-    python benchmarks/engine_workloads.py [--threads 2] [--repeats 5] [--skip-transformers]
+    python benchmarks/engine_workloads.py [--threads 2] [--repeats 5] [--skip-transformers] [--only=NAME ...]
 
 Workloads (SmolLM2-135M-Instruct, float32, greedy unless said):
 - chat: 32 requests sharing a ~500-token system prompt, each its own question, 32 new tokens, all submitted
@@ -11,6 +11,9 @@ Workloads (SmolLM2-135M-Instruct, float32, greedy unless said):
   computed before) and uncached (prefix caching off), p50 of ``--repeats``.
 - arrival: 16 requests decoding (prompts of 40 tokens); time between their tokens p50/p99 over 260 steps,
   without and with a 2,000-token prompt submitted at the window's start (its whole chunked prefill).
+- short arrival: the same 16 decodes, their time between tokens over the 40 steps from a 200-token prompt's
+  arrival on, without it, with it chunked beside them (every prompt is) and with it prefilled whole (a
+  prefill-only step, the former rule for prompts up to 1,024 tokens); medians of ``--repeats`` alternated runs.
 - memory: 64 requests of 100..300-token prompts running at once; pool bytes held (whole blocks) per token in
   use, against the raw key + value bytes of one token.
 - throughput: 16 and 64 concurrent greedy requests (benchmarks/engine_throughput.py's prompts, 64 new
@@ -21,6 +24,7 @@ Writes benchmarks/results/engine_workloads.json and prints the same JSON.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import engine_throughput  # noqa: E402
 from common import machine, parse_args, write_json  # noqa: E402
 
+from generation import scheduler  # noqa: E402
 from generation.engine import Engine  # noqa: E402
 from generation.kv_cache import kv_bytes_per_token  # noqa: E402
 from generation.models import load_model  # noqa: E402
@@ -46,6 +51,9 @@ SYSTEM_TOKENS = 500
 # steps timed in the arrival workload: the whole chunked prefill of the 2,000-token prompt beside 16
 # decodes (8 prompt tokens a step: 250 steps) and a few more
 ARRIVAL_WINDOW = 260
+# steps timed in the short-arrival workload: the 200-token prompt's chunks (8 tokens a step: 25 steps) and more;
+# short enough that one prefill-only step (16 gaps of 640) reaches the p99
+SHORT_WINDOW = 40
 
 
 def plain_tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -141,6 +149,34 @@ def arrival(loaded, vocab: int) -> dict:
     return out
 
 
+def arrival_short(loaded, vocab: int, repeats: int) -> dict:
+    """A 200-token prompt arriving into 16 decodes: their time between tokens over the SHORT_WINDOW steps from
+    the arrival on, without it, with it (chunked beside the decodes) and with it prefilled whole (the rule for
+    prompts of up to 1,024 tokens before every prompt was chunked), the three alternated ``repeats`` times;
+    medians of each run's p50 / p99 / max."""
+    rng = random.Random(11)
+    prompts = [plain_tokens(rng, 40, vocab) for _ in range(16)]
+    engine = Engine(loaded, max_num_seqs=32, max_model_len=1024)
+    decode_gaps(engine, prompts[:2], None, 5)  # warm-up
+    runs: dict[str, list[dict]] = {"without": [], "with_200_token_arrival": [], "with_it_prefilled_whole": []}
+    for i in range(repeats):
+        for name in runs:
+            extra = None if name == "without" else plain_tokens(random.Random(100 + i), 200, vocab)
+            scheduler.CHUNKED_PREFILL_ABOVE = 1024 if name == "with_it_prefilled_whole" else 0
+            try:
+                gaps = sorted(decode_gaps(engine, prompts, extra, SHORT_WINDOW))
+            finally:
+                scheduler.CHUNKED_PREFILL_ABOVE = 0
+            runs[name].append({"tbt_p50_ms": statistics.median(gaps) * 1e3,
+                               "tbt_p99_ms": gaps[int(0.99 * (len(gaps) - 1))] * 1e3, "tbt_max_ms": gaps[-1] * 1e3})
+    out = {name: {key: round(statistics.median(r[key] for r in rs), 1) for key in rs[0]} for name, rs in runs.items()}
+    for name in ("with_200_token_arrival", "with_it_prefilled_whole"):
+        out[name]["p99_ratio"] = round(statistics.median(
+            w["tbt_p99_ms"] / o["tbt_p99_ms"] for w, o in zip(runs[name], runs["without"])), 2)
+    out.update(window_steps=SHORT_WINDOW, repeats=repeats, load_average=[round(x, 2) for x in os.getloadavg()])
+    return out
+
+
 def memory(loaded, vocab: int) -> dict:
     rng = random.Random(10)
     prompts = [plain_tokens(rng, rng.randrange(100, 301), vocab) for _ in range(64)]
@@ -192,19 +228,26 @@ def run_transformers_n(model, prompts, pad_id: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     extra = list(sys.argv[1:] if argv is None else argv)
     skip = "--skip-transformers" in extra
-    args = parse_args(__doc__, [a for a in extra if a != "--skip-transformers"], threads=2, repeats=5)
+    only = [a.split("=", 1)[1] for a in extra if a.startswith("--only=")]
+    args = parse_args(__doc__, [a for a in extra if a != "--skip-transformers" and not a.startswith("--only=")],
+                      threads=2, repeats=5)
     loaded = load_model()
     vocab = int(loaded.model.config.vocab_size)
     pad_id = loaded.vocab.eos_token_id
-    result = {
-        "benchmark": "engine_workloads", "command": "python benchmarks/engine_workloads.py " + " ".join(extra),
-        "machine": machine(), "model": "SmolLM2-135M-Instruct", "dtype": "float32",
-        "chat_32_shared_system_prompt": chat(loaded, vocab),
-        "ttft_lone_prompt": ttft(loaded, vocab, args.repeats),
-        "arrival_into_16_decodes": arrival(loaded, vocab),
-        "kv_memory_at_64": memory(loaded, vocab),
-        "throughput_greedy": throughput(loaded, vocab, pad_id, skip),
+    workloads = {
+        "chat_32_shared_system_prompt": lambda: chat(loaded, vocab),
+        "ttft_lone_prompt": lambda: ttft(loaded, vocab, args.repeats),
+        "arrival_into_16_decodes": lambda: arrival(loaded, vocab),
+        "short_arrival_into_16_decodes": lambda: arrival_short(loaded, vocab, args.repeats),
+        "kv_memory_at_64": lambda: memory(loaded, vocab),
+        "throughput_greedy": lambda: throughput(loaded, vocab, pad_id, skip),
     }
+    unknown = set(only) - set(workloads)
+    if unknown:
+        raise SystemExit(f"engine_workloads: no workload {sorted(unknown)}; choose from {sorted(workloads)}")
+    result = {"benchmark": "engine_workloads", "command": "python benchmarks/engine_workloads.py " + " ".join(extra),
+              "machine": machine(), "model": "SmolLM2-135M-Instruct", "dtype": "float32"}
+    result.update({name: run() for name, run in workloads.items() if not only or name in only})
     write_json("engine_workloads", result, args.out)
     return result
 

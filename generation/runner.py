@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from generation.cpu import native, paged_native
+from generation.cpu.direct_decode import DirectDecode
 from generation.cpu.native_layers import use_native_layers_, use_native_linears_
 from generation.cpu.packed_linear import packing_available
 from generation.cpu.packed_view import packed_view
@@ -48,7 +49,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
                  native_kernels: bool | None = None, block_table_attention: bool | None = None,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, direct_decode: bool = True) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
         oneDNN (generation/cpu/packed_linear.py); None = whenever this machine supports it.
         ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
@@ -56,7 +57,10 @@ class ModelRunner:
         ``block_table_attention``: decode attention through the block tables in torch ops
         (generation/gpu/paged_attention.py) instead of the native kernels; None = on CUDA.
         ``cuda_graphs``: decode batches through static buckets (generation/gpu/graphs.py), captured as CUDA
-        graphs on CUDA and run eagerly elsewhere (for tests); None = on CUDA with the block-table attention."""
+        graphs on CUDA and run eagerly elsewhere (for tests); None = on CUDA with the block-table attention.
+        ``direct_decode``: decode steps that every linear's decode kernel takes run as a plain loop over the
+        native view's layers (generation/cpu/direct_decode.py: the same kernels, the same bits, without
+        transformers' module plumbing), wherever the view has that layout."""
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         if packed_weights is None:
@@ -100,6 +104,8 @@ class ModelRunner:
         self.block_size = cache_config.block_size
         self.graphs = (DecodeGraphs(self, cache_config.num_blocks - 1, capture=self.device.type == "cuda")
                        if cuda_graphs else None)
+        self.direct = (DirectDecode.of(self.decoder, self.cache)
+                       if direct_decode and self.native_linears and self.graphs is None else None)
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(cache_config.max_model_len, device=self.device)
 
@@ -190,6 +196,9 @@ class ModelRunner:
                        mask: torch.Tensor | None = None, extra: dict | None = None, logits: bool = True) -> torch.Tensor:
         """The decode step's forward over tensors only (no host sync: CUDA graphs capture it): ``token_ids``
         [B], ``pos`` [B], block tables ``table_t`` [B, W]; float32 logits [B, V] (hidden states if not ``logits``)."""
+        if self.direct is not None and mask is None and self.direct.takes(token_ids.shape[0], self.dtype):
+            hidden = self.direct(token_ids, pos, table_t)  # the module forward's bits, without its plumbing
+            return self.lm_head(hidden).float() if logits else hidden
         extra = dict(extra or {})
         if self.block_table_attention:
             extra[ROWS_KWARG] = BlockTableRows(table_t, pos + 1)

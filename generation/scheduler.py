@@ -27,10 +27,11 @@ PREFILL_PADDING_SLACK = 0.15
 # Chunked prefill: prompt tokens a step computes beside running decodes, however many decode. With 16
 # decoding rows on a 2-core Sapphire Rapids CPU, 8 more rows raise the step's time by about a third; 32 more by 2.5x.
 MIN_CHUNK_TOKENS = 8
-# Prompts longer than this (uncached tokens) arriving while requests decode are prefilled in chunks; shorter
-# ones in one prefill step, as when nothing decodes (a step of up to this many tokens stalls the decodes
-# once; chunking them would slow admission when many wait).
-CHUNKED_PREFILL_ABOVE = 1024
+# Prompts longer than this (uncached tokens) arriving while requests decode are prefilled in chunks: every
+# prompt, so none stalls the running requests for a prefill-only step (a 200-token prompt prefilled whole
+# beside 16 decodes made one gap between their tokens several times the usual; in chunks its p99 stays
+# within 1.5x: benchmarks/engine_workloads.py, arrival_short). A seeded prompt is still prefilled whole.
+CHUNKED_PREFILL_ABOVE = 0
 
 
 @dataclass(slots=True)
@@ -108,7 +109,7 @@ class Scheduler:
 
     def schedule(self) -> Batch:
         """Admit waiting sequences that fit. Prompts are prefilled whole (a prefill step), except, while
-        requests decode, an unseeded prompt of more than CHUNKED_PREFILL_ABOVE uncached tokens: it is computed
+        requests decode, an unseeded prompt (of more than CHUNKED_PREFILL_ABOVE uncached tokens): it is computed
         in chunks beside the decodes, oldest first, up to ``max_step_tokens`` rows a step in all (at least
         MIN_CHUNK_TOKENS prompt tokens). With nothing to prefill whole, decode every running sequence."""
         decoding = any(seq.num_cached == seq.num_tokens - 1 for seq in self.running)

@@ -70,6 +70,26 @@ def test_a_long_prompt_arriving_into_decodes_is_prefilled_in_chunks_beside_them(
         assert got[:len(want)] == want
 
 
+def test_a_short_prompt_arriving_into_decodes_is_chunked_too(loaded):
+    """A prompt of a few dozen tokens never stalls the running requests for a prefill-only step either: it runs
+    beside their decodes, a chunk a step, and its tokens stay transformers' own."""
+    engine = Engine(loaded, max_num_seqs=8, max_model_len=2048)
+    tok = loaded.vocab.tokenizer
+    prompts = [tok(p)["input_ids"] for p in SHORT]
+    short = tok("Name three rivers of Europe, say which sea each one reaches and which capital cities stand on "
+                "its banks, and keep the answer brief.")["input_ids"]
+    chunk = max(MIN_CHUNK_TOKENS, engine.config.max_step_tokens - len(prompts))
+    assert chunk < len(short) - 1 < 8 * chunk  # more than one chunk, fewer than the decodes' steps
+    log = logged(engine)
+    forced = SamplingParams(max_new_tokens=40, min_new_tokens=40, temperature=0.0)
+    outs = run(engine, prompts, [short], forced, GREEDY)
+    assert all(prefill == 0 for prefill, _, _ in log[1:])  # only the first prompts, with nothing decoding
+    chunked = [sizes for _, _, sizes in log if sizes]
+    assert all(sum(sizes) <= chunk for sizes in chunked)
+    assert sum(sum(sizes) for sizes in chunked) in (len(short), len(short) - 1)  # the last may run as a decode row
+    assert outs["late"][0] == reference(loaded, short, GREEDY.max_new_tokens)
+
+
 def test_a_seeded_arrival_is_prefilled_whole_and_samples_as_alone(loaded):
     engine = Engine(loaded, max_num_seqs=8, max_model_len=2048)
     tok = loaded.vocab.tokenizer

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from generation.cpu import native, paged_native
+from generation.cpu import decode_linear, native, paged_native
 from generation.cpu.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
 from generation.cpu.packed_linear import packing_available
 from generation.kv_cache import CacheConfig
@@ -164,7 +164,7 @@ def test_silu_mul_matches_torch(dtype):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not native.decode_linear_available(), reason="this CPU has no AVX-512: no packed decode linear")
+@pytest.mark.skipif(not decode_linear.decode_linear_available(), reason="this CPU has no AVX-512: no packed decode linear")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("out_features,bias", [(64, True), (48, False), (16, True)])  # pairs, pair + tail, tail
@@ -173,7 +173,7 @@ def test_packed_decode_linear_matches_f_linear(dtype, rows, out_features, bias):
     weight = torch.randn(out_features, 40, generator=gen).to(dtype)
     b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
     x = torch.randn(rows, 1, 40, generator=gen).to(dtype)
-    kernel = native.PackedDecodeLinear(weight, b)
+    kernel = decode_linear.PackedDecodeLinear(weight, b)
     got = kernel(x)
     assert got.shape == (rows, 1, out_features) and got.dtype == dtype
     # fp32 accumulation in both; bf16 outputs may differ by one rounding step
@@ -184,15 +184,44 @@ def test_packed_decode_linear_matches_f_linear(dtype, rows, out_features, bias):
     assert kernel(torch.empty(0, 40, dtype=dtype)).shape == (0, out_features)
 
 
+@pytest.mark.skipif(not decode_linear.decode_linear_available(), reason="this CPU has no AVX-512: no packed decode linear")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out_features,in_features,bias", [(960, 576, False), (176, 40, True), (16, 1536, True),
+                                                           (48, 7, False)])
+def test_the_one_row_kernel_gives_the_tiles_bits(dtype, out_features, in_features, bias):
+    """A batch-1 step's linears (provmark_gemv) sum each output in the tile kernel's order: the same bits, so
+    a request's tokens do not depend on whether it decodes alone or beside others."""
+    gen = torch.Generator().manual_seed(out_features + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
+    kernel = decode_linear.PackedDecodeLinear(weight, b)
+    assert kernel.gemv_rows == 1
+    before = torch.get_num_threads()
+    for threads in (1, 2, 3):
+        x = torch.randn(1, in_features, generator=gen).to(dtype)
+        with torch.inference_mode():
+            torch.set_num_threads(threads)
+            try:
+                one = kernel(x)
+                kernel.gemv_rows = 0
+                tiled = kernel(x)
+                kernel.gemv_rows = 1
+            finally:
+                torch.set_num_threads(before)
+        assert torch.equal(one, tiled)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2  # sums of up to 1,536 products in another order
+        torch.testing.assert_close(one.float(), F.linear(x, weight, b).float(), rtol=tol, atol=tol)
+
+
 def test_packed_decode_linear_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="multiple of 16"):
-        native.PackedDecodeLinear(torch.randn(20, 8), None)
+        decode_linear.PackedDecodeLinear(torch.randn(20, 8), None)
     with pytest.raises(ValueError, match="float32/bfloat16"):
-        native.PackedDecodeLinear(torch.randn(16, 8).half(), None)
+        decode_linear.PackedDecodeLinear(torch.randn(16, 8).half(), None)
     with pytest.raises(ValueError, match="does not fit 8 torch.float32 inputs"):
-        native.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 9))
+        decode_linear.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 9))
     with pytest.raises(ValueError, match="does not fit"):
-        native.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 8).bfloat16())
+        decode_linear.PackedDecodeLinear(torch.randn(16, 8), None)(torch.randn(2, 8).bfloat16())
 
 
 def scattered_tables(lengths: list[int], extra: int, num_blocks: int, block_size: int = 16) -> list[list[int]]:
@@ -219,7 +248,7 @@ def test_runner_decode_with_native_kernels_matches_a_plain_forward(dtype):
     assert view_modules.count(NativeRMSNorm) == 5  # two per layer and the final norm
     # every packed linear (o, down, LM head) and fused group (qkv, gate/up) gets the decode kernel
     # every one (4 per layer and the LM head) where the CPU has AVX-512; none elsewhere (oneDNN stays)
-    assert runner.native_linears == (9 if native.decode_linear_available() else 0)
+    assert runner.native_linears == (9 if decode_linear.decode_linear_available() else 0)
     assert not any(isinstance(m, (NativeAttention, NativeRMSNorm)) for m in model.modules())  # caller's untouched
     gen = torch.Generator().manual_seed(3)
     lengths = [40, 33, 20, 7, 5, 1]

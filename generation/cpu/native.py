@@ -113,6 +113,7 @@ def _library() -> ctypes.CDLL | None:
         "provmark_synthid_tournament": [ptr, i64, i64, ptr, i64, i32],
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
+        "provmark_gemv": [i32, ptr, ptr, ptr, ptr, i64, i64, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -333,56 +334,6 @@ def synthid_tournament(probs: torch.Tensor, words: torch.Tensor, layers: int) ->
     rc = lib.provmark_synthid_tournament(out.data_ptr(), out.shape[0], out.shape[1], words.data_ptr(), layers,
                                          torch.get_num_threads())
     return out if rc == 0 else None
-
-
-def decode_linear_available() -> bool:
-    """True when this build has the packed decode linear: it needs AVX-512 (``-march=native`` on a CPU
-    without it builds the other kernels only, and the engine keeps oneDNN for its linears)."""
-    if _library() is None:
-        return False
-    try:
-        return PackedDecodeLinear(torch.zeros(16, 8), None)(torch.zeros(1, 8)).shape == (1, 16)
-    except RuntimeError:
-        return False
-
-
-class PackedDecodeLinear:
-    """A float32 or bfloat16 linear's weight packed for ``provmark_linear``; ``__call__(x)`` computes
-    ``x @ W.T + b`` for x [..., k] of the weight's dtype. For decode batches: at a few rows the kernel
-    streams the weights faster than oneDNN (csrc/engine_kernels.cpp)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        if weight.dtype not in DTYPE_CODES or weight.dim() != 2 or not weight.is_cpu:
-            raise ValueError(f"PackedDecodeLinear takes a 2-D CPU float32/bfloat16 weight, got {weight.dtype} "
-                             f"{tuple(weight.shape)}")
-        self.dtype, self.code = weight.dtype, DTYPE_CODES[weight.dtype]
-        self.out_features, self.in_features = weight.shape
-        if self.out_features % 16:
-            raise ValueError(f"PackedDecodeLinear: {self.out_features} outputs is not a multiple of 16")
-        weight = weight.detach().contiguous()
-        self.packed = torch.empty(weight.numel(), dtype=weight.dtype)
-        if _checked_library().provmark_pack_linear(self.code, weight.data_ptr(), self.in_features,
-                                                   self.packed.data_ptr(), self.out_features, self.in_features) != 0:
-            raise ValueError("PackedDecodeLinear: the kernel rejected the weight's shape")
-        self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.in_features
-        if x.dtype is not self.dtype or not x.is_cpu or x.shape[-1] != k:
-            raise ValueError(f"PackedDecodeLinear: input {x.dtype} {tuple(x.shape)} does not fit {k} {self.dtype} "
-                             "inputs")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=self.dtype)
-        rows = x.numel() // k
-        if rows == 0:
-            return out
-        rc = _checked_library().provmark_linear(
-            self.code, x.data_ptr(), self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
-            out.data_ptr(), rows, self.out_features, k, torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError("PackedDecodeLinear: this build of the kernels has no AVX-512 linear")
-        return out
 
 
 if __name__ == "__main__":  # `python -m generation.cpu.native`: build now (make install does), report where

@@ -7,7 +7,7 @@ Swapped into the view made by generation/cpu/packed_linear.py, for a Llama-style
 - ``NativeRMSNorm`` and ``NativeGatedMLP``: one call instead of RMSNorm's seven small ops (twice a layer)
   and the MLP's ``silu(gate) * up`` pair;
 - ``use_native_linears_``: the packed linears and fused projection groups get a decode kernel
-  (``native.PackedDecodeLinear``) for the row counts where it beats oneDNN.
+  (``decode_linear.PackedDecodeLinear``) for the row counts where it beats oneDNN.
 
 A norm, MLP or linear is swapped only when the replacement agrees with the original on random inputs of
 the model's dtype at start-up (``SELF_CHECK_TOLERANCE`` of the largest output: the kernels sum in their
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from generation.cpu import native, paged_native
+from generation.cpu import decode_linear, native, paged_native
 from generation.cpu.fused_linear import FusedMember
 from generation.cpu.packed_linear import PackedLinear
 from generation.cpu.slot_attention import GROUP_KWARG, RowLengths
@@ -169,7 +169,7 @@ def use_native_layers_(view: nn.Module) -> int:
 
 def use_native_linears_(view: nn.Module) -> int:
     """Give every packed linear and fused projection group of the view a decode kernel
-    (``native.PackedDecodeLinear``, used up to ``DECODE_KERNEL_ROWS`` rows); how many were given one.
+    (``decode_linear.PackedDecodeLinear``, used up to ``DECODE_KERNEL_ROWS`` rows); how many were given one.
 
     None is given unless the kernel agrees with ``F.linear`` on the first layer (SELF_CHECK_TOLERANCE)."""
     param = next(view.parameters())
@@ -193,7 +193,7 @@ def use_native_linears_(view: nn.Module) -> int:
     if not targets or not _linear_agrees(*targets[0][1:]):
         return 0
     for owner, weight, bias in targets:
-        owner.decode_kernel = native.PackedDecodeLinear(weight, bias)
+        owner.decode_kernel = decode_linear.PackedDecodeLinear(weight, bias)
         owner.decode_kernel_rows = DECODE_KERNEL_ROWS[param.dtype]
     return len(targets)
 
@@ -203,7 +203,7 @@ def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     x = torch.randn(5, weight.shape[1], generator=gen).to(weight.dtype)
     try:
         with torch.inference_mode():
-            got = native.PackedDecodeLinear(weight, bias)(x).float()
+            got = decode_linear.PackedDecodeLinear(weight, bias)(x).float()
             want = torch.nn.functional.linear(x, weight, bias).float()
     except (RuntimeError, ValueError):
         return False

@@ -85,7 +85,8 @@ def test_text_chosen_by_the_schemes_own_sampler_is_detected_stored_and_audited(s
     status, shown, _ = detect(base_url, detect_only, text, watermark=SPECS[key_id])
     assert status == 200 and shown["verdict"] == "watermarked"
     assert set(shown) == {*DETECT_FIELDS, "disclosure", "z_score", "p_value", "key_id", "decided_by", "windows",
-                          "calibration_id", "spoof_suspected", "id", "provenance", "credentials"}  # no statistic, no counts, no explanation
+                          "calibration_id", "spoof_suspected", "id", "provenance", "credentials", "spec_fingerprint",
+                          "paraphrase_of_own_output"}  # no statistic, no counts, no explanation
 
 
 def test_a_key_is_scored_only_under_its_own_family_and_spec(service, keyring):

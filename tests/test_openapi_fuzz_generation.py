@@ -15,6 +15,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from api.generation.app import create_app
+from api.limits import AuthFailures
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 
@@ -30,7 +31,8 @@ def live_generation(tmp_path_factory, loaded):
     home = tmp_path_factory.mktemp("fuzz-home")
     engine = Engine(loaded, max_num_seqs=4, max_model_len=FUZZ_MODEL_LEN)
     # No rate limit: the fuzzer sends hundreds of requests with one token on purpose.
-    app = create_app({"home": home, "engine": engine, "rate_limit": 0, "max_text_chars": 2000})
+    app = create_app({"home": home, "engine": engine, "rate_limit": 0, "max_text_chars": 2000,
+                      "auth_failures": AuthFailures(burst=1_000_000)})  # the invalid-credentials check, repeated
     with serve(app) as base_url:
         yield base_url, (home / "admin.token").read_text().strip(), app.extensions["provmark.generation"].worker
     app.extensions["provmark.generation"].worker.stop()

@@ -203,7 +203,8 @@ def test_the_cli_fetches_a_stored_manifest_and_checks_a_texts_credentials(live, 
 
 def test_an_outsider_checks_the_manifest_with_the_services_trust_anchors(live, tmp_path):
     """docs/how-to/verify-provenance.md: on a machine that never ran the service (an empty PROVMARK_HOME), the text,
-    its manifest and the trust anchors fetched over HTTP check as trusted; without --trust-anchors they do not."""
+    its manifest and the trust anchors fetched over HTTP check as trusted; without --trust-anchors the check asks
+    for them (it never makes roots of its own) and leaves no key behind."""
     body = generate(live)
     outsider = tmp_path / "outsider-home"
     env = {**os.environ, "PROVMARK_HOME": str(outsider)}
@@ -220,5 +221,7 @@ def test_an_outsider_checks_the_manifest_with_the_services_trust_anchors(live, t
 
     trusted = check("--trust-anchors", str(tmp_path / "anchors.pem"))
     assert trusted.returncode == 0 and trusted.stdout.startswith("Trusted"), trusted.stdout + trusted.stderr
-    assert check().returncode == 1  # the outsider's own roots do not include the service's
+    refused = check()
+    assert refused.returncode == 2 and "--trust-anchors" in refused.stderr
+    assert not list(outsider.rglob("*.key")) and not list(outsider.rglob("*.pem"))
     assert body["c2pa"]["manifest_url"].endswith("/v1/manifests/" + body["c2pa"]["manifest_id"])

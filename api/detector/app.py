@@ -28,7 +28,8 @@ the ``config`` dict given to ``create_app``, same names in lower case); the dete
 
 Config-only keys: ``store`` (a ``db.store.Store``), ``detector`` (a ``Detector``), ``keyring``,
 ``vocab`` (shares an already loaded tokenizer), ``bootstrap`` (False skips migrations and the
-bootstrap admin token, for apps whose database is prepared elsewhere).
+bootstrap admin token, for apps whose database is prepared elsewhere), ``auth_failures`` (an
+``api.limits.AuthFailures``: the failed-token throttle).
 
 On start the app applies migrations and, the first time, creates an admin token, writes it to
 ``$PROVMARK_HOME/admin.token`` (0600) and prints it once on stderr. If the database is unreachable
@@ -77,7 +78,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "provmark-detector"
 API_VERSION = "1.0.0"
-OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap")
+OBJECT_NAMES = ("store", "detector", "keyring", "vocab", "bootstrap", "auth_failures")
 EXTENSION = "provmark_detector"
 # need no bootstrap (a published key half comes from the keyring; the JWKS, trust anchors and log key are read
 # from the database's identity when it answers)
@@ -143,7 +144,8 @@ def create_app(config: dict | None = None) -> Flask:
                                           retain_text=settings.retain_text)
     detector = config.get("detector") or _make_detector(settings, config.get("vocab"), config.get("keyring"), store)
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
-    services = DetectorServices(settings, store, detector, Auth(store, limiter), usage=UsageLedger(store),
+    services = DetectorServices(settings, store, detector, Auth(store, limiter, config.get("auth_failures")),
+                                usage=UsageLedger(store),
                                 public_keys=PublicKeys(settings, store))
 
     app = Flask(__name__, static_folder="static", template_folder="templates")

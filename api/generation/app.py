@@ -13,7 +13,8 @@ override them, same names in lower case); generation reads ``home``, ``database_
 ``device``, ``dtype``, ``max_num_seqs``, ``max_pending``, ``rate_limit``, ``rate_burst``, ``max_text_chars``,
 ``issuer`` and ``detector_url``.
 
-``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model).
+``config["engine"]`` may hand in a ready ``generation.engine.Engine`` (tests share one loaded model), and
+``config["auth_failures"]`` an ``api.limits.AuthFailures`` (the failed-token throttle; a fuzzer raises its burst).
 On first start an admin token is created, written to ``home/admin.token`` (0600) and printed once;
 an empty keyring gets a first (active) watermark key so the default watermark works. The service signs
 with the deployment's identity (``api.provenance_keys.SigningKeys``) and keeps the transparency log's
@@ -139,7 +140,8 @@ def create_app(config: dict | None = None) -> Flask:
     install_error_handlers(app)
     _install_metrics(app, worker)
     api = _openapi()
-    auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None)
+    auth = Auth(store, RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None,
+                (config or {}).get("auth_failures"))
     for bp in _blueprints(api, auth, service, engine.config.max_num_seqs):
         app.register_blueprint(bp)
     install_api_page(app)

@@ -18,6 +18,7 @@ partly inverted) needs the key as well (docs/security.md, "What the semantic mem
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from pathlib import Path
 
@@ -29,6 +30,8 @@ MODEL_FILES = ("weights/l2_supercat_256.safetensors", "tokenizers/l2_supercat_to
 SPACE_FILE = Path(__file__).with_name("data") / "passage_space.npz"
 SPACE_DIRECTIONS = 8  # directions of most variance taken out (all-but-the-top)
 _LOCK = threading.Lock()
+_BUILDING = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -79,6 +82,12 @@ def vocab_table(vocab) -> tuple[np.ndarray, np.ndarray]:
     found = _TABLES.get(vocab.fingerprint)
     if found is not None:
         return found
+    with _BUILDING:  # one build per process: a request during the warm-up waits for it
+        found = _TABLES.get(vocab.fingerprint)
+        return found if found is not None else _build_table(vocab)
+
+
+def _build_table(vocab) -> tuple[np.ndarray, np.ndarray]:
     out = token_embeddings(vocab)
     offset = np.zeros(DIM, dtype=np.float32)
     space = passage_space(vocab.fingerprint)
@@ -89,6 +98,20 @@ def vocab_table(vocab) -> tuple[np.ndarray, np.ndarray]:
     with _LOCK:
         _TABLES[vocab.fingerprint] = (np.ascontiguousarray(out), offset.astype(np.float32))
     return _TABLES[vocab.fingerprint]
+
+
+def warm_up(vocab) -> threading.Thread:
+    """Make ``vocab``'s table in a daemon thread now (about 2.5 s on 2 cores), so no request pays for it; a
+    request that comes first waits for the same table. A missing embedder is said once, in the log."""
+    def run() -> None:
+        try:
+            vocab_table(vocab)
+        except EmbedderUnavailable as error:
+            log.warning("the semantic memory is unavailable: %s", error)
+
+    thread = threading.Thread(target=run, name="provmark-passage-table", daemon=True)
+    thread.start()
+    return thread
 
 
 def token_embeddings(vocab) -> np.ndarray:

@@ -63,6 +63,7 @@ from api.limits import install_security_headers
 from api.metrics import count_verdict, install_metrics
 from api.provenance_keys import PublicKeys
 from api.settings import Settings
+from db import passage_vectors
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
 from db.output_memory import MemoryMirror, OutputMemory
@@ -199,7 +200,10 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     # service's record of its own output (same store) gives positives their spoof check, and every keyed verdict
     # the own-output match and, unless PROVMARK_SEMANTIC_OUTPUTS is 0, paraphrase_of_own_output.
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
-    return Detector(vocab=vocab or load_vocabulary(), keyring=keyring or Keyring(settings.home),
+    vocab = vocab or load_vocabulary()
+    if semantic.enabled:
+        passage_vectors.warm_up(vocab)  # its token table, off the first request's path
+    return Detector(vocab=vocab, keyring=keyring or Keyring(settings.home),
                     output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs),
                     semantic_memory=VectorMirror(semantic) if semantic.enabled else None)
 

@@ -100,18 +100,15 @@ def _build_table(vocab) -> tuple[np.ndarray, np.ndarray]:
     return _TABLES[vocab.fingerprint]
 
 
-def warm_up(vocab) -> threading.Thread:
-    """Make ``vocab``'s table in a daemon thread now (about 2.5 s on 2 cores), so no request pays for it; a
-    request that comes first waits for the same table. A missing embedder is said once, in the log."""
-    def run() -> None:
-        try:
-            vocab_table(vocab)
-        except EmbedderUnavailable as error:
-            log.warning("the semantic memory is unavailable: %s", error)
-
-    thread = threading.Thread(target=run, name="provmark-passage-table", daemon=True)
-    thread.start()
-    return thread
+def warm_up(vocab) -> None:
+    """Make ``vocab``'s table now (about 2.5 s on 2 cores, once per process), at start-up rather than on a
+    request. In the calling thread on purpose: the detector's gunicorn master makes its app before it forks the
+    workers, which then share the table; a thread still building at the fork would leave the workers a held lock.
+    A missing embedder is said once, in the log."""
+    try:
+        vocab_table(vocab)
+    except EmbedderUnavailable as error:
+        log.warning("the semantic memory is unavailable: %s", error)
 
 
 def token_embeddings(vocab) -> np.ndarray:

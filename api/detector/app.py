@@ -202,7 +202,7 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     vocab = vocab or load_vocabulary()
     if semantic.enabled:
-        passage_vectors.warm_up(vocab)  # its token table, off the first request's path
+        passage_vectors.warm_up(vocab)  # its token table now, not on the first request (shared across the fork)
     return Detector(vocab=vocab, keyring=keyring or Keyring(settings.home),
                     output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs),
                     semantic_memory=VectorMirror(semantic) if semantic.enabled else None)

@@ -16,7 +16,12 @@ hits all of them alike:
 - ``two_part``: a two-part key of the default spec: every text is scored under both halves, and the paired
   test runs (``detector.two_part``);
 - ``budget``: the ``bare`` service's keyring with the per-token detection budget on (``db.budget``: every
-  verdict charged, the charges batched per worker into the shared table); the others run without one.
+  verdict charged, the charges batched per worker into the shared table); the others run without one;
+- ``semantic_off``: a copy of the ``memory`` service's home and store with the semantic memory off
+  (``PROVMARK_SEMANTIC_OUTPUTS=0``). The ``memory`` service also remembers ``--vectors`` passage vectors under
+  the key (random vectors in the stored form: what is timed is the lookup), so every verdict of it computes
+  the text's vector and searches them for ``paraphrase_of_own_output``; ``relative_to_semantic_off`` is what
+  the semantic memory costs (``benchmarks/semantic_memory.py`` times it in one process).
 
 Every request carries a ``detect``-scope token (what a user holds; ``explain`` tokens are not budgeted).
 
@@ -54,9 +59,10 @@ from benchmarks.service_load import free_port, human_texts, load_phase, post, st
 from watermark.config import WatermarkSpec  # noqa: E402
 from watermark.vocab import load_vocabulary  # noqa: E402
 
-SERVICES = ("bare", "memory", "two_part", "budget")
+SERVICES = ("bare", "memory", "two_part", "budget", "semantic_off")
 NO_BUDGET, LARGE_BUDGET = "0", str(10**15)  # PROVMARK_DETECT_BUDGET: 0 is none; the other is never reached
 PHASES = ("positives", "negatives")
+KEY_ID = "bench"
 
 
 def remember_outputs(home: Path, vocab, outputs: int) -> None:
@@ -84,6 +90,26 @@ def remember_outputs(home: Path, vocab, outputs: int) -> None:
             ids = pool[torch.multinomial(weights, 200, replacement=True, generator=gen)]
             z, identities = output_null_z(mark, ids, common, memory)
             memory.record(mark.key_id, identities, z, output_grams(ids.numpy(), None, grams_key))
+    finally:
+        store.close()
+
+
+def remember_vectors(home: Path, count: int) -> None:
+    """``count`` passage vectors under ``home``'s key, in the stored form (``db.passage_vectors``: unit vectors,
+    rotated, int8), written in one transaction as the generation service writes them one by one."""
+    import numpy as np
+
+    from benchmarks.semantic_memory import synthetic
+    from db.rows import OutputVectorRow, utc_now
+    from db.store import Store, database_url
+
+    vectors = synthetic(count, np.random.default_rng(2))
+    store = Store(url=database_url(home))
+    try:
+        store.upgrade()
+        with store.write() as session:
+            session.add_all(OutputVectorRow(key_id=KEY_ID, receipt_id=f"bench-{i}", created_at=utc_now(),
+                                            vector=v.tobytes()) for i, v in enumerate(vectors))
     finally:
         store.close()
 
@@ -120,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="client threads")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per service")
     parser.add_argument("--outputs", type=int, default=1000, help="remembered outputs of the memory service")
+    parser.add_argument("--vectors", type=int, default=20000, help="remembered passage vectors of the memory service")
     parser.add_argument("--out", help="output JSON path (default benchmarks/results/defence_cost_http.json)")
     args = parser.parse_args(argv)
     from watermark.keys import Keyring
@@ -130,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
            if key not in ("PROVMARK_DATABASE_URL", "PROVMARK_MASTER_KEY", "PROVMARK_HOME")}
     env.update(PROVMARK_RATE_LIMIT="0", TOKENIZERS_PARALLELISM="false")
     vocab = load_vocabulary()
-    Keyring(homes["bare"]).create("bench", spec=WatermarkSpec.default())
+    Keyring(homes["bare"]).create(KEY_ID, spec=WatermarkSpec.default())
     for name in ("memory", "budget"):  # the same keyring and master key, before any store
         shutil.copytree(homes["bare"], homes[name])
-    Keyring(homes["two_part"]).create("bench", spec=WatermarkSpec.default(), public_half=True)
+    Keyring(homes["two_part"]).create(KEY_ID, spec=WatermarkSpec.default(), public_half=True)
     remember_outputs(homes["memory"], vocab, args.outputs)
+    remember_vectors(homes["memory"], args.vectors)
+    shutil.copytree(homes["memory"], homes["semantic_off"])  # the same keyring, master key and store
     tokens = {name: detect_token(homes[name]) for name in SERVICES}
     negatives = human_texts(args.tokens, args.texts)
     texts = {name: {"positives": positive_texts(homes[name], vocab, args.texts, args.tokens), "negatives": negatives}
@@ -155,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--workers", str(args.workers)],
                 cwd=ROOT, stdout=subprocess.DEVNULL, env={
                     **env, "PROVMARK_HOME": str(homes[name]),
-                    "PROVMARK_DETECT_BUDGET": LARGE_BUDGET if name == "budget" else NO_BUDGET})
+                    "PROVMARK_DETECT_BUDGET": LARGE_BUDGET if name == "budget" else NO_BUDGET,
+                    "PROVMARK_SEMANTIC_OUTPUTS": "0" if name == "semantic_off" else str(10**6)})
             wait_ready(f"http://127.0.0.1:{port}", children[name], name)
         for name in SERVICES:  # warm-up: every worker loads its tables and (memory) the key's memory
             for phase in PHASES:
@@ -188,12 +218,18 @@ def main(argv: list[str] | None = None) -> int:
             row["relative_to_bare_best"] = max(runs) / max(rates["bare"][phase])
             row["relative_to_bare_median"] = statistics.median(runs) / statistics.median(rates["bare"][phase])
             row["extra_p50_ms"] = row["p50_ms_median"] - statistics.median(latencies["bare"][phase])
+        if name == "memory":
+            row["relative_to_semantic_off_median"] = (statistics.median(runs)
+                                                      / statistics.median(rates["semantic_off"][phase]))
+            row["relative_to_semantic_off_best"] = max(runs) / max(rates["semantic_off"][phase])
+            row["paraphrase_answered"] = sum(v.get("paraphrase_of_own_output") is not None for v in found)
         return row
 
     payload = {"benchmark": "defence_cost_http", "machine": machine(),
                "command": "python benchmarks/defence_cost_http.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "tokens": args.tokens, "requests": args.requests, "rounds": args.rounds, "texts": args.texts,
                "concurrency": args.concurrency, "workers": args.workers, "remembered_outputs": args.outputs,
+               "remembered_vectors": args.vectors,
                "services": {name: {phase: shown(name, phase) for phase in PHASES} for name in SERVICES}}
     write_json("defence_cost_http", payload, args.out)
     return 0

@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -112,6 +113,20 @@ def remember_vectors(home: Path, count: int) -> None:
                                             vector=v.tobytes()) for i, v in enumerate(vectors))
     finally:
         store.close()
+
+
+def wait_for_semantic_copies(url: str, text: str, token: str, workers: int, timeout: float = 600.0) -> None:
+    """Until every worker of the service answers with its semantic copy loaded (a large one loads beside the
+    requests, and until then a verdict's ``paraphrase_of_own_output`` is None): 4 x ``workers`` answers in a row."""
+    deadline, in_a_row = time.monotonic() + timeout, 0
+    while in_a_row < 4 * workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the memory service's workers did not load their semantic copies in time")
+        answer = post(url, {"text": text}, token)[2] or {}
+        loaded = answer.get("paraphrase_of_own_output") is not None
+        in_a_row = in_a_row + 1 if loaded else 0
+        if not loaded:
+            time.sleep(0.5)
 
 
 def detect_token(home: Path) -> str:
@@ -190,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in SERVICES:  # warm-up: every worker loads its tables and (memory) the key's memory
             for phase in PHASES:
                 load_phase(urls[name], bodies[name][phase], tokens[name], args.concurrency * 2)
+        wait_for_semantic_copies(urls["memory"], texts["memory"]["negatives"][0], tokens["memory"], args.workers)
+        for name in SERVICES:
             verdicts[name] = {phase: [post(urls[name], {"text": t}, tokens[name])[2] for t in texts[name][phase]]
                               for phase in PHASES}
         for round_ in tqdm(range(args.rounds), desc="rounds", unit="round"):

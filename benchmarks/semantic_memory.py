@@ -5,7 +5,7 @@ and what ``paraphrase_of_own_output`` costs the detector on texts that match not
                                          [--rounds 5] [--remembered 20000] [--threads 2] [--out FILE]
 
 ``scale``: a detector worker's copy of one key (``db.semantic_memory.KeyVectors``: usearch HNSW, int8, cosine,
-connectivity 16, expansion 64 on search) filled with N synthetic vectors in the stored form (random unit vectors,
+connectivity 16, a search expansion grown with N: ``expansion_for``) filled with N synthetic vectors in the stored form (random unit vectors,
 rotated and quantised as the service stores them; added in one batch as a worker's first load does). Lookups:
 ``--queries`` single-vector searches, half of them a stored vector with noise (cosine ~0.8 to it, as a paraphrase
 is: ``recall_at_1`` counts those whose nearest is their source), half a fresh random vector; p50 / p99 in ms, one
@@ -97,7 +97,10 @@ def detector_cost(texts: list[str], rounds: int, remembered: int, rng: np.random
         with store.write() as session:  # the remembered outputs, written in one transaction
             session.add_all(OutputVectorRow(key_id=KEY, receipt_id=f"r{i}", created_at=utc_now(), vector=v.tobytes())
                             for i, v in enumerate(synthetic(remembered, rng)))
-        with_memory = Detector(vocab=vocab, keyring=keyring, semantic_memory=VectorMirror(memory))
+        mirror = VectorMirror(memory)
+        with_memory = Detector(vocab=vocab, keyring=keyring, semantic_memory=mirror)
+        if not mirror.wait_loaded(KEY, timeout=600.0):  # a large memory loads beside the requests
+            raise RuntimeError("the key's copy did not load in 10 minutes")
         without = Detector(vocab=vocab, keyring=keyring)
         for detector in (with_memory, without):  # warm: tables, caches, the copy's first load
             for text in texts[:3]:

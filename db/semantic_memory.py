@@ -19,6 +19,8 @@ reused (AUTOINCREMENT on SQLite, a sequence on PostgreSQL).
 from __future__ import annotations
 
 import collections
+import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -30,14 +32,31 @@ from db.passage_vectors import DIM
 from db.rows import OutputVectorRow, utc_now
 from db.store import Store
 
+log = logging.getLogger(__name__)
+
 DEFAULT_KEEP = 1_000_000  # outputs per key whose meaning is remembered (PROVMARK_SEMANTIC_OUTPUTS)
 PRUNE_EVERY = 1_000  # records of one writer between two deletions of the rows past ``keep``
 SYNC_SECONDS = 1.0  # how stale a detector worker's copy may be
 LOOK_BACK = 256  # rows a copy looks back past the newest it read (PostgreSQL may commit ids out of order)
 EXACT_BELOW = 2_000  # a copy this small is searched exhaustively (exact, and as fast as the graph there)
 LOAD_CHUNK = 20_000  # rows per query when a copy loads
+# a key remembering more outputs than this is loaded into a worker's copy by a thread, beside the requests: the
+# index takes about 1 s to build per 10^4 outputs and 30 s per 10^5 on 2 cores (benchmarks/semantic_memory.py),
+# which on a request's path would hold the worker; its verdicts carry no paraphrase fact until the copy is ready
+LOAD_IN_BACKGROUND = 5_000
 CONNECTIVITY = 16  # HNSW: graph degree (memory per output and recall)
-EXPANSION_SEARCH = 64  # HNSW: candidates kept while searching (recall against time)
+# HNSW: candidates kept while searching, grown with the copy (recall against time). On random vectors, the graph's
+# hardest case, a noisy copy's source is found first (recall at 1) at 64 in 0.999 of lookups among 10^4 outputs
+# but 0.79 among 10^5 (0.99 at 256) and 0.21 among 10^6 (benchmarks/semantic_memory.py)
+EXPANSION_SEARCH = 64
+EXPANSION_AT = 10_000  # the copy size up to which EXPANSION_SEARCH is enough; past it, 4 times as wide per decade
+
+
+def expansion_for(size: int) -> int:
+    """The search expansion for a copy of ``size`` outputs: 64 up to 10^4, 256 at 10^5 and 1,024 at 10^6."""
+    if size <= EXPANSION_AT:
+        return EXPANSION_SEARCH
+    return int(round(EXPANSION_SEARCH * 4.0 ** math.log10(size / EXPANSION_AT)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +190,9 @@ class KeyVectors:
         if excess > 0:
             dropped = [self.order.popleft() for _ in range(excess)]
             self.index.remove(np.asarray(dropped, dtype=np.uint64))
+        expansion = expansion_for(len(self.order))
+        if self.index.expansion_search != expansion:
+            self.index.expansion_search = expansion
 
     def __len__(self) -> int:
         return len(self.order)
@@ -192,36 +214,77 @@ class KeyVectors:
 
 class VectorMirror:
     """Each key's vectors in this process (``view``), for the detector's ``paraphrase_of_own_output``: as the store
-    had them at most ``sync_seconds`` ago."""
+    had them at most ``sync_seconds`` ago. A key with more than ``background_above`` remembered outputs is loaded
+    by a thread (and loaded again so after a purge); until it is ready its ``view`` is None."""
 
-    def __init__(self, memory: SemanticMemory, sync_seconds: float = SYNC_SECONDS) -> None:
+    def __init__(self, memory: SemanticMemory, sync_seconds: float = SYNC_SECONDS,
+                 background_above: int = LOAD_IN_BACKGROUND) -> None:
         self.memory = memory
         self.sync_seconds = sync_seconds
+        self.background_above = background_above
         self._keys: dict[str, KeyVectors] = {}
+        self._loading: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
         return self.memory.enabled
 
-    def view(self, key_id: str) -> KeyVectors:
+    def view(self, key_id: str) -> KeyVectors | None:
+        """The key's copy, followed to the store's newest rows; None while a large copy is being loaded."""
         with self._lock:
             copy = self._keys.get(key_id)
             if copy is None:
-                copy = self._keys[key_id] = self._load(key_id)
-            elif time.monotonic() - copy.synced_at >= self.sync_seconds:
+                return self._start_loading(key_id)
+            if time.monotonic() - copy.synced_at >= self.sync_seconds:
                 oldest = self.memory.oldest_id(key_id)
                 # purged: rows the copy holds are gone past what retention deletes (the store keeps at least the
                 # newest ``keep``, the copy exactly those)
                 if copy.order and (oldest is None or copy.order[0] < oldest):
-                    copy = self._keys[key_id] = self._load(key_id)
-                else:
-                    copy.add(self.memory.rows_since(key_id, copy.newest - LOOK_BACK))
-                    copy.synced_at = time.monotonic()
+                    del self._keys[key_id]
+                    return self._start_loading(key_id)
+                copy.add(self.memory.rows_since(key_id, copy.newest - LOOK_BACK))
+                copy.synced_at = time.monotonic()
             return copy
 
     def nearest(self, key_id: str, vector: np.ndarray) -> Nearest | None:
-        return self.view(key_id).nearest(vector)
+        copy = self.view(key_id)
+        return None if copy is None else copy.nearest(vector)
+
+    def wait_loaded(self, key_id: str, timeout: float | None = None) -> bool:
+        """Start loading the key's copy if it is not held, wait up to ``timeout`` s for it; whether it is ready."""
+        self.view(key_id)
+        with self._lock:
+            thread = self._loading.get(key_id)
+        if thread is not None:
+            thread.join(timeout)
+        with self._lock:
+            return key_id in self._keys
+
+    def _start_loading(self, key_id: str) -> KeyVectors | None:
+        """Under the lock: a small key's copy is made here; a large one's by a thread (None meanwhile)."""
+        if key_id in self._loading:
+            return None
+        if self.memory.count(key_id) <= self.background_above:
+            copy = self._keys[key_id] = self._load(key_id)
+            return copy
+        thread = threading.Thread(target=self._load_beside, args=(key_id,), name=f"semantic-load-{key_id}",
+                                  daemon=True)
+        self._loading[key_id] = thread
+        thread.start()
+        return None
+
+    def _load_beside(self, key_id: str) -> None:
+        copy = None
+        try:
+            copy = self._load(key_id)
+        except Exception:  # noqa: BLE001 (a store error: logged, and the next verdict starts a new load)
+            log.exception("semantic memory: loading key %s's copy failed", key_id)
+        finally:
+            with self._lock:
+                self._loading.pop(key_id, None)
+                if copy is not None:
+                    self._keys[key_id] = copy
 
     def _load(self, key_id: str) -> KeyVectors:
         copy = KeyVectors(self.memory.keep)

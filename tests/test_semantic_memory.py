@@ -11,7 +11,7 @@ from sqlalchemy import inspect, select
 from api.cli.main import main
 from db.passage_vectors import DIM, quantised, rotation, stored_form, unit
 from db.rows import OutputVectorRow
-from db.semantic_memory import SemanticMemory, VectorMirror
+from db.semantic_memory import EXPANSION_SEARCH, KeyVectors, SemanticMemory, VectorMirror, expansion_for
 from db.store import Store
 
 pytest_plugins = ["pg"]
@@ -92,6 +92,46 @@ def test_the_mirror_follows_new_outputs_drops_old_ones_and_reloads_after_a_purge
     memory.purge("k")
     memory.record("k", "fresh", vectors[1])
     assert mirror.nearest("k", vectors[1]).searched == 1  # the purge seen: loaded again
+    store.close()
+
+
+def test_the_search_widens_as_the_copy_grows():
+    """A fixed expansion finds a paraphrase's source among 10^4 outputs, not among 10^6 (db.semantic_memory)."""
+    assert expansion_for(1) == expansion_for(10_000) == EXPANSION_SEARCH
+    assert expansion_for(100_000) >= 4 * EXPANSION_SEARCH and expansion_for(1_000_000) >= 16 * EXPANSION_SEARCH
+    copy = KeyVectors(keep=20_000)
+    vectors = random_vectors(12_000, seed=6)
+    copy.add([(i + 1, v.tobytes()) for i, v in enumerate(vectors[:100])])
+    assert copy.index.expansion_search == EXPANSION_SEARCH
+    copy.add([(i + 1, v.tobytes()) for i, v in enumerate(vectors)])
+    assert copy.index.expansion_search == expansion_for(12_000) > EXPANSION_SEARCH
+    assert copy.nearest(vectors[11_000]).row == 11_001
+
+
+def test_a_large_memory_is_loaded_beside_the_requests_not_on_their_path(database_url):
+    """Building a worker's index takes about 30 s per 10^5 outputs: a key remembering more than the mirror's
+    ``background_above`` is loaded by a thread, and the verdicts asked meanwhile get no fact instead of waiting
+    (and holding the worker's lock) for the build. A small one is loaded in place, as before."""
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = SemanticMemory(store)
+    vectors = random_vectors(40, seed=5)
+    for i, vector in enumerate(vectors):
+        memory.record("big", f"b{i}", vector)
+    for i, vector in enumerate(vectors[:3]):
+        memory.record("small", f"s{i}", vector)
+    mirror = VectorMirror(memory, sync_seconds=0.0, background_above=10)
+    assert mirror.nearest("big", vectors[7]) is None  # not built on this call's path
+    assert memory.receipt_of(mirror.nearest("small", vectors[2]).row) == "s2"  # small: in place
+    assert mirror.wait_loaded("big", timeout=30.0)
+    found = mirror.nearest("big", vectors[7])
+    assert memory.receipt_of(found.row) == "b7" and found.searched == 40
+    memory.purge("big")  # the copy is dropped at once and the store's rows loaded again, beside the requests
+    for i, vector in enumerate(vectors[:20]):
+        memory.record("big", f"c{i}", vector)
+    assert mirror.nearest("big", vectors[7]) is None
+    assert mirror.wait_loaded("big", timeout=30.0)
+    assert memory.receipt_of(mirror.nearest("big", vectors[7]).row) == "c7"
     store.close()
 
 

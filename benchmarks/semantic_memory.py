@@ -2,11 +2,13 @@
 and what ``paraphrase_of_own_output`` costs the detector on texts that match nothing.
 
     python benchmarks/semantic_memory.py [--sizes 10000,100000,1000000] [--queries 2000] [--texts 40]
-                                         [--rounds 5] [--remembered 20000] [--threads 2] [--out FILE]
+                                         [--rounds 5] [--remembered 20000] [--threads 2] [--expansions LIST]
+                                         [--out FILE]
 
 ``scale``: a detector worker's copy of one key (``db.semantic_memory.KeyVectors``: usearch HNSW, int8, cosine,
-connectivity 16, a search expansion grown with N: ``expansion_for``) filled with N synthetic vectors in the stored form (random unit vectors,
-rotated and quantised as the service stores them; added in one batch as a worker's first load does). Lookups:
+connectivity 16, a search expansion grown with N: ``expansion_for``) filled with N synthetic vectors in the
+stored form (random unit vectors, rotated and quantised as the service stores them; added in one batch as a
+worker's first load does); ``--expansions``: the same lookups again at each listed expansion. Lookups:
 ``--queries`` single-vector searches, half of them a stored vector with noise (cosine ~0.8 to it, as a paraphrase
 is: ``recall_at_1`` counts those whose nearest is their source), half a fresh random vector; p50 / p99 in ms, one
 query at a time on one thread. ``memory_per_output_bytes``: usearch's own count of its memory over N.
@@ -56,7 +58,7 @@ def synthetic(count: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def scale(size: int, queries: int, rng: np.random.Generator) -> dict:
+def scale(size: int, queries: int, rng: np.random.Generator, expansions: tuple[int, ...] = ()) -> dict:
     stored = synthetic(size, rng)
     copy = KeyVectors(keep=size)
     start = time.perf_counter()
@@ -66,6 +68,20 @@ def scale(size: int, queries: int, rng: np.random.Generator) -> dict:
     noisy = stored[sources].astype(np.float32) / 127.0
     noisy = unit(unit(noisy) + NOISE * unit(rng.standard_normal(noisy.shape).astype(np.float32)))
     asks = np.concatenate([_quantise(noisy), synthetic(queries - queries // 2, rng)])
+    out = {"outputs": size, "build_s": round(build_s, 2), "expansion": copy.index.expansion_search,
+           **_lookups(copy, asks, sources), "queries": len(asks),
+           "memory_per_output_bytes": round(copy.memory_bytes() / size, 1), "exact_search": size < EXACT_BELOW}
+    shipped = copy.index.expansion_search
+    if expansions:  # the same index and lookups at other expansions: recall against time
+        out["by_expansion"] = {}
+        for expansion in expansions:
+            copy.index.expansion_search = expansion
+            out["by_expansion"][str(expansion)] = _lookups(copy, asks, sources)
+        copy.index.expansion_search = shipped
+    return out
+
+
+def _lookups(copy: KeyVectors, asks: np.ndarray, sources: np.ndarray) -> dict:
     times, hits = [], 0
     for i, vector in enumerate(asks):
         t = time.perf_counter()
@@ -74,10 +90,8 @@ def scale(size: int, queries: int, rng: np.random.Generator) -> dict:
         if i < len(sources) and found.row == int(sources[i]) + 1:
             hits += 1
     times.sort()
-    return {"outputs": size, "build_s": round(build_s, 2), "lookup_p50_ms": round(statistics.median(times), 4),
-            "lookup_p99_ms": round(times[int(0.99 * (len(times) - 1))], 4), "queries": len(times),
-            "recall_at_1": round(hits / len(sources), 4),
-            "memory_per_output_bytes": round(copy.memory_bytes() / size, 1), "exact_search": size < EXACT_BELOW}
+    return {"lookup_p50_ms": round(statistics.median(times), 4),
+            "lookup_p99_ms": round(times[int(0.99 * (len(times) - 1))], 4), "recall_at_1": round(hits / len(sources), 4)}
 
 
 def _quantise(vectors: np.ndarray) -> np.ndarray:
@@ -133,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, default in (("queries", 2000), ("texts", 40), ("rounds", 5), ("remembered", 20_000), ("seed", 0),
                           ("threads", 2)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--expansions", default="", help="also look up at these search expansions (comma-separated)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    expansions = tuple(int(e) for e in args.expansions.split(",") if e.strip())
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     rng = np.random.default_rng(args.seed)
@@ -145,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     payload["detector"] = detector_cost(texts, args.rounds, args.remembered, rng)
     print(payload["detector"], flush=True)
     for size in sizes:
-        payload["scale"].append(scale(size, args.queries, rng))
+        payload["scale"].append(scale(size, args.queries, rng, expansions))
         print(payload["scale"][-1], flush=True)
     write_json("semantic_memory", payload, args.out)
     return 0

@@ -215,7 +215,7 @@ class KeyVectors:
 class VectorMirror:
     """Each key's vectors in this process (``view``), for the detector's ``paraphrase_of_own_output``: as the store
     had them at most ``sync_seconds`` ago. A key with more than ``background_above`` remembered outputs is loaded
-    by a thread (and loaded again so after a purge); until it is ready its ``view`` is None."""
+    by a thread, and so again after a purge; until it is ready its ``view`` is None."""
 
     def __init__(self, memory: SemanticMemory, sync_seconds: float = SYNC_SECONDS,
                  background_above: int = LOAD_IN_BACKGROUND) -> None:

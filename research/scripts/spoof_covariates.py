@@ -17,19 +17,18 @@ accepts that the check lets through, and the genuine outputs (fresh and blindly 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
+from spoof_level_trade import run_settings  # the sibling script (research/scripts is on the path)
 
 from detector import common_units
 from detector.spoof_check import OutputCounts, SpoofNull, counted_units, spoof_statistic
 from evaluation import attack_measures as measure
 from evaluation.attacks import AttackContext, get_attack
-from evaluation.security_attacks import AttackConfig, AttackRun
+from evaluation.security_attacks import AttackRun
 
 CAPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SCAN = (2, 8, 32, 128, math.inf)
@@ -55,30 +54,10 @@ def scan_z(y: np.ndarray, seen: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", required=True, help="the run's --out folder")
-    parser.add_argument("--schemes", default="default")
-    parser.add_argument("--estimator", default="known-units")
-    parser.add_argument("--steal-tokens", default="300000")
-    parser.add_argument("--eval-texts", type=int, default=80)
-    parser.add_argument("--rates", default="0.2,0.3")
-    parser.add_argument("--levels", default="0.001,0.01")
-    parser.add_argument("--edits", default="0.1,0.2")
-    args = parser.parse_args(argv)
-    if not (Path(args.run) / "results.json").is_file():
-        print(f"--run: no results.json in {args.run}", file=sys.stderr)
-        return 2
-    try:
-        config = AttackConfig(attacks=("stealing", "spoofing", "scrubbing"),
-                              schemes=tuple(s for s in args.schemes.split(";") if s.strip()),
-                              steal_tokens=tuple(int(float(n)) for n in args.steal_tokens.split(",")),
-                              eval_texts=args.eval_texts, rates=tuple(float(r) for r in args.rates.split(",")),
-                              estimator=args.estimator)
-        levels = [float(a) for a in args.levels.split(",")]
-        edits = [float(r) for r in args.edits.split(",")]
-    except ValueError as exc:
-        print(f"bad option: {exc}", file=sys.stderr)
-        return 2
+    settings = run_settings(argv, __doc__.split("\n\n")[0], "known-units", "300000", "0.001,0.01", "0.1,0.2")
+    if isinstance(settings, int):
+        return settings
+    args, config, levels, edits = settings
     run = AttackRun(config, Path(args.run), progress=False)
     forms = covariates()
     try:

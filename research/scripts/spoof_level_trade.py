@@ -26,33 +26,41 @@ from evaluation.attacks import AttackContext, get_attack
 from evaluation.security_attacks import AttackConfig, AttackRun
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_settings(argv: list[str] | None, description: str, estimator: str, steal_tokens: str, levels: str,
+                 edits: str):
+    """The options every script reading a finished run takes (its own flags name its cache): (args, the run's
+    ``AttackConfig``, spoof levels, blind edit rates), or 2 after a message on a bad option."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--run", required=True, help="the run's --out folder")
     parser.add_argument("--schemes", default="default")
-    parser.add_argument("--estimator", default="pairs")
-    parser.add_argument("--steal-tokens", default="100000,300000")
+    parser.add_argument("--estimator", default=estimator)
+    parser.add_argument("--steal-tokens", default=steal_tokens)
     parser.add_argument("--eval-texts", type=int, default=80)
     parser.add_argument("--rates", default="0.2,0.3")
-    parser.add_argument("--levels", default="0.001,0.01,0.05")
-    parser.add_argument("--edits", default="0.05,0.1,0.2")
+    parser.add_argument("--levels", default=levels)
+    parser.add_argument("--edits", default=edits)
     args = parser.parse_args(argv)
     if not (Path(args.run) / "results.json").is_file():
         print(f"--run: no results.json in {args.run}", file=sys.stderr)
         return 2
-
-
     try:
         config = AttackConfig(attacks=("stealing", "spoofing", "scrubbing"),
                               schemes=tuple(s for s in args.schemes.split(";") if s.strip()),
                               steal_tokens=tuple(int(float(n)) for n in args.steal_tokens.split(",")),
                               eval_texts=args.eval_texts, rates=tuple(float(r) for r in args.rates.split(",")),
                               estimator=args.estimator)
-        levels = [float(a) for a in args.levels.split(",")]
-        edits = [float(r) for r in args.edits.split(",")]
+        return args, config, [float(a) for a in args.levels.split(",")], [float(r) for r in args.edits.split(",")]
     except ValueError as exc:
         print(f"bad option: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = run_settings(argv, __doc__.split("\n\n")[0], "pairs", "100000,300000", "0.001,0.01,0.05",
+                            "0.05,0.1,0.2")
+    if isinstance(settings, int):
+        return settings
+    args, config, levels, edits = settings
     run = AttackRun(config, Path(args.run), progress=False)
     try:
         out = {}

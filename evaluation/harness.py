@@ -47,6 +47,8 @@ METRIC_DEFINITIONS = {
                    "(exact binomial p <= alpha = P(Z >= 4), normalisation and dedup on)",
     "tpr_at_fpr": "fraction of attacked watermarked texts with z >= the empirical threshold: the smallest z "
                   "that at most that fraction of the negatives reach (thresholds.num_negatives says how many)",
+    "tpr_exact": "fraction of attacked watermarked texts whose exact p-value is <= f, for each f of "
+                 "config.exact_fprs (the detector's own test at alpha f: valid at rates the negatives cannot resolve)",
     "roc_auc": "P(z of a random attacked watermarked text > z of a random negative), ties half",
     "median_z": "median z of the attacked watermarked texts (texts with nothing to score count as -inf)",
     "median_z_without_normalization": "the same with the detector's normalisation off (character attacks only)",

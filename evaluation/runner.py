@@ -244,6 +244,7 @@ class EvaluationRun:
             "n": len(attacked),
             "tpr_default": float(np.mean([s["detected"] for s in scored])),
             "tpr_at_fpr": {k: metrics.detection_rate(z, t) for k, t in thresholds.items()},
+            "tpr_exact": {f"{f:g}": float(np.mean([s["p_value"] <= f for s in scored])) for f in cfg.exact_fprs},
             "roc_auc": metrics.roc_auc(z, negatives),
             "median_z": metrics.summary(z)["median"] if any(v is not None for v in z) else None,
             "z": metrics.summary(z),

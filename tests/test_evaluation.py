@@ -89,7 +89,7 @@ def test_config_is_validated_at_the_door():
 ATTACKS = ("homoglyph", "zero-width", "token-delete", "token-substitute", "dilution", "truncation")
 RATES = (0.0, 0.25, 0.5)
 SIZE = {"n": 12, "tokens": 150, "attacks": ATTACKS, "rates": RATES, "null_keys": 1, "max_num_seqs": 24, "seed": 0}
-CELL_FIELDS = ("tpr_default", "tpr_at_fpr", "roc_auc", "median_z", "z", "tokens_to_detect", "detection_by_length",
+CELL_FIELDS = ("tpr_default", "tpr_at_fpr", "tpr_exact", "roc_auc", "median_z", "z", "tokens_to_detect", "detection_by_length",
                "roc", "n")
 
 
@@ -125,6 +125,9 @@ def test_results_json_holds_every_metric_for_every_attack_and_rate(evaluation):
     for c in scheme["results"]:
         assert all(name in c for name in CELL_FIELDS), c["attack"]
         assert set(c["tpr_at_fpr"]) == {"0.01", "0.001"}
+        # the exact-p rates (as the detector tests, valid below what the negatives can resolve) are nested
+        assert set(c["tpr_exact"]) == {"0.001", "1e-05"}
+        assert c["tpr_exact"]["1e-05"] <= c["tpr_exact"]["0.001"]
         assert set(c["tokens_to_detect"]) == {"median", "never_detected_fraction"}
         assert c["n"] == 12
     for side in ("watermarked", "unwatermarked"):

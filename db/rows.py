@@ -301,6 +301,8 @@ class OutputVectorRow(Base):
     receipt_id: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
     vector: Mapped[bytes] = mapped_column(LargeBinary)  # DIM int8 (db.passage_vectors.quantised)
+    # the vector's recipe (db.passage_vectors.FORM): a copy compares only rows of the form its verdicts compute
+    form: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class ManifestRow(Base):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import delete, func, select
 
-from db.passage_vectors import DIM
+from db.passage_vectors import DIM, FORM
 from db.rows import OutputVectorRow, utc_now
 from db.store import Store
 
@@ -98,7 +98,7 @@ class SemanticMemory:
             self._recorded += 1
         with self.store.write() as session:
             session.add(OutputVectorRow(key_id=key_id, receipt_id=receipt_id, created_at=utc_now(),
-                                        vector=vector.tobytes()))
+                                        vector=vector.tobytes(), form=FORM))
         if prune:
             self.prune(key_id)
 
@@ -118,20 +118,22 @@ class SemanticMemory:
             return session.execute(delete(OutputVectorRow).where(OutputVectorRow.key_id == key_id)).rowcount
 
     def count(self, key_id: str) -> int:
+        """The key's remembered outputs of the current form (``db.passage_vectors.FORM``); so below."""
         with self.store.read() as session:
             return int(session.scalar(select(func.count()).select_from(OutputVectorRow)
-                                      .where(OutputVectorRow.key_id == key_id)))
+                                      .where(OutputVectorRow.key_id == key_id, OutputVectorRow.form == FORM)))
 
     def oldest_id(self, key_id: str) -> int | None:
         """The id of the key's oldest remembered row (None: none)."""
         with self.store.read() as session:
-            return session.scalar(select(func.min(OutputVectorRow.id)).where(OutputVectorRow.key_id == key_id))
+            return session.scalar(select(func.min(OutputVectorRow.id)).where(OutputVectorRow.key_id == key_id,
+                                                                             OutputVectorRow.form == FORM))
 
     def rows_since(self, key_id: str, after: int, limit: int | None = None) -> list[tuple[int, bytes]]:
         """(id, vector bytes) of the key's rows with id > ``after``, oldest first (at most ``limit``)."""
         with self.store.read() as session:
             rows = session.execute(select(OutputVectorRow.id, OutputVectorRow.vector).where(
-                OutputVectorRow.key_id == key_id, OutputVectorRow.id > after)
+                OutputVectorRow.key_id == key_id, OutputVectorRow.form == FORM, OutputVectorRow.id > after)
                 .order_by(OutputVectorRow.id).limit(limit)).all()
         return [(int(i), v) for i, v in rows]
 
@@ -141,7 +143,8 @@ class SemanticMemory:
         before = None
         while len(out) < limit:
             with self.store.read() as session:
-                query = select(OutputVectorRow.id, OutputVectorRow.vector).where(OutputVectorRow.key_id == key_id)
+                query = select(OutputVectorRow.id, OutputVectorRow.vector).where(OutputVectorRow.key_id == key_id,
+                                                                                  OutputVectorRow.form == FORM)
                 if before is not None:
                     query = query.where(OutputVectorRow.id < before)
                 rows = session.execute(query.order_by(OutputVectorRow.id.desc())

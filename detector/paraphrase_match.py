@@ -12,9 +12,10 @@ The false-match rate comes from the calibration shipped beside this module (``da
 human text and other outputs of the same model reach a similarity, on the fit half of the human corpora
 (``detector.human_corpora``) and of the model's outputs (``ParaphraseNull.pair_rate``). A text searched against
 ``n`` outputs is falsely matched with probability at most ``n`` times that pair rate (a union bound, no
-independence assumed): ``false_match_rate``. The threshold (``matched``) is one grid step above the highest
-similarity any fit text reached against the calibration's memory of outputs, checked on the held-out half
-(docs/detection.md, "Paraphrases of our own output").
+independence assumed): ``false_match_rate`` for human text, ``other_output_rate`` for an unrelated output of the
+model (the named receipt would be the wrong one). The threshold (``matched``: not a text nobody generated) is one
+grid step above the highest similarity any fit human passage reached against the calibration's memory of outputs,
+checked on the held-out half (docs/detection.md, "Paraphrases of our own output").
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from db.passage_vectors import rotated_space, rotation_seed, stored_vector
+from db.passage_vectors import rotation_seed, stored_vector, vocab_table
 from detector.key_source import has_master_key
 
 NULL_FILE = Path(__file__).with_name("data") / "paraphrase_null.json"
@@ -37,8 +38,9 @@ FIELD_DESCRIPTION = (  # the verdict field's description in the HTTP API (api/de
     "keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): matched, the text "
     "restates one remembered output of a tested key in other words (cosine similarity of passage embeddings at or "
     "above the calibrated threshold); it never changes the verdict. The detect scope sees matched only; explain and "
-    "admin also the similarity, the false-match rate it carries against the outputs searched, the threshold, and for "
-    "a match the output's receipt_id and key_id. None when no tested key has remembered outputs")
+    "admin also the similarity, the false-match rate it carries against the outputs searched (how often human text "
+    "reaches it), other_output_rate (how often an unrelated output of the model does: a wrong receipt), the "
+    "threshold, and for a match the output's receipt_id and key_id. None when no tested key has remembered outputs")
 
 
 @dataclass(frozen=True)
@@ -61,23 +63,28 @@ class ParaphraseNull:
                 raise ValueError(f"paraphrase null {name!r}: one exceedance count per grid point expected")
         return cls(grid, dict(data["nulls"]), float(data["threshold"]), data.get("source", ""))
 
-    def pair_rate(self, similarity: float) -> float:
+    def pair_rate(self, similarity: float, names: tuple[str, ...] | None = None) -> float:
         """The false-match rate of one pair at ``similarity`` (the grid point at or below it): the largest
-        (k + 1) / (pairs + 1) of the nulls that have pairs there (k > 0), and never below the finest null's
-        1 / (pairs + 1). Past the highest similarity a null reached it says nothing more: there the best-resolved
-        null (human text: about 10^6 pairs) bounds the rate alone."""
+        (k + 1) / (pairs + 1) of the nulls ``names`` (None: all) that have pairs there (k > 0), and never below the
+        finest of them's 1 / (pairs + 1). Past the highest similarity a null reached it says nothing more: there
+        the best-resolved null bounds the rate alone."""
+        nulls = [null for name, null in self.nulls.items() if names is None or name in names]
+        if not nulls:
+            raise ValueError(f"paraphrase null: none of {names} is calibrated")
         at = bisect.bisect_right(self.grid, similarity) - 1
-        floor = min(1.0 / (null["pairs"] + 1) for null in self.nulls.values())
+        floor = min(1.0 / (null["pairs"] + 1) for null in nulls)
         worst = floor
-        for null in self.nulls.values():
+        for null in nulls:
             k = null["pairs"] if at < 0 else null["exceed"][at]
             if k > 0:
                 worst = max(worst, (k + 1) / (null["pairs"] + 1))
         return min(1.0, worst)
 
-    def false_match_rate(self, similarity: float, searched: int) -> float:
-        """A text's false-match rate against ``searched`` outputs: at most ``searched`` times the pair rate."""
-        return min(1.0, max(1, searched) * self.pair_rate(similarity))
+    def false_match_rate(self, similarity: float, searched: int, names: tuple[str, ...] = ("human",)) -> float:
+        """A text's false-match rate against ``searched`` outputs: at most ``searched`` times the pair rate of the
+        nulls ``names``: by default human text (how often a text nobody generated reaches ``similarity``);
+        ``("outputs",)``: another output of the model, unrelated to the remembered one (a wrong receipt)."""
+        return min(1.0, max(1, searched) * self.pair_rate(similarity, names))
 
     def summary(self) -> dict:
         return {name: {k: null[k] for k in ("pairs", "texts", "outputs")} for name, null in self.nulls.items()}
@@ -118,7 +125,7 @@ class ParaphraseMatcher:
         seed = self.seed()
         if seed is None:
             return None
-        return stored_vector(token_ids, rotated_space(vocab, seed))
+        return stored_vector(token_ids, vocab_table(vocab), seed)
 
     def fact(self, token_ids, vocab, key_ids: list[str]) -> dict | None:
         """The nearest remembered output of any of ``key_ids`` (their copies searched in turn) as the verdict
@@ -144,6 +151,7 @@ class ParaphraseMatcher:
         return {"matched": matched and receipt is not None, "receipt_id": receipt,
                 "key_id": best_key if matched else None, "similarity": round(similarity, 4),
                 "false_match_rate": _rounded(self.null.false_match_rate(similarity, searched)),
+                "other_output_rate": _rounded(self.null.false_match_rate(similarity, searched, ("outputs",))),
                 "threshold": self.null.threshold, "outputs_searched": searched}
 
 

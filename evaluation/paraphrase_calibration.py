@@ -9,7 +9,8 @@ prompt). Pairs of an output with an output of the same prompt are not unrelated 
 
 Fit: per pair (one negative text, one remembered output), how many pairs reach each similarity of the grid
 (``detector.paraphrase_match.ParaphraseNull``), and the threshold: one grid step above the highest similarity
-any fit text reaches against the memory (every output), so no fit text is falsely matched. Check: the held-out
+any fit human passage reaches against the memory (every output), so no fit human text is falsely matched; how
+often an unrelated output reaches it is the outputs null's rate, reported beside it. Check: the held-out
 texts' false matches at that threshold against the same memory, and the held-out per-text rate that
 ``ParaphraseNull.false_match_rate`` promises for it. ``--write`` first fits the passage space on the fit half
 (``db/data/passage_space.npz``, ``db.passage_vectors.fit_space``) and stores the fit in
@@ -26,7 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from db.passage_vectors import SPACE_FILE, fit_space, ids_vector, stored_form, token_embeddings, vocab_table
+from db.passage_vectors import (
+    SPACE_FILE,
+    fit_space,
+    ids_vector,
+    inverse_document_frequency,
+    stored_form,
+    token_embeddings,
+    vocab_table,
+)
 from detector.human_corpora import FIT, HELD_OUT, documents
 from detector.normalize import normalize
 from detector.paraphrase_match import NULL_FILE, ParaphraseNull
@@ -56,8 +65,14 @@ def read_outputs(paths: list[str]) -> list[dict]:
     """Every cached generation of the given JSONL files: text and prompt (duplicates dropped)."""
     seen, out = set(), []
     for path in paths:
-        for line in Path(path).read_text().splitlines():
-            value = json.loads(line)["value"]
+        # split on newlines only: a text may hold other line separators (U+2028, U+0085) that splitlines() cuts at
+        for line in Path(path).read_text().split("\n"):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)["value"]
+            except json.JSONDecodeError:
+                continue  # a torn last line of an interrupted run (evaluation.cache recomputes it)
             if value["text"] in seen or not value["text"].strip():
                 continue
             seen.add(value["text"])
@@ -78,10 +93,12 @@ def vectors(vocab, texts: list[str]) -> np.ndarray:
 
 
 def refit_space(vocab, texts: list[str], path: Path) -> None:
-    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts``."""
+    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts`` and their
+    tokens' document frequencies."""
     table = token_embeddings(vocab)
-    means = np.stack([table[i].mean(axis=0) for i in token_ids(vocab, texts) if len(i)])
-    fit_space(vocab.fingerprint, means, path)
+    ids = [i for i in token_ids(vocab, texts) if len(i)]
+    means = np.stack([table[i].mean(axis=0) for i in ids])
+    fit_space(vocab.fingerprint, means, inverse_document_frequency(ids, vocab.vocab_size), path)
 
 
 def similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -123,7 +140,9 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
         "outputs": {"pairs": int(unrelated[fit_out].sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
                     "exceed": exceedances(fit_outputs[unrelated[fit_out]])},
     }
-    highest = max(float(human.max()), float(fit_outputs.max()))
+    # matched says "not a human text": the threshold clears every fit human passage; how often an unrelated output
+    # reaches it (a wrong receipt) is the outputs null's rate, reported beside it (other_output_rate)
+    highest = float(human.max())
     threshold = float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, highest, side="right")))])
     fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold,
            "source": "python -m evaluation.paraphrase_calibration"}
@@ -132,8 +151,9 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
     held_outputs = output_sims[~fit_out].max(axis=1)
     check = {
         "threshold": threshold, "fit_highest": highest, "memory_outputs": len(outputs),
+        "fit_outputs_highest": float(fit_outputs.max()),
         "held_out_human": _check(held_human, threshold, null, len(outputs)),
-        "held_out_outputs": _check(held_outputs, threshold, null, len(outputs)),
+        "held_out_outputs": _check(held_outputs, threshold, null, len(outputs), ("outputs",)),
         "held_out_human_by_domain": {
             d: _check(held_human[halves[HELD_OUT]["domains"] == d], threshold, null, len(outputs))
             for d in sorted(set(halves[HELD_OUT]["domains"].tolist()))},
@@ -141,13 +161,14 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
     return {"fit": fit, "check": check}
 
 
-def _check(best: np.ndarray, threshold: float, null: ParaphraseNull, searched: int) -> dict:
-    """Texts, false matches at ``threshold``, their rate, the rate the fit promises there, quantiles of the best
-    similarity per text."""
+def _check(best: np.ndarray, threshold: float, null: ParaphraseNull, searched: int,
+           names: tuple[str, ...] = ("human",)) -> dict:
+    """Texts, false matches at ``threshold``, their rate, the rate the fit's nulls ``names`` promise there,
+    quantiles of the best similarity per text."""
     false = int((best >= threshold).sum())
     return {"texts": int(best.shape[0]), "false_matches": false,
             "rate": false / best.shape[0] if best.shape[0] else None,
-            "promised_rate": null.false_match_rate(threshold, searched),
+            "promised_rate": null.false_match_rate(threshold, searched, names),
             "best_similarity": {q: float(np.quantile(best, float(q))) for q in ("0.5", "0.99", "0.999", "1")}
             if best.shape[0] else None}
 

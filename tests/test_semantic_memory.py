@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import inspect, select
 
 from api.cli.main import main
-from db.passage_vectors import DIM, quantised, rotation, stored_form, unit
+from db.passage_vectors import DIM, FORM, quantised, rotation, stored_form, unit
 from db.rows import OutputVectorRow
 from db.semantic_memory import EXPANSION_SEARCH, KeyVectors, SemanticMemory, VectorMirror, expansion_for
 from db.store import Store
@@ -44,13 +44,33 @@ def test_a_row_holds_a_vector_and_a_receipt_no_text(database_url):
     vector = random_vectors(1)[0]
     memory.record("k", "receipt-1", vector)
     columns = {c["name"] for c in inspect(store.engine).get_columns("output_vectors")}
-    assert columns == {"id", "key_id", "receipt_id", "created_at", "vector"}
+    assert columns == {"id", "key_id", "receipt_id", "created_at", "vector", "form"}
     with store.read() as session:
         row = session.scalars(select(OutputVectorRow)).one()
+    assert row.form == FORM
     assert len(row.vector) == DIM and np.array_equal(np.frombuffer(row.vector, dtype=np.int8), vector)
     assert TEXT.encode() not in row.vector and memory.receipt_of(row.id) == "receipt-1"
     with pytest.raises(ValueError, match="int8"):
         memory.record("k", "receipt-2", vector.astype(np.float32))
+    store.close()
+
+
+def test_rows_of_an_older_form_are_not_compared(database_url):
+    """A vector made by an older recipe (form 1: the meaning part alone, before revision 0012) lives in another
+    space: a copy neither loads it nor follows it, and the key's count leaves it out."""
+    store = Store(url=database_url)
+    store.upgrade()
+    memory = SemanticMemory(store)
+    old, new = random_vectors(2)
+    memory.record("k", "receipt-new", new)
+    with store.write() as session:
+        session.add(OutputVectorRow(key_id="k", receipt_id="receipt-old", vector=old.tobytes(), form=FORM - 1))
+    assert memory.count("k") == 1
+    mirror = VectorMirror(memory, sync_seconds=0.0)
+    found = mirror.nearest("k", old)
+    assert found.searched == 1 and memory.receipt_of(found.row) == "receipt-new"
+    memory.record("k", "receipt-newer", old)  # followed: the current form's rows arrive, the old one stays out
+    assert memory.receipt_of(mirror.nearest("k", old).row) == "receipt-newer" and len(mirror.view("k")) == 2
     store.close()
 
 

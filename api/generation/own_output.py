@@ -18,7 +18,7 @@ import torch
 
 from db.output_grams import gram_key, output_grams
 from db.output_memory import OutputMemory
-from db.passage_vectors import rotated_space, rotation_seed, stored_vector
+from db.passage_vectors import rotation_seed, stored_vector, vocab_table
 from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
 from detector import common_units
@@ -82,7 +82,7 @@ class OwnOutput:
         try:
             if self._rotation_seed is None:
                 self._rotation_seed = rotation_seed(self.keyring)
-            vector = stored_vector(seen, rotated_space(vocab, self._rotation_seed))
+            vector = stored_vector(seen, vocab_table(vocab), self._rotation_seed)
             self.semantic.record(key_id, receipt_id, vector)
         except StoreError as exc:
             log.warning("output's meaning not remembered: %s", exc)

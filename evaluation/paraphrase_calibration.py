@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from db import passage_vectors
 from db.passage_vectors import (
     SPACE_FILE,
     fit_space,
@@ -180,12 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true",
                         help=f"fit the passage space again ({SPACE_FILE}) and store the fit in {NULL_FILE}")
     parser.add_argument("--out", help="write the fit and the check here (JSON)")
+    parser.add_argument("--lexical-weight", type=float, default=None,
+                        help="the words part's share of a cosine for this run (default: the shipped "
+                             "db.passage_vectors.LEXICAL_WEIGHT); not with --write")
     args = parser.parse_args(argv)
     paths = [p for p in args.outputs.split(",") if p]
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         print(f"paraphrase_calibration: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.lexical_weight is not None:
+        if args.write or not 0.0 <= args.lexical_weight <= 1.0:
+            print("paraphrase_calibration: --lexical-weight takes a share from 0 to 1, and not with --write "
+                  "(what is shipped is one recipe, db.passage_vectors.FORM)", file=sys.stderr)
+            return 2
+        passage_vectors.LEXICAL_WEIGHT = args.lexical_weight
     outputs = read_outputs(paths)
     if len(outputs) < 4:
         print(f"paraphrase_calibration: {len(outputs)} outputs; at least 4 needed", file=sys.stderr)

@@ -24,6 +24,7 @@ from detector.human_corpora import HELD_OUT
 from detector.paraphrase_match import ParaphraseNull, shipped_null
 from detector.service import Detector
 from evaluation.own_output_layers import OwnOutputLayers
+from evaluation.paraphrase_calibration import main as calibrate_main
 from evaluation.paraphrase_calibration import passages
 from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
@@ -189,3 +190,13 @@ def test_the_robustness_runs_layers_recognise_a_paraphrase_the_5_gram_match_miss
     n = len(attacked)
     assert found["semantic"] == (n - 1) / n and found["watermark"] == 0.0  # all but the replaced one
     assert found["five_gram"] <= (n - 2) / n  # the hand paraphrase shares too few 5-grams
+
+
+def test_the_calibration_refuses_a_weight_it_would_ship(tmp_path, capsys):
+    """``--lexical-weight`` compares recipes; it is refused with ``--write`` (what ships is one recipe, FORM) and
+    outside [0, 1], with a message and exit 2, before any file is read or written."""
+    outputs = tmp_path / "generations.jsonl"
+    outputs.write_text("")
+    assert calibrate_main(["--outputs", str(outputs), "--lexical-weight", "0.5", "--write"]) == 2
+    assert calibrate_main(["--outputs", str(outputs), "--lexical-weight", "1.5"]) == 2
+    assert "--lexical-weight" in capsys.readouterr().err

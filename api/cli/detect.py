@@ -66,7 +66,7 @@ def add_scoring_options(parser) -> None:
                              "gumbel:..., synthid:..., hf:synthid,... and vllm:gumbel,...")
     parser.add_argument("--windows", action="store_true", help="also search for a watermarked passage (WinMax)")
     parser.add_argument("--explain", action="store_true", help="per-token green/red flags with offsets")
-    parser.add_argument("--model", metavar="DIR", help="local Hugging Face folder whose tokenizer to use")
+    parser.add_argument("--model", metavar="PATH", help="local Hugging Face folder or GGUF file whose tokenizer to use")
     parser.add_argument("--no-normalize", action="store_true", help="score the text exactly as given")
     parser.add_argument("--no-dedup", action="store_true", help="count repeated n-grams every time")
     threshold = parser.add_mutually_exclusive_group()

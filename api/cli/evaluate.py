@@ -58,7 +58,7 @@ def register(subparsers) -> None:
                                                               "exact p <= f (default 1e-3,1e-5)")):
         p.add_argument(flag, default=default, metavar="LIST", help=what)
     p.add_argument("--attack-quality", action="store_true", help="also the perplexity of every attacked text")
-    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
+    p.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or GGUF file (default: embedded SmolLM2)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--detect-backend", choices=("inline", "local", "ray"), default="inline",

@@ -57,7 +57,7 @@ def register(subparsers) -> None:
                    help="keyring key id (default: the active key); the same option as detect's, given once here: "
                         "a text is marked with one key")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
-    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model folder (default: embedded SmolLM2)")
+    p.add_argument("--model", metavar="PATH", help="a local Hugging Face model folder or GGUF file (default: embedded SmolLM2)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")

@@ -211,6 +211,8 @@ def test_the_page_says_when_a_text_paraphrases_a_remembered_output(browser, tmp_
         page.fill("#token", make_token(store, "detect", "explain"))
         check(page, PARAPHRASE)
         assert "receipt r-0" in page.text_content("#paraphrase")
+        assert "on human text" in page.text_content("#paraphrase")  # both rates, each named
+        assert "an unrelated output of ours reaches it" in page.text_content("#paraphrase")
         check(page, HUMAN)
         assert page.text_content("#paraphrase").startswith("Not a paraphrase")
         screenshot(page, "paste-page-paraphrase", tmp_path)

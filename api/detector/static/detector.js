@@ -166,8 +166,9 @@
     }
     if (p.matched) {
       line.textContent = "Paraphrase of our own output" + (p.receipt_id ? ": receipt " + p.receipt_id : "") +
-        (p.similarity != null ? " (similarity " + p.similarity.toFixed(3) + ", false-match rate " +
-          p.false_match_rate.toExponential(1) + ")" : "") + ". This does not change the watermark verdict.";
+        (p.similarity != null ? " (similarity " + p.similarity.toFixed(3) + ", false-match rate on human text " +
+          p.false_match_rate.toExponential(1) + "; an unrelated output of ours reaches it at " +
+          p.other_output_rate.toExponential(1) + ")" : "") + ". This does not change the watermark verdict.";
     } else {
       line.textContent = "Not a paraphrase of any output the service remembers" +
         (p.similarity != null ? " (nearest similarity " + p.similarity.toFixed(3) + ")." : ".");

@@ -101,7 +101,6 @@ def remember_vectors(home: Path, count: int) -> None:
     import numpy as np
 
     from benchmarks.semantic_memory import synthetic
-    from db.passage_vectors import FORM
     from db.rows import OutputVectorRow, utc_now
     from db.store import Store, database_url
 
@@ -111,7 +110,7 @@ def remember_vectors(home: Path, count: int) -> None:
         store.upgrade()
         with store.write() as session:
             session.add_all(OutputVectorRow(key_id=KEY_ID, receipt_id=f"bench-{i}", created_at=utc_now(),
-                                            vector=v.tobytes(), form=FORM) for i, v in enumerate(vectors))
+                                            vector=v.tobytes()) for i, v in enumerate(vectors))
     finally:
         store.close()
 

@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine, write_json  # noqa: E402
-from db.passage_vectors import DIM, FORM, stored_form, unit  # noqa: E402
+from db.passage_vectors import DIM, stored_form, unit  # noqa: E402
 from db.rows import OutputVectorRow, utc_now  # noqa: E402
 from db.semantic_memory import EXACT_BELOW, KeyVectors, SemanticMemory, VectorMirror  # noqa: E402
 from db.store import Store  # noqa: E402
@@ -109,8 +109,7 @@ def detector_cost(texts: list[str], rounds: int, remembered: int, rng: np.random
         store.upgrade()
         memory = SemanticMemory(store)
         with store.write() as session:  # the remembered outputs, written in one transaction
-            session.add_all(OutputVectorRow(key_id=KEY, receipt_id=f"r{i}", created_at=utc_now(), vector=v.tobytes(),
-                                          form=FORM)
+            session.add_all(OutputVectorRow(key_id=KEY, receipt_id=f"r{i}", created_at=utc_now(), vector=v.tobytes())
                             for i, v in enumerate(synthetic(remembered, rng)))
         mirror = VectorMirror(memory)
         with_memory = Detector(vocab=vocab, keyring=keyring, semantic_memory=mirror)

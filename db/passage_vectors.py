@@ -40,7 +40,9 @@ MODEL_FILES = ("weights/l2_supercat_256.safetensors", "tokenizers/l2_supercat_to
 SPACE_FILE = Path(__file__).with_name("data") / "passage_space.npz"
 SPACE_DIRECTIONS = 8  # directions of most variance taken out (all-but-the-top)
 FORM = 2  # the stored vector's recipe (1: the meaning part alone, before the words part was added)
-LEXICAL_WEIGHT = 0.7  # the words part's share of a cosine (docs/detection.md: 0.7 against 0, 0.85 and 1)
+# the words part's share of a cosine: on whole-text paraphrases the meaning part alone recognised far fewer
+# (docs/detection.md; ``python -m evaluation.paraphrase_calibration --lexical-weight W`` compares shares)
+LEXICAL_WEIGHT = 0.7
 SKETCH_BUCKETS = 4  # signed coordinates per token in the words part's count sketch
 SKETCH_SEED = 4  # public: the sketch needs no secret (the keyed rotation comes after it)
 _LOCK = threading.Lock()

@@ -12,6 +12,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from db.passage_vectors import FORM
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -301,8 +303,9 @@ class OutputVectorRow(Base):
     receipt_id: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
     vector: Mapped[bytes] = mapped_column(LargeBinary)  # DIM int8 (db.passage_vectors.quantised)
-    # the vector's recipe (db.passage_vectors.FORM): a copy compares only rows of the form its verdicts compute
-    form: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # the vector's recipe (db.passage_vectors.FORM): a copy compares only rows of the form its verdicts compute;
+    # new rows get the current one, rows from before revision 0012 form 1 (the server default the migration adds)
+    form: Mapped[int] = mapped_column(Integer, default=FORM, server_default="1")
 
 
 class ManifestRow(Base):

@@ -98,7 +98,7 @@ class SemanticMemory:
             self._recorded += 1
         with self.store.write() as session:
             session.add(OutputVectorRow(key_id=key_id, receipt_id=receipt_id, created_at=utc_now(),
-                                        vector=vector.tobytes(), form=FORM))
+                                        vector=vector.tobytes()))
         if prune:
             self.prune(key_id)
 

@@ -1,7 +1,8 @@
 """Every function that reads request input takes time linear in its size: each is timed on adversarial inputs
 at the size limit and at a quarter of it, and fails when the time grows clearly faster than the input (more than
 RATIO times for 4 times the input, best of 3) or passes an absolute ceiling meant for a loaded 2-core machine.
-Then the routes that score text, over HTTP, with the worst of those texts at the limit.
+Then the routes that score text, over HTTP, with the worst of those texts at the limit (there on 16 times the input,
+as a request shares the machine with the suite's other worker).
 
 The inputs: long words, one non-ASCII letter then a long ASCII word (the homoglyph pattern that backtracked at
 every position), every Unicode general category, long runs of one character, a letter with tens of thousands of
@@ -41,6 +42,11 @@ FLOOR_S = 0.05  # below this a ratio is timer and scheduler noise on a shared ma
 HTTP_CEILING_S = 5.0  # a request at the limit on a loaded 2-core machine (about 1 s quiet); the quadratic pattern
 # this file guards against held a worker for about a minute
 HTTP_FLOOR_S = 0.5  # below this a request's time is the HTTP round trip and the neighbour's noise, not growth
+# Over HTTP the suite's other worker can stall one request several times over (CI saw 0.80 s for a request that
+# takes 0.21 s quiet), so the routes are timed on 16 times the input, where linear work takes 16 times the time and
+# quadratic work 256 times: the bound sits at the geometric middle, a factor 4 of noise from either side.
+HTTP_SPAN = 16
+HTTP_RATIO = 64.0
 EXPLAIN_CEILING_S = 15.0  # every token of a 300,000-token text as JSON, on a loaded machine
 
 
@@ -279,13 +285,14 @@ def test_detect_answers_the_worst_texts_at_the_limit_in_time(detector, kind):
 
 @pytest.mark.parametrize("kind", WORST)
 def test_an_explained_detection_grows_linearly(detector, kind):
-    """``explain`` answers with every token (up to 300,000 at the limit, tens of MB of JSON): linear, and the
-    budget-free explain scope still costs the worker a bounded time per request."""
+    """``explain`` answers with every token (up to 300,000 at the limit, tens of MB of JSON): linear (16 times the
+    text, at most HTTP_RATIO times the time, the better of two requests each), and the budget-free explain scope
+    still costs the worker a bounded time per request."""
     base_url, token = detector
-    quarter = min(_post_detect(base_url, token, TEXTS[kind](LIMIT // 4), windows=True, explain=True)
-                  for _ in range(2))
-    full = _post_detect(base_url, token, TEXTS[kind](LIMIT), windows=True, explain=True)
-    assert full < max(RATIO * quarter, FLOOR_S), f"{quarter:.2f} s -> {full:.2f} s"
+    small = min(_post_detect(base_url, token, TEXTS[kind](LIMIT // HTTP_SPAN), windows=True, explain=True)
+                for _ in range(2))
+    full = min(_post_detect(base_url, token, TEXTS[kind](LIMIT), windows=True, explain=True) for _ in range(2))
+    assert full < max(HTTP_RATIO * small, HTTP_FLOOR_S), f"{small:.2f} s -> {full:.2f} s"
     assert full < EXPLAIN_CEILING_S
 
 
@@ -300,10 +307,10 @@ def _post_by_content(base_url: str, token: str, text: str) -> float:
 
 @pytest.mark.parametrize("kind", WORST)
 def test_matches_by_content_answers_the_worst_texts_at_the_limit_in_time(detector, kind):
-    """Linear in the text (4x the text, at most RATIO times the time) and under the ceiling; the better of two
-    requests each, as for /v1/detect."""
+    """Linear in the text (16 times the text, at most HTTP_RATIO times the time) and under the ceiling; the better
+    of two requests each, as for /v1/detect."""
     base_url, token = detector
-    quarter = min(_post_by_content(base_url, token, TEXTS[kind](LIMIT // 4)) for _ in range(2))
+    small = min(_post_by_content(base_url, token, TEXTS[kind](LIMIT // HTTP_SPAN)) for _ in range(2))
     full = min(_post_by_content(base_url, token, TEXTS[kind](LIMIT)) for _ in range(2))
-    assert full < max(RATIO * quarter, HTTP_FLOOR_S), f"{quarter:.2f} s -> {full:.2f} s"
+    assert full < max(HTTP_RATIO * small, HTTP_FLOOR_S), f"{small:.2f} s -> {full:.2f} s"
     assert full < HTTP_CEILING_S, f"/v1/matches/byContent took {full:.2f} s"

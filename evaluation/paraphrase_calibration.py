@@ -9,12 +9,13 @@ prompt). Pairs of an output with an output of the same prompt are not unrelated 
 
 Fit: per pair (one negative text, one remembered output), how many pairs reach each similarity of the grid
 (``detector.paraphrase_match.ParaphraseNull``), and the threshold: one grid step above the highest similarity
-any fit human passage reaches against the memory (every output), so no fit human text is falsely matched; how
-often an unrelated output reaches it is the outputs null's rate, reported beside it. Check: the held-out
-texts' false matches at that threshold against the same memory, and the held-out per-text rate that
-``ParaphraseNull.false_match_rate`` promises for it. ``--write`` first fits the passage space on the fit half
-(``db/data/passage_space.npz``, ``db.passage_vectors.fit_space``) and stores the fit in
-``detector/data/paraphrase_null.json``: what both services ship.
+any fit human passage reaches against the memory (every output) or any fit output reaches against an unrelated
+one, so no fit negative of either kind is falsely matched. Check: the held-out texts' false matches at that
+threshold against the same memory, and the held-out per-text rate that ``ParaphraseNull.false_match_rate``
+promises for it. ``--write`` first fits the passage space on the fit half (``db/data/passage_space.npz``,
+``db.passage_vectors.fit_space``: the meaning part's directions on the human passages, the word stems'
+frequencies on them and on the fit half's outputs) and stores the fit in ``detector/data/paraphrase_null.json``:
+what both services ship.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,16 +34,18 @@ from db.passage_vectors import (
     SPACE_FILE,
     fit_space,
     ids_vector,
-    inverse_document_frequency,
     stored_form,
     token_embeddings,
     vocab_table,
 )
+from db.passage_words import stems
 from detector.human_corpora import FIT, HELD_OUT, documents
 from detector.normalize import normalize
 from detector.paraphrase_match import NULL_FILE, ParaphraseNull
 from watermark.vocab import encode, load_vocabulary
 
+QUOTE_WORDS = 8  # a shared run this long: the prompt quotes the text
+WORDS = re.compile(r"\w+")
 PASSAGE_WORDS = 150  # about 200 tokens of prose, the outputs' length
 PER_DOC = 16  # passages of one document at most (a long source file does not outweigh the rest)
 TOKENS = 200
@@ -51,15 +55,22 @@ SEED = bytes(32)  # any rotation: it keeps every cosine; the quantisation is wha
 
 def passages(split: str) -> tuple[list[str], list[str]]:
     """(passages, their domains) of one half of the human corpora."""
-    texts, domains = [], []
-    for doc in documents(split=split):
+    texts, domains, _ = passages_of_documents(split)
+    return texts, domains
+
+
+def passages_of_documents(split: str) -> tuple[list[str], list[str], list[int]]:
+    """(passages, their domains, their documents' numbers) of one half of the human corpora."""
+    texts, domains, numbers = [], [], []
+    for number, doc in enumerate(documents(split=split)):
         words = doc.text.split()
         for start in range(0, min(len(words), PASSAGE_WORDS * PER_DOC), PASSAGE_WORDS):
             chunk = words[start:start + PASSAGE_WORDS]
             if len(chunk) >= PASSAGE_WORDS // 2:
                 texts.append(" ".join(chunk))
                 domains.append(doc.domain)
-    return texts, domains
+                numbers.append(number)
+    return texts, domains, numbers
 
 
 def read_outputs(paths: list[str]) -> list[dict]:
@@ -78,8 +89,35 @@ def read_outputs(paths: list[str]) -> list[dict]:
                 continue
             seen.add(value["text"])
             prompt = hashlib.sha256(json.dumps(value["prompt_ids"]).encode()).hexdigest()
-            out.append({"text": value["text"], "prompt": prompt})
+            out.append({"text": value["text"], "prompt": prompt, "prompt_ids": value["prompt_ids"]})
     return out
+
+
+def quoted_pairs(vocab, texts: list[str], numbers: list[int], outputs: list[dict]) -> np.ndarray:
+    """[len(texts), len(outputs)] bool: the output's prompt quotes the text's document (a passage of it shares a
+    run of QUOTE_WORDS words with the prompt; ``numbers``: each text's document). Such a pair is not unrelated
+    (an evaluation prompts with a document's first sentence, and the output repeats or continues it): left out
+    of the human null, as pairs of outputs of one prompt are of the outputs null."""
+    by_prompt: dict[str, list[int]] = {}
+    for column, output in enumerate(outputs):
+        by_prompt.setdefault(output["prompt"], []).append(column)
+    runs: dict[tuple, set[str]] = {}
+    for prompt, columns in by_prompt.items():
+        for run in _runs(vocab.tokenizer.decode(outputs[columns[0]]["prompt_ids"], skip_special_tokens=True)):
+            runs.setdefault(run, set()).add(prompt)
+    quoting: dict[int, set[str]] = {}  # document number -> the prompts that quote one of its passages
+    for text, number in zip(texts, numbers):
+        quoting.setdefault(number, set()).update(*(runs.get(run, set()) for run in _runs(text)))
+    quoted = np.zeros((len(texts), len(outputs)), dtype=bool)
+    for row, number in enumerate(numbers):
+        for prompt in quoting[number]:
+            quoted[row, by_prompt[prompt]] = True
+    return quoted
+
+
+def _runs(text: str) -> set[tuple]:
+    words = WORDS.findall(text.lower())
+    return {tuple(words[i:i + QUOTE_WORDS]) for i in range(len(words) - QUOTE_WORDS + 1)}
 
 
 def token_ids(vocab, texts: list[str]) -> list[list[int]]:
@@ -93,13 +131,15 @@ def vectors(vocab, texts: list[str]) -> np.ndarray:
     return stored_form(np.stack([ids_vector(i, space) for i in token_ids(vocab, texts)]), SEED)
 
 
-def refit_space(vocab, texts: list[str], path: Path) -> None:
-    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts`` and their
-    tokens' document frequencies."""
+def refit_space(vocab, texts: list[str], outputs: list[str], path: Path) -> None:
+    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts`` (human),
+    and the word stems' document frequencies on ``texts`` and ``outputs`` (the model's)."""
     table = token_embeddings(vocab)
     ids = [i for i in token_ids(vocab, texts) if len(i)]
     means = np.stack([table[i].mean(axis=0) for i in ids])
-    fit_space(vocab.fingerprint, means, inverse_document_frequency(ids, vocab.vocab_size), path)
+    space = vocab_table(vocab)
+    documents = [stems(space.decode(i)) for i in ids + [i for i in token_ids(vocab, outputs) if len(i)]]
+    fit_space(vocab.fingerprint, means, documents, path)
 
 
 def similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -120,30 +160,33 @@ def exceedances(pairs: np.ndarray) -> list[int]:
 def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | None = None) -> dict:
     """The fit (``ParaphraseNull``'s dict) and the held-out check, as one JSON-safe dict. ``space_file``: fit the
     passage space on the fit half's human passages first and write it there (None: use the shipped one)."""
-    if space_file is not None:
-        refit_space(vocab, passages(FIT)[0], space_file)
     prompts = np.array([o["prompt"] for o in outputs])
-    memory = vectors(vocab, [o["text"] for o in outputs])
     fit_out = np.array([int(p[:2], 16) % 2 == 0 for p in prompts])
+    if space_file is not None:
+        refit_space(vocab, passages(FIT)[0], [o["text"] for o, fit in zip(outputs, fit_out) if fit], space_file)
+    memory = vectors(vocab, [o["text"] for o in outputs])
     unrelated = prompts[:, None] != prompts[None, :]  # pairs of outputs of different prompts
     output_sims = np.where(unrelated, similarities(memory, memory), -1.0)
     halves = {}
     for split in (FIT, HELD_OUT):
-        texts, domains = passages(split)
+        texts, domains, numbers = passages_of_documents(split)
         progress(f"{split}: {len(texts)} human passages")
         sims = similarities(vectors(vocab, texts), memory)
-        halves[split] = {"sims": sims, "domains": np.array(domains)}
+        quoted = quoted_pairs(vocab, texts, numbers, outputs)
+        progress(f"{split}: {int(quoted.sum())} pairs of a passage and an output whose prompt quotes it left out")
+        halves[split] = {"sims": np.where(quoted, -1.0, sims), "domains": np.array(domains), "quoted": quoted}
     fit_outputs = output_sims[fit_out]
     human = halves[FIT]["sims"]
+    related = halves[FIT]["quoted"]
     nulls = {
-        "human": {"pairs": int(human.size), "texts": int(human.shape[0]), "outputs": len(outputs),
-                  "exceed": exceedances(human)},
+        "human": {"pairs": int((~related).sum()), "texts": int(human.shape[0]), "outputs": len(outputs),
+                  "exceed": exceedances(human[~related])},
         "outputs": {"pairs": int(unrelated[fit_out].sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
                     "exceed": exceedances(fit_outputs[unrelated[fit_out]])},
     }
-    # matched says "not a human text": the threshold clears every fit human passage; how often an unrelated output
-    # reaches it (a wrong receipt) is the outputs null's rate, reported beside it (other_output_rate)
-    highest = float(human.max())
+    # matched says "not a human text, not another output": the threshold clears every fit human passage and every
+    # fit output's best unrelated output; the rates at a similarity are reported beside it (other_output_rate)
+    highest = max(float(human.max()), float(fit_outputs[unrelated[fit_out]].max()))
     threshold = float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, highest, side="right")))])
     fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold,
            "source": "python -m evaluation.paraphrase_calibration"}
@@ -151,8 +194,8 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
     held_human = halves[HELD_OUT]["sims"].max(axis=1)
     held_outputs = output_sims[~fit_out].max(axis=1)
     check = {
-        "threshold": threshold, "fit_highest": highest, "memory_outputs": len(outputs),
-        "fit_outputs_highest": float(fit_outputs.max()),
+        "threshold": threshold, "fit_highest": highest, "fit_human_highest": float(human.max()),
+        "fit_outputs_highest": float(fit_outputs.max()), "memory_outputs": len(outputs),
         "held_out_human": _check(held_human, threshold, null, len(outputs)),
         "held_out_outputs": _check(held_outputs, threshold, null, len(outputs), ("outputs",)),
         "held_out_human_by_domain": {

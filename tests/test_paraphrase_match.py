@@ -25,7 +25,7 @@ from detector.paraphrase_match import ParaphraseNull, shipped_null
 from detector.service import Detector
 from evaluation.own_output_layers import OwnOutputLayers
 from evaluation.paraphrase_calibration import main as calibrate_main
-from evaluation.paraphrase_calibration import passages
+from evaluation.paraphrase_calibration import passages, quoted_pairs
 from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
 from watermark.scheme import make_watermark
@@ -52,6 +52,14 @@ OTHERS = (
     "Emergency services urged drivers to avoid travelling unless necessary and to watch out for fallen trees.",
     "The new graphics card delivers twice the frame rate of its predecessor while drawing less power, and reviewers "
     "praised its quiet fans, although its price puts it out of reach for many players building their first machine.",
+)
+# two outputs of the embedded model, in Hebrew letters, that say nothing in common (it wrote them continuing two
+# different news articles at temperature 1): they share the script's tokens, not one word
+SAME_SCRIPT = (
+    "עם המפייצון-עם הומעיא-יפזם-העישום-משמיעים -עם-מביעותי חוזקיקפסכככככככ-יביבב-עגרנבדכככככככככככככ-יחקשטעבחלערללחשסין"
+    "-עם-ישום-ישום-ישום-ישושם-מהיצאיׯ-שו",
+    "עכל:םפת לעדם העצב הייכקאם –עכל\nלאחר:סוגריוחם –עצברEditידעוברימי (עינייתקוק למעולם)\nחמירות עצבר - אמפёןעבקמגואל "
+    "(קובקישiדביבזמם)\nאסחוט פוערי הסכתי בטלולעספלעפלמעכ",
 )
 HUMAN = (  # unrelated human text: a recipe
     "Preheat the oven to 180 degrees. Beat the butter and sugar together until pale, then add the eggs one at a "
@@ -168,6 +176,29 @@ def test_a_calibration_file_is_checked():
     with pytest.raises(ValueError, match="one exceedance"):
         ParaphraseNull.from_dict({"grid": [0.1], "nulls": {"h": {"pairs": 1, "exceed": []}}, "threshold": 0.9})
     assert json.loads(json.dumps(shipped_null().summary()))["human"]["texts"] >= 10_000
+
+
+def test_outputs_in_one_script_that_share_no_word_are_not_matched():
+    """The words part reads words, not the script's byte-level tokens: two unrelated outputs in Hebrew letters stay
+    below the threshold (with tokens they were at 0.90, and an unrelated output was named as the source)."""
+    vocab = shared_vocabulary()
+    space = vocab_table(vocab)
+    a, b = (stored_form(ids_vector(encode(vocab, text), space), bytes(32)).astype(np.float32) for text in SAME_SCRIPT)
+    assert float(_cosine(a, b)) < shipped_null().threshold
+
+
+def test_a_passage_whose_document_a_prompt_quotes_is_left_out_of_the_human_null():
+    vocab = shared_vocabulary()
+    prompt = encode(vocab, "Continue the article: " + ORIGINAL.split(". ")[0] + ".")
+    outputs = [{"text": PARAPHRASE, "prompt": "p1", "prompt_ids": prompt},
+               {"text": OTHERS[0], "prompt": "p2", "prompt_ids": encode(vocab, "Write about the weather.")}]
+    texts = [ORIGINAL, "A later passage of the same article, quoting nothing of the prompt.", HUMAN]
+    quoted = quoted_pairs(vocab, texts, [0, 0, 1], outputs)
+    assert quoted.tolist() == [[True, False], [True, False], [False, False]]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def test_the_verdicts_shortcut_gives_the_stored_form():

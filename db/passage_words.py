@@ -70,24 +70,19 @@ class Words:
 
 def words_part(text: str, words: Words, dim: int) -> np.ndarray:
     """The text's words part [dim] float32 (not normalised; zero for a text without words)."""
-    out = np.zeros(dim, dtype=np.float64)
     counted = collections.Counter(stems(text))
     if not counted:
-        return out.astype(np.float32)
-    rows, row_tf = [], []
-    for stem, count in counted.items():
-        row = words.index.get(stem)
-        tf = 1.0 + math.log(count)
-        if row is not None:
-            rows.append(row)
-            row_tf.append(tf)
-        else:
-            buckets, signs = stem_sketch(stem, dim)
-            np.add.at(out, buckets, signs * (tf * words.unseen_idf))
-    if rows:
-        at = np.asarray(rows, dtype=np.int64)
-        weighted = words.weights[at] * np.asarray(row_tf, dtype=np.float32)[:, None]
-        out += np.bincount(words.buckets[at].ravel(), weights=weighted.ravel(), minlength=dim)
+        return np.zeros(dim, dtype=np.float32)
+    found = list(counted)
+    rows = np.fromiter((words.index.get(stem, -1) for stem in found), dtype=np.int64, count=len(found))
+    tf = 1.0 + np.log(np.fromiter(counted.values(), dtype=np.float64, count=len(found)))
+    known = rows >= 0
+    at = rows[known]
+    out = np.bincount(words.buckets[at].ravel(), weights=(words.weights[at] * tf[known, None]).ravel(),
+                      minlength=dim)
+    for k in np.flatnonzero(~known):
+        buckets, signs = stem_sketch(found[k], dim)
+        np.add.at(out, buckets, signs * (tf[k] * words.unseen_idf))
     return out.astype(np.float32)
 
 

@@ -132,12 +132,15 @@ class ParaphraseMatcher:
         reports it; None when the memory is off, nothing of these keys is remembered, or no master key."""
         if not self.enabled or not key_ids or len(token_ids) == 0:
             return None
+        copies = [(key_id, copy) for key_id in key_ids if (copy := self.mirror.view(key_id)) is not None]
+        if not any(len(copy) for _, copy in copies):
+            return None  # nothing remembered under these keys (or still loading): no vector to compute
         vector = self.vector(token_ids, vocab)
         if vector is None or not vector.any():
             return None
         best, best_key, searched = None, None, 0
-        for key_id in key_ids:
-            found = self.mirror.nearest(key_id, vector)
+        for key_id, copy in copies:
+            found = copy.nearest(vector)
             if found is None:
                 continue
             searched += found.searched

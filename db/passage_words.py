@@ -2,9 +2,10 @@
 
 A stem is a lower-cased word (``\\w+``, any script) cut to its first STEM_CHARS characters, a crude stemmer
 that makes one stem of a word's inflections ("announced", "announces") at the price of a few unrelated words
-sharing one ("universe", "university"). Each stem weighs 1 + log(its count in the text) times its inverse
-document frequency, fitted on human text and on the model's own outputs (``stem_frequencies``): a stem seen in
-fewer than MIN_DOCUMENTS of those documents is not kept and weighs as the rarest (``Words.unseen_idf``). The
+sharing one ("universe", "university"). Each stem weighs 1 + log(its count in the text, at most COUNT_CAP)
+times its inverse document frequency, fitted on human text and on the model's own outputs
+(``stem_frequencies``): a stem seen in fewer than MIN_DOCUMENTS of those documents is not kept and weighs as
+the rarest (``Words.unseen_idf``). The
 weighted stems are added into ``dim`` coordinates by a count sketch: each stem goes to SKETCH_BUCKETS
 coordinates with signs, both drawn from a BLAKE2b hash of the stem under the public SKETCH_KEY, so any stem,
 seen in the fit or not, has its place, and the cosine of two sketches estimates the cosine of the two TF-IDF
@@ -28,6 +29,9 @@ STEM_CHARS = 6  # a stem is a word's first 6 characters
 SKETCH_BUCKETS = 4  # signed coordinates per stem
 SKETCH_KEY = b"provmark/word-sketch"  # public: the sketch needs no secret
 MIN_DOCUMENTS = 2  # a stem in fewer fitted documents weighs as one never seen
+# a stem counts at most this often: an output that repeats one word a hundred times (a degenerate loop) is not made
+# of that word, and two such loops on one word were the closest unrelated outputs (docs/research/semantic-memory.md)
+COUNT_CAP = 3
 
 
 def stems(text: str) -> list[str]:
@@ -75,7 +79,8 @@ def words_part(text: str, words: Words, dim: int) -> np.ndarray:
         return np.zeros(dim, dtype=np.float32)
     found = list(counted)
     rows = np.fromiter((words.index.get(stem, -1) for stem in found), dtype=np.int64, count=len(found))
-    tf = 1.0 + np.log(np.fromiter(counted.values(), dtype=np.float64, count=len(found)))
+    counts = np.fromiter(counted.values(), dtype=np.float64, count=len(found))
+    tf = 1.0 + np.log(np.minimum(counts, COUNT_CAP))
     known = rows >= 0
     at = rows[known]
     out = np.bincount(words.buckets[at].ravel(), weights=(words.weights[at] * tf[known, None]).ravel(),

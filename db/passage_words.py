@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import math
 import re
 from collections.abc import Iterable
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WORD = re.compile(r"\w+")
 STEM_CHARS = 6  # a stem is a word's first 6 characters
+STEM = re.compile(r"(\w{1,%d})\w*" % STEM_CHARS)  # a word, capturing its stem
 SKETCH_BUCKETS = 4  # signed coordinates per stem
 SKETCH_KEY = b"provmark/word-sketch"  # public: the sketch needs no secret
 MIN_DOCUMENTS = 2  # a stem in fewer fitted documents weighs as one never seen
@@ -36,7 +37,7 @@ COUNT_CAP = 3
 
 def stems(text: str) -> list[str]:
     """The text's word stems, in order."""
-    return [word[:STEM_CHARS] for word in WORD.findall(text.lower())]
+    return STEM.findall(text.lower())
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -78,7 +79,7 @@ def words_part(text: str, words: Words, dim: int) -> np.ndarray:
     if not counted:
         return np.zeros(dim, dtype=np.float32)
     found = list(counted)
-    rows = np.fromiter((words.index.get(stem, -1) for stem in found), dtype=np.int64, count=len(found))
+    rows = np.fromiter(map(words.index.get, found, itertools.repeat(-1)), dtype=np.int64, count=len(found))
     counts = np.fromiter(counted.values(), dtype=np.float64, count=len(found))
     tf = 1.0 + np.log(np.minimum(counts, COUNT_CAP))
     known = rows >= 0

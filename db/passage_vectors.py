@@ -11,12 +11,12 @@ roots) and made unit length again, so that the cosine of two vectors is about th
   token ids the detector already read it as, in a space fitted on human text (``passage_space``: centred, the
   directions along which texts vary whatever they say taken out, then its MEANING_DIM main directions kept);
 * words (WORDS_DIM coordinates): the text's words, lower-cased and cut to their first STEM_CHARS characters (a
-  crude stemmer: "announced" and "announces" are one stem), weighted as TF-IDF (1 + log count, times the stem's
-  inverse document frequency on human text and on the model's own outputs, fitted with the space, so the words
-  every output uses weigh little), hashed into the coordinates by a public count sketch (``SKETCH_BUCKETS``
-  signed coordinates per stem, drawn from a keyed hash of the stem under the public ``SKETCH_KEY``): the cosine
-  of two sketches is close to the cosine of their TF-IDF vectors. Words, not tokens: outputs in one script share
-  its byte-level tokens whatever they say, and one stem covers a word's inflections.
+  crude stemmer: "announced" and "announces" are one stem), weighted as TF-IDF (1 + log count, at most 3 counted
+  per stem, times the stem's inverse document frequency on human text and on the model's own outputs, fitted
+  with the space, so the words every output uses weigh little), hashed into the coordinates by a public count
+  sketch (``SKETCH_BUCKETS`` signed coordinates per stem, drawn from a keyed hash of the stem under the public
+  ``SKETCH_KEY``): the cosine of two sketches is close to the cosine of their TF-IDF vectors. Words, not tokens:
+  outputs in one script share its byte-level tokens whatever they say, and one stem covers a word's inflections.
 
 Both services compute it the same way, from the token ids (the words part from their decoded text), so a detector
 worker compares a pasted text's vector with the ones the generation workers stored. What is stored is that vector
@@ -115,8 +115,8 @@ def vocab_table(vocab) -> Space:
     (``SPACE_FILE``, fitted by ``python -m evaluation.paraphrase_calibration`` for the embedded tokenizer) takes
     out the mean text and the SPACE_DIRECTIONS directions along which human texts vary most whatever they say
     (function words, markup), keeps the MEANING_DIM directions along which they vary most after that, and holds
-    the word stems' inverse document frequencies. A vocabulary it was not fitted for is compared uncentred, on
-    MEANING_DIM fixed random directions, every stem weighing alike."""
+    the word stems' inverse document frequencies (``fitted_words``, for every vocabulary). A vocabulary the space
+    was not fitted for has its meaning part compared uncentred, on MEANING_DIM fixed random directions."""
     found = _TABLES.get(vocab.fingerprint)
     if found is not None:
         return found
@@ -130,14 +130,13 @@ def _build_table(vocab) -> Space:
     offset = np.zeros(EMBEDDING_DIM, dtype=np.float32)
     space = passage_space(vocab.fingerprint)
     if space is not None:
-        mean, directions, projection, words = space
+        mean, directions, projection = space
         out -= (out @ directions.T) @ directions  # a linear map: the mean of mapped rows is the mapped mean
         offset = mean - (mean @ directions.T) @ directions
     else:
         projection = np.linalg.qr(np.random.default_rng(0).standard_normal((EMBEDDING_DIM, MEANING_DIM)))[0].T
-        words = Words({}, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.float32), 1.0)
     built = Space(np.ascontiguousarray(out @ projection.T, dtype=np.float32),
-                  (offset @ projection.T).astype(np.float32), _decoder(vocab), words)
+                  (offset @ projection.T).astype(np.float32), _decoder(vocab), fitted_words())
     with _LOCK:
         _TABLES[vocab.fingerprint] = built
     return built
@@ -195,19 +194,28 @@ def fit_space(fingerprint: str, text_means: np.ndarray, stem_documents, path: Pa
         _TABLES.clear()
 
 
-def passage_space(fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Words] | None:
-    """(The mean text vector [EMBEDDING_DIM], the top directions taken out [SPACE_DIRECTIONS, EMBEDDING_DIM], the
-    directions kept [MEANING_DIM, EMBEDDING_DIM], the fitted word stems) for the vocabulary with ``fingerprint``;
-    None when ``SPACE_FILE`` holds none for it (or one of an earlier form)."""
+def passage_space(fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The meaning part's space for the vocabulary with ``fingerprint``: (the mean text vector [EMBEDDING_DIM], the
+    top directions taken out [SPACE_DIRECTIONS, EMBEDDING_DIM], the directions kept [MEANING_DIM,
+    EMBEDDING_DIM]); None when ``SPACE_FILE`` holds none for it (or one of an earlier form)."""
     if not SPACE_FILE.is_file():
         return None
     with np.load(SPACE_FILE) as data:
         if str(data["fingerprint"]) != fingerprint or "projection" not in data:
             return None
-        words = Words.fitted(data["stems"].tolist(), data["stem_idf"].astype(np.float32),
-                             float(data["unseen_idf"]), WORDS_DIM)
         return (data["mean"].astype(np.float32), data["directions"].astype(np.float32),
-                data["projection"].astype(np.float32), words)
+                data["projection"].astype(np.float32))
+
+
+def fitted_words() -> Words:
+    """The word stems fitted with the space (``SPACE_FILE``), for every vocabulary (a stem is read from the
+    decoded text, whatever tokens it came from); none, every stem weighing alike, without the file."""
+    if SPACE_FILE.is_file():
+        with np.load(SPACE_FILE) as data:
+            if "stems" in data:
+                return Words.fitted(data["stems"].tolist(), data["stem_idf"].astype(np.float32),
+                                    float(data["unseen_idf"]), WORDS_DIM)
+    return Words({}, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.float32), 1.0)
 
 
 def ids_vector(token_ids, space: Space) -> np.ndarray:

@@ -17,7 +17,7 @@ from http_fixtures import call, make_token, serve, shared_vocabulary
 from api.detector.app import create_app
 from api.generation.own_output import OwnOutput
 from db.manifests import ManifestRecord, add_manifest
-from db.passage_vectors import ids_vector, stored_form, stored_vector, vocab_table
+from db.passage_vectors import fitted_words, ids_vector, stored_form, stored_vector, vocab_table
 from db.semantic_memory import SemanticMemory, VectorMirror
 from db.store import Store
 from detector.human_corpora import HELD_OUT
@@ -185,6 +185,15 @@ def test_outputs_in_one_script_that_share_no_word_are_not_matched():
     space = vocab_table(vocab)
     a, b = (stored_form(ids_vector(encode(vocab, text), space), bytes(32)).astype(np.float32) for text in SAME_SCRIPT)
     assert float(_cosine(a, b)) < shipped_null().threshold
+
+
+def test_the_fitted_stems_serve_every_vocabulary():
+    """The words part reads stems from the decoded text, so a model whose tokenizer the space was not fitted for
+    still weighs them by the shipped frequencies (only its meaning part is uncentred)."""
+    words = fitted_words()
+    assert len(words.index) > 10_000 and words.unseen_idf > max(words.weights.max(), 1.0)
+    common, rare = (float(np.abs(words.weights[words.index[stem]]).max()) for stem in ("the", "librar"))
+    assert common < rare
 
 
 def test_a_passage_whose_document_a_prompt_quotes_is_left_out_of_the_human_null():

@@ -20,6 +20,7 @@ fields it uses and ignores the rest.
     model            PROVMARK_MODEL             a local Hugging Face folder or GGUF file (SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation
     dtype            PROVMARK_DTYPE             float32, bfloat16, float16 (float32 on CPU)            generation
+    weights          PROVMARK_WEIGHTS           float (the dtype's) or int8 (opt-in, CPU, float32)     generation
     max_num_seqs     PROVMARK_MAX_NUM_SEQS      64 sequences per engine step (the KV pool: paged)       generation
     max_pending      PROVMARK_MAX_PENDING       256 requests in flight before 503                      generation
     issuer           PROVMARK_ISSUER            http://127.0.0.1:8000: the ``iss`` of receipts, where  generation
@@ -61,6 +62,7 @@ from provenance.c2pa_credential import C2paCredentialError, C2paSettings
 from watermark.paths import provmark_home
 
 ENV_PREFIX = "PROVMARK_"
+WEIGHT_FORMS = ("float", "int8")  # the engine's linears: the model dtype's weights, or the opt-in int8 ones
 DEFAULT_MAX_TEXT_CHARS = 100_000
 DEFAULT_RATE_LIMIT = 600.0  # requests/minute per token: ten a second, far above a person pasting
 DEFAULT_MAX_PENDING = 256  # requests queued or running at once before the engine worker refuses (503)
@@ -110,6 +112,7 @@ class Settings:
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
+    weights: str = "float"
     max_num_seqs: int = 64
     max_pending: int = DEFAULT_MAX_PENDING
     issuer: str = DEFAULT_ISSUER
@@ -132,6 +135,9 @@ class Settings:
         self.detect_budget = _as_int("detect_budget", self.detect_budget, minimum=0)
         self.remembered_outputs = _as_int("remembered_outputs", self.remembered_outputs, minimum=0)
         self.semantic_outputs = _as_int("semantic_outputs", self.semantic_outputs, minimum=0)
+        self.weights = str(self.weights).strip().lower()
+        if self.weights not in WEIGHT_FORMS:
+            raise ValueError(f"{_variable('weights')}: expected one of {', '.join(WEIGHT_FORMS)}, got {self.weights!r}")
         self.max_num_seqs = _as_int("max_num_seqs", self.max_num_seqs, minimum=1)
         self.max_pending = _as_int("max_pending", self.max_pending, minimum=1)
         self.issuer = _as_url("issuer", self.issuer)

@@ -72,7 +72,7 @@ class Engine:
     None = when the machine supports it; the loaded model itself is left untouched); ``native_kernels``
     runs decode attention, RMSNorm and silu * up on the C++ kernels (generation/cpu/native.py; None = when
     they build); ``block_table_attention`` and ``cuda_graphs`` are the CUDA decode path (generation/gpu/;
-    None = on CUDA).
+    None = on CUDA); ``int8_weights`` (opt-in) runs every linear on int8 weights (generation/runner.py).
     """
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
@@ -93,7 +93,8 @@ class Engine:
         cache_config = CacheConfig.for_tokens(self.config.max_cache_tokens, max_model_len, block_size)
         self.runner = ModelRunner(model.model, cache_config, packed_weights=paths.packed_weights,
                                   native_kernels=paths.native_kernels,
-                                  block_table_attention=paths.block_table_attention, cuda_graphs=paths.cuda_graphs)
+                                  block_table_attention=paths.block_table_attention, cuda_graphs=paths.cuda_graphs,
+                                  int8_weights=paths.int8_weights)
         if self.runner.native_attention:
             # the watermark bias on the C++ kernel too: same integers, without torch.compile's per-call
             # overhead (about half of the bias's 0.4 ms a step); process-wide, exact, CPU float32 only

@@ -36,12 +36,14 @@ from generation.kv_cache import CacheConfig, ForwardPlan, PagedKVCache
 @dataclass(frozen=True, slots=True)
 class ComputePaths:
     """Which compute paths a runner takes, each None = by the machine (see ``ModelRunner``): oneDNN-packed
-    weights, the C++ kernels, decode attention through the block tables, CUDA graphs."""
+    weights, the C++ kernels, decode attention through the block tables, CUDA graphs; and the opt-in int8
+    weights (``int8_weights``, a float32 model on the C++ kernels)."""
 
     packed_weights: bool | None = None
     native_kernels: bool | None = None
     block_table_attention: bool | None = None
     cuda_graphs: bool | None = None
+    int8_weights: bool = False
 
 
 class ModelRunner:
@@ -49,7 +51,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, packed_weights: bool | None = None,
                  native_kernels: bool | None = None, block_table_attention: bool | None = None,
-                 cuda_graphs: bool | None = None, direct_decode: bool = True) -> None:
+                 cuda_graphs: bool | None = None, direct_decode: bool = True, int8_weights: bool = False) -> None:
         """``packed_weights``: run through a view of the model whose linear weights are pre-packed for
         oneDNN (generation/cpu/packed_linear.py); None = whenever this machine supports it.
         ``native_kernels``: in that view, decode attention, RMSNorm and the MLP's silu * up on the C++
@@ -60,7 +62,10 @@ class ModelRunner:
         graphs on CUDA and run eagerly elsewhere (for tests); None = on CUDA with the block-table attention.
         ``direct_decode``: decode steps that every linear's decode kernel takes run as a plain loop over the
         native view's layers (generation/cpu/direct_decode.py: the same kernels, the same bits, without
-        transformers' module plumbing), wherever the view has that layout."""
+        transformers' module plumbing), wherever the view has that layout.
+        ``int8_weights``: every linear of the view, the LM head included, on int8 weights with a float32 scale
+        per output (generation/cpu/decode_linear.py), prefill and decode alike; a float32 model on the C++
+        kernels only (ValueError otherwise). The loaded model keeps its float32 weights."""
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         if packed_weights is None:
@@ -83,12 +88,18 @@ class ModelRunner:
         # groups), the cache write, RMSNorm and silu * up (generation/cpu/native_layers.py)
         self.native_attention = (native_kernels is not False and self.slot_attention
                                  and native.available(self.dtype, self.device))
+        if int8_weights and not (self.native_attention and self.dtype == torch.float32):
+            raise ValueError("int8 weights need a float32 model on the CPU with the C++ kernels (a C++ compiler and "
+                             f"AVX-512); this model is {self.dtype} on {self.device}")
         if native_kernels and not self.native_attention:
             raise ValueError(f"native kernels requested but unavailable for {self.dtype} on {self.device} "
                              "(they need packed weights on the CPU, float32/bfloat16 and a C++ compiler)")
         self.native_layers = use_native_layers_(forward_model) if self.native_attention else 0
         # decode batches' matmuls on the native kernel (it streams the weights faster than oneDNN)
-        self.native_linears = use_native_linears_(forward_model) if self.native_attention else 0
+        self.native_linears = use_native_linears_(forward_model, int8_weights) if self.native_attention else 0
+        if int8_weights and not self.native_linears:
+            raise ValueError("int8 weights: this build of the kernels has no AVX-512 linear")
+        self.int8_weights = bool(int8_weights)
         self.decoder = forward_model.get_decoder()
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:

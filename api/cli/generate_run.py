@@ -27,6 +27,7 @@ from generation.decoding.best_of import check_best_of_params
 from generation.decoding.params import check_sampling_method
 from generation.engine import Engine
 from generation.models import load_model
+from generation.runner import ComputePaths
 from generation.sample.sampler import SamplingParams
 from generation.sample.sampling_stage import check_spec
 from watermark.config import SpecError
@@ -272,7 +273,11 @@ def run(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_option_message(str(exc))) from None
     # one request; beams / best_of siblings share the engine's KV pool, so it is sized for that many sequences
-    engine = Engine(loaded, max_num_seqs=_branch_count(decoding))
+    try:
+        engine = Engine(loaded, max_num_seqs=_branch_count(decoding),
+                        paths=ComputePaths(int8_weights=args.weights == "int8"))
+    except ValueError as exc:  # int8 weights on a model or machine that cannot run them
+        raise CLIError(f"--weights: {exc}") from None
     prompt_input = engine.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else prompt
     try:
         if decoding is not None:

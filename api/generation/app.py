@@ -59,6 +59,7 @@ from db.transparency import SIGNER_STATE_FILE, HeadGuard, HeadSequencer
 from detector.calibrate import ensure_screened_active_key
 from generation.engine import Engine
 from generation.models import load_model
+from generation.runner import ComputePaths
 from provenance.c2pa_credential import C2paCredentialError
 from provenance.identity import IdentityError
 from watermark.keys import Keyring
@@ -254,7 +255,8 @@ def _bound_token_ids(node, largest: int) -> None:
 
 def _load_engine(settings: Settings):
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
-    return Engine(loaded, max_num_seqs=settings.max_num_seqs)
+    return Engine(loaded, max_num_seqs=settings.max_num_seqs,
+                  paths=ComputePaths(int8_weights=settings.weights == "int8"))
 
 
 def _signing_keys(settings: Settings, store: Store) -> SigningKeys:

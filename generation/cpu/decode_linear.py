@@ -12,6 +12,11 @@ of oneDNN:
 
 Both need AVX-512 (``-march=native`` on a CPU without it builds the other kernels only, and the engine keeps
 oneDNN for its linears).
+
+``Int8DecodeLinear`` is the opt-in int8 path (``Engine(weights="int8")``): a float32 weight rounded once to
+int8 with one float32 scale per output (symmetric, the row's largest magnitude maps to 127), packed the
+same way, a quarter of the bytes to stream. ``provmark_linear_q8`` widens each int8 weight to fp32 in
+registers and sums as the float32 kernels do, then scales each output once; activations stay float32.
 """
 
 from __future__ import annotations
@@ -78,3 +83,61 @@ class PackedDecodeLinear:
         if rc != 0:
             raise RuntimeError("PackedDecodeLinear: this build of the kernels has no AVX-512 linear")
         return out
+
+    def ref(self) -> tuple[int, int | None, int | None, int, int, int]:
+        """(packed, scales, bias, n, k, gemv_rows) for provmark_decode_stack (generation/cpu/decode_stack.py)."""
+        return (self.packed.data_ptr(), None, None if self.bias is None else self.bias.data_ptr(), self.out_features,
+                self.in_features, self.gemv_rows)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [n, k], float32 scale [n]): row j is ``round(W[j] / scale[j])`` with ``scale[j] = max|W[j]| / 127``
+    (a row of zeros keeps scale 1)."""
+    weight = weight.detach().float()
+    peak = weight.abs().amax(dim=1)
+    scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    return torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale.contiguous()
+
+
+class Int8DecodeLinear:
+    """A float32 linear held as int8 weights and a float32 scale per output (``quantize_int8``), packed for
+    ``provmark_linear_q8``; ``__call__(x)`` computes ``x @ (scale * Q).T + b`` for float32 x [..., k], any
+    row count (the engine runs every row of a prefill and a decode through it, so the model is one model)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if weight.dtype is not torch.float32 or weight.dim() != 2 or not weight.is_cpu:
+            raise ValueError(f"Int8DecodeLinear takes a 2-D CPU float32 weight, got {weight.dtype} {tuple(weight.shape)}")
+        self.dtype = torch.float32
+        self.out_features, self.in_features = weight.shape
+        if self.out_features % 16:
+            raise ValueError(f"Int8DecodeLinear: {self.out_features} outputs is not a multiple of 16")
+        quantized, self.scales = quantize_int8(weight)
+        self.packed = torch.empty(quantized.numel(), dtype=torch.int8)
+        lib = native._checked_library()
+        if lib.provmark_pack_linear(2, quantized.data_ptr(), self.in_features, self.packed.data_ptr(),
+                                    self.out_features, self.in_features) != 0:
+            raise ValueError("Int8DecodeLinear: the kernel rejected the weight's shape")
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.gemv_rows = 1
+        self._linear = lib.provmark_linear_q8
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.in_features
+        if x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != k:
+            raise ValueError(f"Int8DecodeLinear: input {x.dtype} {tuple(x.shape)} does not fit {k} float32 inputs")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
+        rows = x.numel() // k
+        if rows == 0:
+            return out
+        bias = None if self.bias is None else self.bias.data_ptr()
+        if self._linear(x.data_ptr(), self.packed.data_ptr(), self.scales.data_ptr(), bias, out.data_ptr(), rows,
+                        self.out_features, k, torch.get_num_threads()) != 0:
+            raise RuntimeError("Int8DecodeLinear: this build of the kernels has no AVX-512 linear")
+        return out
+
+    def ref(self) -> tuple[int, int | None, int | None, int, int, int]:
+        """As ``PackedDecodeLinear.ref``, with the scales."""
+        return (self.packed.data_ptr(), self.scales.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+                self.out_features, self.in_features, self.gemv_rows)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from generation.cpu import paged_native
+from generation.cpu.decode_stack import NativeStack
 from generation.cpu.native_layers import NativeAttention, NativeGatedMLP, NativeRMSNorm
 from generation.kv_cache import PagedKVCache
 
@@ -41,10 +42,13 @@ def _direct_layer(layer: nn.Module) -> bool:
 class DirectDecode:
     """``decoder``'s decode step (hidden states after the final norm) as a plain loop over its layers."""
 
-    def __init__(self, decoder: nn.Module, cache: PagedKVCache) -> None:
+    def __init__(self, decoder: nn.Module, cache: PagedKVCache, native_stack: bool = True) -> None:
+        """``native_stack``: the layers run as one native call (generation/cpu/decode_stack.py, the same bits);
+        False keeps the Python loop over the kernels (the reference the tests hold the stack to)."""
         self.embed, self.rotary, self.norm = decoder.embed_tokens, decoder.rotary_emb, decoder.norm
         self.layers = list(decoder.layers[: decoder.config.num_hidden_layers])
         self.cache = cache
+        self.stack = NativeStack(self.layers, self.norm, cache, self.embed.weight.dtype) if native_stack else None
         # the rows up to which every linear runs its decode kernel (beyond, the module forward is kept)
         self.max_rows = min(min(layer.self_attn.q_proj.group.decode_kernel_rows,
                                 layer.mlp.gate_proj.group.decode_kernel_rows,
@@ -52,7 +56,7 @@ class DirectDecode:
                                 layer.mlp.down_proj.decode_kernel_rows) for layer in self.layers)
 
     @classmethod
-    def of(cls, decoder: nn.Module, cache: PagedKVCache) -> DirectDecode | None:
+    def of(cls, decoder: nn.Module, cache: PagedKVCache, native_stack: bool = True) -> DirectDecode | None:
         """The direct step for ``decoder`` (the runner's native view), or None when any part is not the layout
         it reproduces."""
         layers = getattr(decoder, "layers", None)
@@ -63,7 +67,7 @@ class DirectDecode:
                 or len(layers) != decoder.config.num_hidden_layers
                 or not all(_direct_layer(layer) for layer in layers)):
             return None
-        return cls(decoder, cache)
+        return cls(decoder, cache, native_stack)
 
     def takes(self, rows: int, dtype: torch.dtype) -> bool:
         return 0 < rows <= self.max_rows and dtype == self.embed.weight.dtype
@@ -73,6 +77,8 @@ class DirectDecode:
         tables ``table_t``: every row's key and value written into the cache, as the module forward does."""
         hidden = self.embed(token_ids[:, None])
         cos, sin = self.rotary(hidden, position_ids=pos[:, None])
+        if self.stack is not None:
+            return self.stack(hidden, cos, sin, table_t, pos)
         pools = self.cache.layers
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp

@@ -114,6 +114,9 @@ def _library() -> ctypes.CDLL | None:
         "provmark_pack_linear": [i32, ptr, i64, ptr, i64, i64],
         "provmark_linear": [i32, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
         "provmark_gemv": [i32, ptr, ptr, ptr, ptr, i64, i64, i32],
+        "provmark_linear_q8": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32],
+        "provmark_decode_stack": [i32, ptr, i64, ptr, ptr, ptr, f32, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr,
+                                  i64, i64, i64, i64, f32, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

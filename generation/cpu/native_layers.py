@@ -39,6 +39,7 @@ SELF_CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 # fp32: every count up to 16 (16 rows: 25 vs 36 ms; 1 row: 17 ms, as MKL's own kernel). bf16: up to 8 rows
 # (8: 12.4 vs 14.2 ms; 1: 9.5 vs 14.1); at 16 rows oneDNN's AMX kernels win (15 vs 20 ms), the FMAs bind.
 DECODE_KERNEL_ROWS = {torch.float32: 16, torch.bfloat16: 8}
+INT8_ROWS = 1 << 40  # int8 weights: every row count runs the int8 kernel (there is no other copy of them)
 
 
 def _eligible(x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -167,14 +168,20 @@ def use_native_layers_(view: nn.Module) -> int:
     return swapped
 
 
-def use_native_linears_(view: nn.Module) -> int:
+def use_native_linears_(view: nn.Module, int8: bool = False) -> int:
     """Give every packed linear and fused projection group of the view a decode kernel
     (``decode_linear.PackedDecodeLinear``, used up to ``DECODE_KERNEL_ROWS`` rows); how many were given one.
 
-    None is given unless the kernel agrees with ``F.linear`` on the first layer (SELF_CHECK_TOLERANCE)."""
+    ``int8``: the opt-in int8 weights instead (``decode_linear.Int8DecodeLinear``, float32 views only), for every
+    row count, prefill included, so that one model computes every token.
+
+    None is given unless the kernel agrees with ``F.linear`` on the first layer (SELF_CHECK_TOLERANCE; int8:
+    against its own rounded weights)."""
     param = next(view.parameters())
     if param.dtype not in SELF_CHECK_TOLERANCE or not native.available(param.dtype, param.device):
         return 0
+    if int8 and param.dtype != torch.float32:
+        raise ValueError(f"int8 weights run on a float32 model, not {param.dtype}")
     targets: list[tuple[object, torch.Tensor, torch.Tensor | None]] = []
     groups: dict[int, list[FusedMember]] = {}
     for module in view.modules():
@@ -190,21 +197,27 @@ def use_native_linears_(view: nn.Module) -> int:
         biases = [m.bias for m in members]
         bias = None if biases[0] is None else torch.cat(biases)
         targets.append((group, torch.cat([m.weight for m in members]), bias))
-    if not targets or not _linear_agrees(*targets[0][1:]):
+    if not targets or not _linear_agrees(*targets[0][1:], int8=int8):
         return 0
+    kernel = decode_linear.Int8DecodeLinear if int8 else decode_linear.PackedDecodeLinear
     for owner, weight, bias in targets:
-        owner.decode_kernel = decode_linear.PackedDecodeLinear(weight, bias)
-        owner.decode_kernel_rows = DECODE_KERNEL_ROWS[param.dtype]
+        owner.decode_kernel = kernel(weight, bias)
+        owner.decode_kernel_rows = INT8_ROWS if int8 else DECODE_KERNEL_ROWS[param.dtype]
     return len(targets)
 
 
-def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _linear_agrees(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool = False) -> bool:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, weight.shape[1], generator=gen).to(weight.dtype)
     try:
         with torch.inference_mode():
-            got = decode_linear.PackedDecodeLinear(weight, bias)(x).float()
-            want = torch.nn.functional.linear(x, weight, bias).float()
+            if int8:
+                quantized, scales = decode_linear.quantize_int8(weight)
+                got = decode_linear.Int8DecodeLinear(weight, bias)(x)
+                want = torch.nn.functional.linear(x, quantized.float() * scales[:, None], bias)
+            else:
+                got = decode_linear.PackedDecodeLinear(weight, bias)(x).float()
+                want = torch.nn.functional.linear(x, weight, bias).float()
     except (RuntimeError, ValueError):
         return False
     return _close(got, want, weight.dtype)

@@ -579,11 +579,16 @@ inline __m512 load_full16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_full16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
+// int8 weights (the opt-in int8 path): 16 values widened to fp32 exactly; the output's scale is applied once, at the end
+inline __m512 load_full16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline void store_full16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 inline void store_full16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
 
-template <typename T, int M, int NB>
-void linear_tile(const float* x, int64_t x_stride, int64_t k, const T* wp, const T* bias, T* y, int64_t y_stride) {
+template <typename W, typename T, int M, int NB>
+void linear_tile(const float* x, int64_t x_stride, int64_t k, const W* wp, const float* scale, const T* bias, T* y,
+                 int64_t y_stride) {
     __m512 acc[NB][M];
     for (int b = 0; b < NB; ++b)
         for (int m = 0; m < M; ++m) acc[b][m] = _mm512_setzero_ps();
@@ -592,7 +597,7 @@ void linear_tile(const float* x, int64_t x_stride, int64_t k, const T* wp, const
         const int64_t ahead = kk + LINEAR_PREFETCH < k ? kk + LINEAR_PREFETCH : k - 1;
         __m512 w[NB];
         for (int b = 0; b < NB; ++b) {
-            const T* block = wp + b * k * 16;
+            const W* block = wp + b * k * 16;
             _mm_prefetch(reinterpret_cast<const char*>(block + ahead * 16), _MM_HINT_T0);
             w[b] = load_full16(block + kk * 16);
         }
@@ -603,19 +608,23 @@ void linear_tile(const float* x, int64_t x_stride, int64_t k, const T* wp, const
     }
     for (int b = 0; b < NB; ++b) {
         const __m512 bv = bias ? load_full16(bias + 16 * b) : _mm512_setzero_ps();
+        if (scale) {  // int8 weights: y = scale * sum(x * q) + bias
+            const __m512 sv = _mm512_loadu_ps(scale + 16 * b);
+            for (int m = 0; m < M; ++m) acc[b][m] = _mm512_mul_ps(acc[b][m], sv);
+        }
         for (int m = 0; m < M; ++m) store_full16(y + m * y_stride + 16 * b, _mm512_add_ps(acc[b][m], bv));
     }
 }
 
-template <typename T, int NB>
-void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const T* wp, const T* bias, T* y,
-                 int64_t y_stride) {
+template <typename W, typename T, int NB>
+void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const W* wp, const float* scale,
+                 const T* bias, T* y, int64_t y_stride) {
     for (int64_t r = 0; r < rows; r += 8) {
         const float* xr = x + r * x_stride;
         T* yr = y + r * y_stride;
         switch (rows - r >= 8 ? 8 : rows - r) {
 #define PROVMARK_TILE(M) \
-    case M: linear_tile<T, M, NB>(xr, x_stride, k, wp, bias, yr, y_stride); break;
+    case M: linear_tile<W, T, M, NB>(xr, x_stride, k, wp, scale, bias, yr, y_stride); break;
             PROVMARK_TILE(1) PROVMARK_TILE(2) PROVMARK_TILE(3) PROVMARK_TILE(4)
             PROVMARK_TILE(5) PROVMARK_TILE(6) PROVMARK_TILE(7) PROVMARK_TILE(8)
 #undef PROVMARK_TILE
@@ -623,19 +632,20 @@ void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, cons
     }
 }
 
-template <typename T>
-void linear_all(const float* x, int64_t x_stride, const T* packed, const T* bias, T* y, int64_t rows, int64_t n,
-                int64_t k, int threads) {
+template <typename W, typename T>
+void linear_all(const float* x, int64_t x_stride, const W* packed, const float* scale, const T* bias, T* y,
+                int64_t rows, int64_t n, int64_t k, int threads) {
     const int64_t pairs = n / 32, units = pairs + (n % 32 != 0);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < units; ++u) {
         const int64_t n0 = u * 32;
-        const T* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
+        const W* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
+        const float* s = scale ? scale + n0 : nullptr;
         const T* b = bias ? bias + n0 : nullptr;
         if (u < pairs)
-            linear_rows<T, 2>(x, x_stride, rows, k, wp, b, y + n0, n);
+            linear_rows<W, T, 2>(x, x_stride, rows, k, wp, s, b, y + n0, n);
         else
-            linear_rows<T, 1>(x, x_stride, rows, k, wp, b, y + n0, n);
+            linear_rows<W, T, 1>(x, x_stride, rows, k, wp, s, b, y + n0, n);
     }
 }
 
@@ -650,8 +660,8 @@ void linear_all(const float* x, int64_t x_stride, const T* packed, const T* bias
 #define PROVMARK_GEMV_GROUP 8
 #endif
 
-template <typename T, int G>
-inline void gemv_group(const float* x, int64_t k, const T* wp, const T* bias, T* y) {
+template <typename W, typename T, int G>
+inline void gemv_group(const float* x, int64_t k, const W* wp, const float* scale, const T* bias, T* y) {
     __m512 acc[G];
     for (int b = 0; b < G; ++b) acc[b] = _mm512_setzero_ps();
     const int64_t stride = k * 16;
@@ -661,14 +671,16 @@ inline void gemv_group(const float* x, int64_t k, const T* wp, const T* bias, T*
     }
     for (int b = 0; b < G; ++b) {
         const __m512 bv = bias ? load_full16(bias + 16 * b) : _mm512_setzero_ps();
+        if (scale) acc[b] = _mm512_mul_ps(acc[b], _mm512_loadu_ps(scale + 16 * b));  // as linear_tile
         store_full16(y + 16 * b, _mm512_add_ps(acc[b], bv));
     }
 }
 
 constexpr int GEMV_GROUP = PROVMARK_GEMV_GROUP;  // at most 8
 
-template <typename T>
-void gemv_all(const float* x, const T* packed, const T* bias, T* y, int64_t n, int64_t k, int threads) {
+template <typename W, typename T>
+void gemv_all(const float* x, const W* packed, const float* scale, const T* bias, T* y, int64_t n, int64_t k,
+              int threads) {
     const int64_t blocks = n / 16;
     if (threads > blocks) threads = static_cast<int>(blocks);
 #pragma omp parallel num_threads(threads)
@@ -676,16 +688,49 @@ void gemv_all(const float* x, const T* packed, const T* bias, T* y, int64_t n, i
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
         for (int64_t b = b0; b < b1; b += GEMV_GROUP) {
-            const T* wp = packed + b * k * 16;
+            const W* wp = packed + b * k * 16;
+            const float* s = scale ? scale + b * 16 : nullptr;
             const T* bb = bias ? bias + b * 16 : nullptr;
             switch (b1 - b >= GEMV_GROUP ? GEMV_GROUP : b1 - b) {
 #define PROVMARK_GEMV(G) \
-    case G: gemv_group<T, G>(x, k, wp, bb, y + b * 16); break;
+    case G: gemv_group<W, T, G>(x, k, wp, s, bb, y + b * 16); break;
                 PROVMARK_GEMV(1) PROVMARK_GEMV(2) PROVMARK_GEMV(3) PROVMARK_GEMV(4)
                 PROVMARK_GEMV(5) PROVMARK_GEMV(6) PROVMARK_GEMV(7) PROVMARK_GEMV(8)
 #undef PROVMARK_GEMV
             }
         }
+    }
+}
+
+// A decode linear as the engine holds it: W packed [n/16][k][16] (float32 / bfloat16 as T, or int8 with a
+// float32 scale per output), bias [n] or null. rows <= gemv_rows: the 1-row kernel; else the tiles. The same
+// dispatch as provmark_linear / provmark_gemv / their _q8 forms, so every caller gets the same bits.
+struct LinearRef {
+    const void* packed;
+    const float* scales;  // non-null: int8 weights
+    const void* bias;
+    int64_t n, k, gemv_rows;
+};
+
+template <typename T>
+void apply_linear(const LinearRef& lin, const T* x, T* y, int64_t rows, int threads, std::vector<float>& xf) {
+    const float* xs;
+    if constexpr (std::is_same_v<T, float>) {
+        xs = x;
+    } else {  // bf16 inputs widened once, then broadcast from there
+        xf.resize(static_cast<size_t>(rows * lin.k));
+        for (int64_t i = 0; i < rows * lin.k; ++i) xf[static_cast<size_t>(i)] = to_float(x[i]);
+        xs = xf.data();
+    }
+    const T* bias = static_cast<const T*>(lin.bias);
+    if (lin.scales) {
+        const int8_t* w = static_cast<const int8_t*>(lin.packed);
+        if (rows <= lin.gemv_rows) gemv_all(xs, w, lin.scales, bias, y, lin.n, lin.k, threads);
+        else linear_all(xs, lin.k, w, lin.scales, bias, y, rows, lin.n, lin.k, threads);
+    } else {
+        const T* w = static_cast<const T*>(lin.packed);
+        if (rows <= lin.gemv_rows) gemv_all(xs, w, static_cast<const float*>(nullptr), bias, y, lin.n, lin.k, threads);
+        else linear_all(xs, lin.k, w, static_cast<const float*>(nullptr), bias, y, rows, lin.n, lin.k, threads);
     }
 }
 #endif
@@ -761,10 +806,10 @@ int provmark_watermark_bias(float* logits, int64_t rows, int64_t vocab, int mode
 }
 
 // W [n, k] (row stride w_stride) -> packed [n/16][k][16] for provmark_linear (n % 16 == 0); dtype 0 = float32,
-// 1 = bfloat16.
+// 1 = bfloat16, 2 = int8 (provmark_linear_q8).
 int provmark_pack_linear(int dtype, const void* w, int64_t w_stride, void* packed, int64_t n, int64_t k) {
-    if (n < 16 || n % 16 != 0 || k < 1 || (dtype != 0 && dtype != 1)) return -1;
-    const size_t size = dtype == 0 ? 4 : 2;
+    if (n < 16 || n % 16 != 0 || k < 1 || dtype < 0 || dtype > 2) return -1;
+    const size_t size = dtype == 0 ? 4 : dtype == 1 ? 2 : 1;
     const char* src = static_cast<const char*>(w);
     char* dst = static_cast<char*>(packed);
 #pragma omp parallel for schedule(static)
@@ -782,13 +827,13 @@ int provmark_linear(int dtype, const void* x, const void* packed, const void* bi
 #if defined(__AVX512F__)
     if (rows < 1 || n < 16 || n % 16 != 0 || k < 1 || threads < 1) return -1;
     if (dtype == 0) {
-        linear_all(static_cast<const float*>(x), k, static_cast<const float*>(packed), static_cast<const float*>(bias),
+        linear_all(static_cast<const float*>(x), k, static_cast<const float*>(packed), nullptr, static_cast<const float*>(bias),
                    static_cast<float*>(y), rows, n, k, threads);
     } else if (dtype == 1) {
         std::vector<float> xf(static_cast<size_t>(rows * k));  // the inputs widened once, then broadcast from here
         const uint16_t* xs = static_cast<const uint16_t*>(x);
         for (int64_t i = 0; i < rows * k; ++i) xf[static_cast<size_t>(i)] = bf16_to_float(xs[i]);
-        linear_all(xf.data(), k, static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias),
+        linear_all(xf.data(), k, static_cast<const uint16_t*>(packed), nullptr, static_cast<const uint16_t*>(bias),
                    static_cast<uint16_t*>(y), rows, n, k, threads);
     } else {
         return -1;
@@ -808,13 +853,13 @@ int provmark_gemv(int dtype, const void* x, const void* packed, const void* bias
 #if defined(__AVX512F__)
     if (n < 16 || n % 16 != 0 || k < 1 || threads < 1) return -1;
     if (dtype == 0) {
-        gemv_all(static_cast<const float*>(x), static_cast<const float*>(packed), static_cast<const float*>(bias),
+        gemv_all(static_cast<const float*>(x), static_cast<const float*>(packed), nullptr, static_cast<const float*>(bias),
                  static_cast<float*>(y), n, k, threads);
     } else if (dtype == 1) {
         std::vector<float> xf(static_cast<size_t>(k));
         const uint16_t* xs = static_cast<const uint16_t*>(x);
         for (int64_t i = 0; i < k; ++i) xf[static_cast<size_t>(i)] = bf16_to_float(xs[i]);
-        gemv_all(xf.data(), static_cast<const uint16_t*>(packed), static_cast<const uint16_t*>(bias),
+        gemv_all(xf.data(), static_cast<const uint16_t*>(packed), nullptr, static_cast<const uint16_t*>(bias),
                  static_cast<uint16_t*>(y), n, k, threads);
     } else {
         return -1;
@@ -822,6 +867,23 @@ int provmark_gemv(int dtype, const void* x, const void* packed, const void* bias
     return 0;
 #else
     (void)dtype; (void)x; (void)packed; (void)bias; (void)y; (void)n; (void)k; (void)threads;
+    return -1;
+#endif
+}
+
+// The opt-in int8 weights: y [rows, n] = scale * (x [rows, k] Q^T) + bias in float32, Q int8 packed by
+// provmark_pack_linear (dtype 2), scale [n] one float32 per output. Widened to fp32 in registers (exact),
+// summed as provmark_linear sums, the scale applied once per output; rows == 1 runs the 1-row kernel (the
+// same bits). Returns -1 where this build has no AVX-512 or the shapes do not fit.
+int provmark_linear_q8(const float* x, const int8_t* packed, const float* scale, const float* bias, float* y,
+                       int64_t rows, int64_t n, int64_t k, int threads) {
+#if defined(__AVX512F__)
+    if (rows < 1 || n < 16 || n % 16 != 0 || k < 1 || threads < 1 || !scale) return -1;
+    std::vector<float> unused;
+    apply_linear<float>(LinearRef{packed, scale, bias, n, k, 1}, x, y, rows, threads, unused);
+    return 0;
+#else
+    (void)x; (void)packed; (void)scale; (void)bias; (void)y; (void)rows; (void)n; (void)k; (void)threads;
     return -1;
 #endif
 }
@@ -1185,6 +1247,98 @@ int provmark_synthid_tournament(float* probs, int64_t rows, int64_t cols, const 
         for (int64_t c = 0; c < cols; ++c) p[c] = p[c] < 0.0f ? 0.0f : p[c];  // a mass rounded above 1
     }
     return 0;
+}
+
+
+// A decode step of a Llama-style decoder's layers in one call, for rows whose every linear runs the kernels
+// above: per layer RMSNorm, the fused q/k/v linear, provmark_paged_rope_cache_attention, o_proj and the
+// residual add, RMSNorm, the fused gate/up linear, silu * up, down_proj and the residual add; then the final
+// RMSNorm. The same kernels in the same order as generation/cpu/direct_decode.py's loop over the modules
+// (the same bits), without a Python call or a tensor allocation between them. hidden [batch, dim_model] is
+// updated in place; out [batch, dim_model] receives the final norm. Returns -1 (nothing reliable written)
+// for bad arguments, a layer's index + 1 where its attention rejected a position.
+struct DecodeLayer {
+    LinearRef qkv, o, gate_up, down;
+    const void* input_norm;
+    const void* post_norm;
+    void* keys;
+    void* values;
+};
+
+}  // extern "C"
+
+#if defined(__AVX512F__)
+namespace {
+template <typename T>
+int decode_stack(const DecodeLayer* layers, int64_t n_layers, T* hidden, const T* final_norm, T* out, float eps,
+                 int dtype, const T* cos, const T* sin, int64_t c_sb, int64_t c_sh, int64_t c_st, int64_t shift,
+                 int64_t num_blocks, const int64_t* tables, int64_t table_stride, const int64_t* positions,
+                 int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+    const int64_t d = layers[0].qkv.k, inner = layers[0].gate_up.n / 2;
+    std::vector<T> normed(static_cast<size_t>(batch * d)), attn(static_cast<size_t>(batch * heads * head_dim)),
+        act(static_cast<size_t>(batch * inner)), step(static_cast<size_t>(batch * d));
+    std::vector<T> wide(static_cast<size_t>(batch * std::max(layers[0].qkv.n, layers[0].gate_up.n)));
+    std::vector<float> xf;
+    const int64_t nh = batch * d;
+    for (int64_t i = 0; i < n_layers; ++i) {
+        const DecodeLayer& layer = layers[i];
+        rms_norm_rows(hidden, d, static_cast<const T*>(layer.input_norm), eps, normed.data(), batch, d);
+        apply_linear<T>(layer.qkv, normed.data(), wide.data(), batch, threads, xf);
+        if (provmark_paged_rope_cache_attention(dtype, wide.data(), layer.qkv.n, cos, sin, head_dim, layer.keys,
+                                                layer.values, c_sb, c_sh, c_st, shift, num_blocks, tables,
+                                                table_stride, positions, attn.data(), batch, heads, kv_heads,
+                                                head_dim, scale, threads) != 0)
+            return static_cast<int>(i) + 1;
+        apply_linear<T>(layer.o, attn.data(), step.data(), batch, threads, xf);
+        for (int64_t j = 0; j < nh; ++j) hidden[j] = from_float<T>(to_float(hidden[j]) + to_float(step[j]));
+        rms_norm_rows(hidden, d, static_cast<const T*>(layer.post_norm), eps, normed.data(), batch, d);
+        apply_linear<T>(layer.gate_up, normed.data(), wide.data(), batch, threads, xf);
+        silu_mul_rows(wide.data(), layer.gate_up.n, inner, act.data(), batch);
+        apply_linear<T>(layer.down, act.data(), step.data(), batch, threads, xf);
+        for (int64_t j = 0; j < nh; ++j) hidden[j] = from_float<T>(to_float(hidden[j]) + to_float(step[j]));
+    }
+    rms_norm_rows(hidden, d, final_norm, eps, out, batch, d);
+    return 0;
+}
+}  // namespace
+#endif
+
+extern "C" {
+
+int provmark_decode_stack(int dtype, const DecodeLayer* layers, int64_t n_layers, void* hidden, const void* final_norm,
+                          void* out, float eps, const void* cos, const void* sin, int64_t c_sb, int64_t c_sh,
+                          int64_t c_st, int64_t shift, int64_t num_blocks, const int64_t* tables,
+                          int64_t table_stride, const int64_t* positions, int64_t batch, int64_t heads,
+                          int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+#if defined(__AVX512F__)
+    if (n_layers < 1 || batch < 1 || threads < 1 || heads < 1 || kv_heads < 1 || head_dim < 2) return -1;
+    const int64_t d = layers[0].qkv.k;
+    for (int64_t i = 0; i < n_layers; ++i) {
+        const DecodeLayer& l = layers[i];
+        if (l.qkv.k != d || l.qkv.n != (heads + 2 * kv_heads) * head_dim || l.o.k != heads * head_dim || l.o.n != d
+            || l.gate_up.k != d || l.gate_up.n % 2 != 0 || l.gate_up.n != layers[0].gate_up.n
+            || l.down.k != l.gate_up.n / 2 || l.down.n != d || (dtype == 1 && (l.qkv.scales || l.o.scales
+            || l.gate_up.scales || l.down.scales)))
+            return -1;
+    }
+    if (dtype == 0)
+        return decode_stack<float>(layers, n_layers, static_cast<float*>(hidden), static_cast<const float*>(final_norm),
+                                   static_cast<float*>(out), eps, dtype, static_cast<const float*>(cos),
+                                   static_cast<const float*>(sin), c_sb, c_sh, c_st, shift, num_blocks, tables,
+                                   table_stride, positions, batch, heads, kv_heads, head_dim, scale, threads);
+    if (dtype == 1)
+        return decode_stack<uint16_t>(layers, n_layers, static_cast<uint16_t*>(hidden),
+                                      static_cast<const uint16_t*>(final_norm), static_cast<uint16_t*>(out), eps,
+                                      dtype, static_cast<const uint16_t*>(cos), static_cast<const uint16_t*>(sin),
+                                      c_sb, c_sh, c_st, shift, num_blocks, tables, table_stride, positions, batch,
+                                      heads, kv_heads, head_dim, scale, threads);
+    return -1;
+#else
+    (void)dtype; (void)layers; (void)n_layers; (void)hidden; (void)final_norm; (void)out; (void)eps; (void)cos;
+    (void)sin; (void)c_sb; (void)c_sh; (void)c_st; (void)shift; (void)num_blocks; (void)tables; (void)table_stride;
+    (void)positions; (void)batch; (void)heads; (void)kv_heads; (void)head_dim; (void)scale; (void)threads;
+    return -1;
+#endif
 }
 
 }  // extern "C"

@@ -76,7 +76,7 @@ class Engine:
     """
 
     def __init__(self, model: LoadedModel | None = None, *, max_num_seqs: int = 16, max_model_len: int = 2048,
-                 max_cache_tokens: int | None = None, max_prefill_tokens: int = 4096,
+                 max_cache_tokens: int | None = None, max_prefill_tokens: int = 8192,
                  block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True,
                  paths: ComputePaths = ComputePaths()) -> None:
         if model is None:

@@ -8,7 +8,7 @@ import torch
 
 from generation.engine import Engine
 from generation.sample.sampler import SamplingParams
-from generation.scheduler import CHUNKED_PREFILL_ABOVE, MIN_CHUNK_TOKENS
+from generation.scheduler import CHUNKED_PREFILL_ABOVE, chunk_budget
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -52,7 +52,7 @@ def test_a_long_prompt_arriving_into_decodes_is_prefilled_in_chunks_beside_them(
     tok = loaded.vocab.tokenizer
     prompts = [tok(p)["input_ids"] for p in SHORT]
     long = tok("Tell me everything about the tides of the northern sea. " * 100)["input_ids"]
-    chunk = max(MIN_CHUNK_TOKENS, engine.config.max_step_tokens - len(prompts))
+    chunk = chunk_budget(len(prompts), engine.config.max_step_tokens)
     assert len(long) > CHUNKED_PREFILL_ABOVE
     log = logged(engine)
     forced = SamplingParams(max_new_tokens=100, min_new_tokens=100, temperature=0.0)  # decoding throughout
@@ -78,7 +78,7 @@ def test_a_short_prompt_arriving_into_decodes_is_chunked_too(loaded):
     prompts = [tok(p)["input_ids"] for p in SHORT]
     short = tok("Name three rivers of Europe, say which sea each one reaches and which capital cities stand on "
                 "its banks, and keep the answer brief.")["input_ids"]
-    chunk = max(MIN_CHUNK_TOKENS, engine.config.max_step_tokens - len(prompts))
+    chunk = chunk_budget(len(prompts), engine.config.max_step_tokens)
     assert chunk < len(short) - 1 < 8 * chunk  # more than one chunk, fewer than the decodes' steps
     log = logged(engine)
     forced = SamplingParams(max_new_tokens=40, min_new_tokens=40, temperature=0.0)

@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from generation.cpu import decode_linear, native
 from generation.cpu.direct_decode import DirectDecode
+from generation.cpu.native_layers import DECODE_KERNEL_ROWS
 from generation.cpu.packed_linear import packing_available
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
@@ -68,7 +69,9 @@ def direct_logits_at(runner: ModelRunner, prompts, steps) -> torch.Tensor:
 
 
 def test_a_batch_beyond_the_decode_kernels_takes_the_module_forward(monkeypatch):
-    direct, _, _ = runners(torch.float32)
+    _, _, model = runners(torch.float32)
+    limit = DECODE_KERNEL_ROWS[torch.float32]  # the rows the direct step takes
+    direct = ModelRunner(model, CacheConfig(num_blocks=limit + 8, max_model_len=256), native_kernels=True)
     calls = []
 
     def refuse(self, *args):

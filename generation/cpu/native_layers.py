@@ -38,7 +38,7 @@ SELF_CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 # Rows up to which the native linear beats oneDNN (all 30 layers' weights at once, 2 threads; docs/engine.md).
 # fp32: every count up to 16 (16 rows: 25 vs 36 ms; 1 row: 17 ms, as MKL's own kernel). bf16: up to 8 rows
 # (8: 12.4 vs 14.2 ms; 1: 9.5 vs 14.1); at 16 rows oneDNN's AMX kernels win (15 vs 20 ms), the FMAs bind.
-DECODE_KERNEL_ROWS = {torch.float32: 16, torch.bfloat16: 8}
+DECODE_KERNEL_ROWS = {torch.float32: 64, torch.bfloat16: 8}
 INT8_ROWS = 1 << 40  # int8 weights: every row count runs the int8 kernel (there is no other copy of them)
 
 

@@ -7,7 +7,10 @@ One request (a 32-token prompt, greedy, forced to run) decodes alone in the engi
 ``before``, the decode-batch kernel's 8-row x 32-output tile at one row and transformers' module forward;
 ``gemv``, the 1-row kernel (``provmark_gemv``: each weight read once, eight 16-output blocks in flight);
 ``after``, that kernel and the direct step (generation/cpu/direct_decode.py: the same kernels in a plain
-loop over the layers). Per step (medians over the rounds, of each round's mean):
+loop over the layers); ``stack``, the direct step's layers in one native call (generation/cpu/decode_stack.py:
+the wrappers below see only the LM head inside it, so its linears, attention and norms count in
+``forward_rest_ms``). ``--weights int8`` runs the int8 weights on every path (``before`` and ``gemv`` then
+differ only in the direct step being off). Per step (medians over the rounds, of each round's mean):
 
 - ``step_ms``: ``Engine.step`` (schedule, forward, sampling, bookkeeping);
 - ``linears_ms``: the 30 layers' q/k/v, o, gate/up and down matmuls; ``lm_head_ms``: the LM head;
@@ -41,6 +44,7 @@ from common import machine, write_json  # noqa: E402
 from generation.cpu import decode_linear, native, paged_native  # noqa: E402
 from generation.engine import Engine  # noqa: E402
 from generation.models import load_model  # noqa: E402
+from generation.runner import ComputePaths  # noqa: E402
 from generation.sample.sampler import SamplingParams  # noqa: E402
 
 PARTS = ("linears", "lm_head", "attention", "norm_mlp", "forward", "sampling", "step")
@@ -95,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1, help="steps timed per path per round")
     parser.add_argument("--rounds", type=int, default=120, help="rounds over the three paths (medians reported)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--weights", choices=("float", "int8"), default="float")
     parser.add_argument("--out", help="the JSON result (default benchmarks/results/batch1_step.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load_model(dtype=args.dtype)
-    engine = Engine(loaded, max_num_seqs=4, max_model_len=2048)
+    engine = Engine(loaded, max_num_seqs=4, max_model_len=2048,
+                    paths=ComputePaths(int8_weights=args.weights == "int8"))
     owners, head = kernel_owners(engine)
     kernels = [o.decode_kernel for o in owners] + [head.decode_kernel]
     clock = Clock()
@@ -110,11 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(8):  # prefill and warm-up
         engine.step()
     direct = engine.runner.direct
-    per_path: dict[str, list[dict]] = {"before": [], "gemv": [], "after": []}
+    stack = None if direct is None else direct.stack
+    per_path: dict[str, list[dict]] = {"before": [], "gemv": [], "after": [], "stack": []}
     for _ in range(args.rounds):
         for path in per_path:
             set_path_on(kernels, path)
-            engine.runner.direct = direct if path == "after" else None
+            engine.runner.direct = direct if path in ("after", "stack") else None
+            if direct is not None:
+                direct.stack = stack if path == "stack" else None
             before = dict(clock.total)
             for _ in range(args.steps):
                 engine.step()
@@ -133,12 +142,15 @@ def main(argv: list[str] | None = None) -> int:
             "forward_rest_ms": round(med["forward"] - kernels_ms, 3),
             "sampling_ms": round(med["sampling"], 3),
             "other_ms": round(med["step"] - med["forward"] - med["sampling"], 3),
-            "weights_gb_s": round(weight_bytes / ((med["linears"] + med["lm_head"]) / 1e3) / 1e9, 1),
+            # the stack path's linears run inside one native call, out of the wrappers' sight
+            "weights_gb_s": (round(weight_bytes / ((med["linears"] + med["lm_head"]) / 1e3) / 1e9, 1)
+                             if med["linears"] > 0 else None),
             "tokens_s": round(1e3 / med["step"], 1),
         }
     out = {
         "machine": machine(),
         "dtype": args.dtype,
+        "weights": args.weights,
         "weight_bytes_per_step": weight_bytes,
         "rounds": args.rounds,
         "steps_per_round": args.steps,
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def set_path_on(kernels: list, path: str) -> None:
     for kernel in kernels:
-        if isinstance(kernel, decode_linear.PackedDecodeLinear):
+        if isinstance(kernel, (decode_linear.PackedDecodeLinear, decode_linear.Int8DecodeLinear)):
             kernel.gemv_rows = 0 if path == "before" else decode_linear.GEMV_ROWS.get(kernel.dtype, 0)
 
 

@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine linears through oneDNN-packed weights (generation/cpu/packed_linear.py)")
     parser.add_argument("--native-kernels", choices=("auto", "on", "off"), default="auto",
                         help="engine decode attention, RMSNorm and silu*up on the C++ kernels (generation/cpu/native.py)")
+    parser.add_argument("--weights", choices=("float", "int8"), default="float",
+                        help="the engine's linears: the dtype's weights, or the opt-in int8 ones (--dtype float32)")
     parser.add_argument("--vllm", action="store_true",
                         help="add a vLLM (CPU) column: benchmarks/vllm_throughput.py in .venv-vllm, same prompts and dtype")
     parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if not set(batches) <= set(BATCHES):
         parser.error("--batches: choose from 1,16,64")
     engine = Engine(loaded, max_num_seqs=max(BATCH, *batches), max_model_len=512,
-                    paths=ComputePaths(packed_weights=packed, native_kernels=native))
+                    paths=ComputePaths(packed_weights=packed, native_kernels=native,
+                                       int8_weights=args.weights == "int8"))
     watermark = default_watermark(vocab_size)
     two_part = default_watermark(vocab_size, two_part=True)
 
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/engine_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": loaded.model_id,
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "weights": args.weights,
         "threads": args.threads,
         "engine_packed_weights": engine.runner.packed_weights,
         "engine_native_kernels": engine.runner.native_attention,

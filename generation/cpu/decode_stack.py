@@ -7,8 +7,8 @@ fifth of a batch-1 step on top of the linears' weight streaming. ``NativeStack``
 stack to C++ once per step: the same kernels, the same dispatch (1-row kernel or tiles), the same order
 and the same roundings, so the hidden states are the loop's bits (tests/test_decode_stack.py).
 
-The layers' pointers (packed weights, norms, the cache's pools) are gathered once; a cache whose pools move
-is noticed (the first pool's address) and the table is rebuilt.
+The layers' pointers (packed weights, norms, the cache's pools) are gathered once, at construction; a cache
+whose pools move is noticed (the first pool's address) and the table is rebuilt.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class NativeStack:
         self.code = native.DTYPE_CODES[dtype]
         self._fn = native._checked_library().provmark_decode_stack
         self._table, self._pool_at = None, None
+        self._build()
 
     def _build(self) -> None:
         table = (DecodeLayer * len(self.layers))()

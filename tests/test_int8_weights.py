@@ -16,6 +16,7 @@ from api.cli import main
 from api.settings import Settings
 from evaluation.corpus import held_out_documents
 from generation.cpu import decode_linear, native
+from generation.cpu.packed_linear import PackedLinear
 from generation.engine import Engine
 from generation.kv_cache import CacheConfig
 from generation.runner import ComputePaths, ModelRunner
@@ -81,6 +82,8 @@ def test_the_runner_computes_the_int8_rounded_model():
     torch.testing.assert_close(torch.cat([first, second]), want, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(want, plain, rtol=1e-4, atol=1e-4)  # the rounding is visible: the check can fail
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the loaded model keeps its weights
+    packed = [m for m in runner.decoder.modules() if isinstance(m, PackedLinear)] + [runner.lm_head]
+    assert packed and all(m.packed_weight is None for m in packed)  # no float32 copy beside the int8 one
 
 
 def test_int8_weights_on_a_bfloat16_model_are_refused():

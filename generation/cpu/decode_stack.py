@@ -52,17 +52,19 @@ class NativeStack:
 
     def _build(self) -> None:
         table = (DecodeLayer * len(self.layers))()
+        kernels = []  # held here too: the table's raw pointers must outlive any swap of a layer's kernel
         for entry, layer in zip(table, self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             pool = self.cache.layers[attn.layer_idx]
-            entry.qkv = LinearRef(*attn.q_proj.group.decode_kernel.ref())
-            entry.o = LinearRef(*attn.o_proj.decode_kernel.ref())
-            entry.gate_up = LinearRef(*mlp.gate_proj.group.decode_kernel.ref())
-            entry.down = LinearRef(*mlp.down_proj.decode_kernel.ref())
+            layer_kernels = (attn.q_proj.group.decode_kernel, attn.o_proj.decode_kernel,
+                             mlp.gate_proj.group.decode_kernel, mlp.down_proj.decode_kernel)
+            kernels.extend(layer_kernels)
+            entry.qkv, entry.o, entry.gate_up, entry.down = (LinearRef(*k.ref()) for k in layer_kernels)
             entry.input_norm = layer.input_layernorm.weight.data_ptr()
             entry.post_norm = layer.post_attention_layernorm.weight.data_ptr()
             entry.keys, entry.values = pool.keys.data_ptr(), pool.values.data_ptr()
-        self._table, self._pool_at = table, self.cache.layers[0].keys.data_ptr()
+        self._table, self._kernels = table, kernels
+        self._pool_at = self.cache.layers[0].keys.data_ptr()
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:

@@ -203,6 +203,8 @@ def use_native_linears_(view: nn.Module, int8: bool = False) -> int:
     for owner, weight, bias in targets:
         owner.decode_kernel = kernel(weight, bias)
         owner.decode_kernel_rows = INT8_ROWS if int8 else DECODE_KERNEL_ROWS[param.dtype]
+        if int8:  # every row count runs the int8 kernel: oneDNN's float32 copy would only hold memory
+            owner.packed_weight = None
     return len(targets)
 
 

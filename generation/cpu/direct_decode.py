@@ -40,7 +40,8 @@ def _direct_layer(layer: nn.Module) -> bool:
 
 
 class DirectDecode:
-    """``decoder``'s decode step (hidden states after the final norm) as a plain loop over its layers."""
+    """``decoder``'s decode step (hidden states after the final norm): its layers in one native call
+    (``NativeStack``), or as a plain loop over their kernels."""
 
     def __init__(self, decoder: nn.Module, cache: PagedKVCache, native_stack: bool = True) -> None:
         """``native_stack``: the layers run as one native call (generation/cpu/decode_stack.py, the same bits);

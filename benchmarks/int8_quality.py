@@ -21,6 +21,7 @@ import secrets
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from common import machine, write_json  # noqa: E402
 
 from detector.scoring import counted_positions, score_positions  # noqa: E402
 from evaluation.corpus import held_out_documents  # noqa: E402
+from evaluation.lm import TeacherForcedLM  # noqa: E402
 from generation.engine import Engine  # noqa: E402
 from generation.models import load_model  # noqa: E402
 from generation.runner import ComputePaths  # noqa: E402
@@ -43,15 +45,10 @@ from watermark.stats import z_score  # noqa: E402
 from watermark.vocab import encode  # noqa: E402
 
 
-def perplexity(engine: Engine, rows: list[list[int]]) -> float:
-    nll = count = 0.0
-    with torch.inference_mode():
-        for row in rows:
-            hidden = engine.runner.decoder(input_ids=torch.tensor([row])).last_hidden_state
-            logits = engine.runner.lm_head(hidden)[0, :-1].float()
-            nll += float(torch.nn.functional.cross_entropy(logits, torch.tensor(row[1:]), reduction="sum"))
-            count += len(row) - 1
-    return math.exp(nll / count)
+def perplexity(engine: Engine, loaded, rows: list[list[int]]) -> float:
+    """Perplexity of ``rows`` through the engine's own view of the model (the weights its steps run)."""
+    lm = TeacherForcedLM(SimpleNamespace(model=engine.runner.view, vocab=loaded.vocab))
+    return math.exp(-float(np.concatenate(lm.token_logprobs(rows, [1] * len(rows))).mean()))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -81,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
             flags, prev = score_positions(mark, torch.tensor(out.token_ids))
             counted = np.asarray(flags)[counted_positions(prev)]
             zs.append(z_score(int(counted.sum()), len(counted), spec.gamma))
-        results[name] = {"perplexity": round(perplexity(engine, rows), 4), "z_median": round(statistics.median(zs), 2),
+        results[name] = {"perplexity": round(perplexity(engine, loaded, rows), 4), "z_median": round(statistics.median(zs), 2),
                          "z_lowest": round(min(zs), 2), "z_above_4": sum(z > 4 for z in zs)}
     report = {"benchmark": "int8_quality", "machine": machine(), "docs": len(rows),
               "tokens_scored": sum(len(r) - 1 for r in rows), "texts": len(prompts), "new_tokens": args.new_tokens,

@@ -100,6 +100,7 @@ class ModelRunner:
         if int8_weights and not self.native_linears:
             raise ValueError("int8 weights: this build of the kernels has no AVX-512 linear")
         self.int8_weights = bool(int8_weights)
+        self.view = forward_model  # the model the runner runs: the caller's, or its packed view
         self.decoder = forward_model.get_decoder()
         self.lm_head = forward_model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:

@@ -5,31 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_llama import NATIVE_LINEARS, TINY, tiny_llama
 
-from generation.cpu import decode_linear, native
 from generation.cpu.decode_stack import NativeStack
 from generation.cpu.direct_decode import DirectDecode
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 
-TINY = {"vocab_size": 160, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 256,
-        "tie_word_embeddings": True}
-
-if not (native.available(torch.float32, torch.device("cpu")) and decode_linear.decode_linear_available()):
+if not NATIVE_LINEARS:
     pytest.skip("no native kernels with the AVX-512 decode linear on this machine: no native stack",
                 allow_module_level=True)
 
 
-def model_of(dtype: torch.dtype) -> LlamaForCausalLM:
-    torch.manual_seed(7)
-    return LlamaForCausalLM(LlamaConfig(**TINY)).to(dtype).eval()
-
-
 def step_both(dtype: torch.dtype, int8: bool = False) -> tuple[ModelRunner, ModelRunner, list]:
     """Two runners over one model, one with the native stack and one with the loop, fed the same steps."""
-    model = model_of(dtype)
+    model = tiny_llama(dtype)
     config = CacheConfig(num_blocks=32, max_model_len=256)
     stack, loop = (ModelRunner(model, config, native_kernels=True, int8_weights=int8) for _ in range(2))
     assert isinstance(stack.direct.stack, NativeStack)
@@ -62,7 +52,7 @@ def test_the_native_stack_gives_the_python_loops_bits(dtype, int8):
 
 
 def test_a_position_outside_its_blocks_is_refused_with_nothing_run():
-    model = model_of(torch.float32)
+    model = tiny_llama()
     runner = ModelRunner(model, CacheConfig(num_blocks=8, max_model_len=256), native_kernels=True)
     runner.prefill([[1, 2, 3]], [0], [[0]])
     hidden = runner.direct.embed(torch.tensor([[4]]))
@@ -72,7 +62,7 @@ def test_a_position_outside_its_blocks_is_refused_with_nothing_run():
 
 
 def test_a_moved_cache_is_noticed():
-    model = model_of(torch.float32)
+    model = tiny_llama()
     runner = ModelRunner(model, CacheConfig(num_blocks=8, max_model_len=256), native_kernels=True)
     runner.prefill([[1, 2, 3]], [0], [[0]])
     runner.decode(torch.tensor([4]), [3], [[0]])

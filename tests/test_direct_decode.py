@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_llama import NATIVE_LINEARS, TINY, tiny_llama
+from transformers import LlamaForCausalLM
 
-from generation.cpu import decode_linear, native
 from generation.cpu.direct_decode import DirectDecode
 from generation.cpu.native_layers import DECODE_KERNEL_ROWS
 from generation.cpu.packed_linear import packing_available
 from generation.kv_cache import CacheConfig
 from generation.runner import ModelRunner
 
-TINY = {"vocab_size": 160, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 256,
-        "tie_word_embeddings": True}
-
-if not (native.available(torch.float32, torch.device("cpu")) and decode_linear.decode_linear_available()):
+if not NATIVE_LINEARS:
     pytest.skip("no native kernels with the AVX-512 decode linear on this machine: no direct decode step",
                 allow_module_level=True)
 
 
 def runners(dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner, LlamaForCausalLM]:
-    torch.manual_seed(7)
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).to(dtype).eval()
+    model = tiny_llama(dtype)
     if not packing_available(model):
         pytest.skip(f"oneDNN has no packed {dtype} linear on this CPU")
     config = CacheConfig(num_blocks=32, max_model_len=256)

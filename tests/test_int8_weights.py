@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_llama import NATIVE_LINEARS, TINY, tiny_llama
 
 from api.cli import main
 from api.settings import Settings
 from evaluation.corpus import held_out_documents
-from generation.cpu import decode_linear, native
+from evaluation.lm import TeacherForcedLM
+from generation.cpu import decode_linear
 from generation.cpu.packed_linear import PackedLinear
 from generation.engine import Engine
 from generation.kv_cache import CacheConfig
@@ -26,12 +29,9 @@ from watermark.scheme import make_watermark
 from watermark.stats import z_score
 from watermark.vocab import encode
 
-if not (native.available(torch.float32, torch.device("cpu")) and decode_linear.decode_linear_available()):
+if not NATIVE_LINEARS:
     pytest.skip("no native kernels with the AVX-512 linear on this machine: no int8 weights", allow_module_level=True)
 
-TINY = {"vocab_size": 160, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 256,
-        "tie_word_embeddings": False}
 
 
 def test_quantize_int8_rounds_each_weight_to_within_half_a_step():
@@ -63,9 +63,7 @@ def test_one_row_gives_the_same_bits_alone_as_in_a_batch():
 
 
 def test_the_runner_computes_the_int8_rounded_model():
-    torch.manual_seed(5)
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    rounded = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    model, rounded = tiny_llama(seed=5, tied=False), tiny_llama(seed=5, tied=False)
     rounded.load_state_dict(model.state_dict())
     with torch.no_grad():
         for module in rounded.modules():
@@ -87,7 +85,7 @@ def test_the_runner_computes_the_int8_rounded_model():
 
 
 def test_int8_weights_on_a_bfloat16_model_are_refused():
-    model = LlamaForCausalLM(LlamaConfig(**TINY)).to(torch.bfloat16).eval()
+    model = tiny_llama(torch.bfloat16)
     with pytest.raises(ValueError, match="int8 weights"):
         ModelRunner(model, CacheConfig(num_blocks=8, max_model_len=64), int8_weights=True)
 
@@ -104,20 +102,14 @@ def engines(loaded):
     return Engine(loaded, max_num_seqs=4), Engine(loaded, max_num_seqs=4, paths=ComputePaths(int8_weights=True))
 
 
-def perplexity(engine: Engine, ids: list[list[int]]) -> float:
-    nll = count = 0.0
-    with torch.inference_mode():
-        for row in ids:
-            hidden = engine.runner.decoder(input_ids=torch.tensor([row])).last_hidden_state
-            logits = engine.runner.lm_head(hidden)[0, :-1].float()
-            nll += float(torch.nn.functional.cross_entropy(logits, torch.tensor(row[1:]), reduction="sum"))
-            count += len(row) - 1
-    return math.exp(nll / count)
+def perplexity(engine: Engine, loaded, ids: list[list[int]]) -> float:
+    lm = TeacherForcedLM(SimpleNamespace(model=engine.runner.view, vocab=loaded.vocab))  # the engine's weights
+    return math.exp(-float(np.concatenate(lm.token_logprobs(ids, [1] * len(ids))).mean()))
 
 
 def test_the_default_models_perplexity_stays_within_one_percent(engines, loaded):
     ids = [encode(loaded.vocab, doc.text)[:256] for doc in held_out_documents(0)[:12]]
-    full, int8 = (perplexity(engine, ids) for engine in engines)
+    full, int8 = (perplexity(engine, loaded, ids) for engine in engines)
     assert abs(int8 / full - 1) < 0.01, (full, int8)
 
 

@@ -63,26 +63,14 @@ class PackedDecodeLinear:
         self._linear, self._gemv = lib.provmark_linear, lib.provmark_gemv
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.in_features
-        if x.dtype is not self.dtype or not x.is_cpu or x.shape[-1] != k:
-            raise ValueError(f"PackedDecodeLinear: input {x.dtype} {tuple(x.shape)} does not fit {k} {self.dtype} "
-                             "inputs")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=self.dtype)
-        rows = x.numel() // k
-        if rows == 0:
-            return out
-        bias = None if self.bias is None else self.bias.data_ptr()
-        if rows <= self.gemv_rows:
-            rc = self._gemv(self.code, x.data_ptr(), self.packed.data_ptr(), bias, out.data_ptr(), self.out_features,
-                            k, torch.get_num_threads())
-        else:
-            rc = self._linear(self.code, x.data_ptr(), self.packed.data_ptr(), bias, out.data_ptr(), rows,
-                              self.out_features, k, torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError("PackedDecodeLinear: this build of the kernels has no AVX-512 linear")
-        return out
+        def launch(x_ptr: int, out_ptr: int, rows: int, bias: int | None, threads: int) -> int:
+            if rows <= self.gemv_rows:
+                return self._gemv(self.code, x_ptr, self.packed.data_ptr(), bias, out_ptr, self.out_features,
+                                  self.in_features, threads)
+            return self._linear(self.code, x_ptr, self.packed.data_ptr(), bias, out_ptr, rows, self.out_features,
+                                self.in_features, threads)
+
+        return _apply(self, x, launch)
 
     def ref(self) -> tuple[int, int | None, int | None, int, int, int]:
         """(packed, scales, bias, n, k, gemv_rows) for provmark_decode_stack (generation/cpu/decode_stack.py)."""
@@ -122,22 +110,31 @@ class Int8DecodeLinear:
         self._linear = lib.provmark_linear_q8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.in_features
-        if x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != k:
-            raise ValueError(f"Int8DecodeLinear: input {x.dtype} {tuple(x.shape)} does not fit {k} float32 inputs")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
-        rows = x.numel() // k
-        if rows == 0:
-            return out
-        bias = None if self.bias is None else self.bias.data_ptr()
-        if self._linear(x.data_ptr(), self.packed.data_ptr(), self.scales.data_ptr(), bias, out.data_ptr(), rows,
-                        self.out_features, k, torch.get_num_threads()) != 0:
-            raise RuntimeError("Int8DecodeLinear: this build of the kernels has no AVX-512 linear")
-        return out
+        def launch(x_ptr: int, out_ptr: int, rows: int, bias: int | None, threads: int) -> int:
+            return self._linear(x_ptr, self.packed.data_ptr(), self.scales.data_ptr(), bias, out_ptr, rows,
+                                self.out_features, self.in_features, threads)
+
+        return _apply(self, x, launch)
 
     def ref(self) -> tuple[int, int | None, int | None, int, int, int]:
         """As ``PackedDecodeLinear.ref``, with the scales."""
         return (self.packed.data_ptr(), self.scales.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
                 self.out_features, self.in_features, self.gemv_rows)
+
+
+def _apply(linear, x: torch.Tensor, launch) -> torch.Tensor:
+    """``x @ W.T + b`` for x [..., k] of the linear's dtype through ``launch(x, out, rows, bias, threads)`` (a
+    kernel call returning its status), with the checks and the output both decode linears share."""
+    name, k = type(linear).__name__, linear.in_features
+    if x.dtype is not linear.dtype or not x.is_cpu or x.shape[-1] != k:
+        raise ValueError(f"{name}: input {x.dtype} {tuple(x.shape)} does not fit {k} {linear.dtype} inputs")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    out = torch.empty((*x.shape[:-1], linear.out_features), dtype=linear.dtype)
+    rows = x.numel() // k
+    if rows == 0:
+        return out
+    bias = None if linear.bias is None else linear.bias.data_ptr()
+    if launch(x.data_ptr(), out.data_ptr(), rows, bias, torch.get_num_threads()) != 0:
+        raise RuntimeError(f"{name}: this build of the kernels has no AVX-512 linear")
+    return out

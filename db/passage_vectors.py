@@ -215,7 +215,8 @@ def fitted_words() -> Words:
             if "stems" in data:
                 return Words.fitted(data["stems"].tolist(), data["stem_idf"].astype(np.float32),
                                     float(data["unseen_idf"]), WORDS_DIM)
-    return Words({}, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.float32), 1.0)
+    return Words({}, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.float32), 1.0,
+                 np.zeros(0, dtype=np.float32))
 
 
 def ids_vector(token_ids, space: Space) -> np.ndarray:

@@ -52,16 +52,17 @@ def stem_sketch(stem: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return buckets, signs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Words:
     """The fitted stems: each one's row (``index``), its coordinates [S, B] and signed weights [S, B] (sign /
-    sqrt(B) times its inverse document frequency), and the weight of a stem not among them."""
+    sqrt(B) times its inverse document frequency), the weight of a stem not among them, and each one's inverse
+    document frequency [S]."""
 
     index: dict[str, int]
     buckets: np.ndarray
     weights: np.ndarray
     unseen_idf: float
-
+    idf: np.ndarray
     @classmethod
     def fitted(cls, fitted_stems: Iterable[str], idf: np.ndarray, unseen_idf: float, dim: int) -> Words:
         fitted_stems = [str(s) for s in fitted_stems]
@@ -70,7 +71,8 @@ class Words:
         for row, stem in enumerate(fitted_stems):
             buckets[row], signs = stem_sketch(stem, dim)
             weights[row] = signs * np.float32(idf[row])
-        return cls({stem: row for row, stem in enumerate(fitted_stems)}, buckets, weights, float(unseen_idf))
+        return cls({stem: row for row, stem in enumerate(fitted_stems)}, buckets, weights, float(unseen_idf),
+                   np.asarray(idf, dtype=np.float32))
 
 
 def words_part(text: str, words: Words, dim: int) -> np.ndarray:

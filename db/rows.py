@@ -306,6 +306,9 @@ class OutputVectorRow(Base):
     # the vector's recipe (db.passage_vectors.FORM): a copy compares only rows of the form its verdicts compute;
     # new rows get the current one, rows from before revision 0012 form 1 (the server default the migration adds)
     form: Mapped[int] = mapped_column(Integer, default=FORM, server_default="1")
+    # the output's keyed stem hashes and counts (db.passage_signature); NULL for rows from before revision 0013,
+    # which the semantic match cannot confirm and so never names
+    signature: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class ManifestRow(Base):

@@ -85,9 +85,10 @@ class SemanticMemory:
     def enabled(self) -> bool:
         return self.keep > 0
 
-    def record(self, key_id: str, receipt_id: str, vector: np.ndarray) -> None:
-        """One output's vector (int8 [DIM], ``db.passage_vectors.text_vectors``) under ``key_id``; nothing when
-        the memory is off. Every PRUNE_EVERY records the key's rows past the newest ``keep`` are deleted."""
+    def record(self, key_id: str, receipt_id: str, vector: np.ndarray, signature: bytes | None = None) -> None:
+        """One output's vector (int8 [DIM], ``db.passage_vectors.stored_vector``) and words' signature
+        (``db.passage_signature.signature``) under ``key_id``; nothing when the memory is off. Every PRUNE_EVERY
+        records the key's rows past the newest ``keep`` are deleted."""
         if not self.enabled:
             return
         vector = np.asarray(vector)
@@ -98,7 +99,7 @@ class SemanticMemory:
             self._recorded += 1
         with self.store.write() as session:
             session.add(OutputVectorRow(key_id=key_id, receipt_id=receipt_id, created_at=utc_now(),
-                                        vector=vector.tobytes()))
+                                        vector=vector.tobytes(), signature=signature))
         if prune:
             self.prune(key_id)
 
@@ -156,6 +157,15 @@ class SemanticMemory:
         out.reverse()
         return out
 
+    def signatures_of(self, row_ids: list[int]) -> dict[int, bytes]:
+        """The stored signatures of these rows (rows gone, or from before signatures, are left out)."""
+        if not row_ids:
+            return {}
+        with self.store.read() as session:
+            rows = session.execute(select(OutputVectorRow.id, OutputVectorRow.signature).where(
+                OutputVectorRow.id.in_(sorted(set(row_ids))), OutputVectorRow.signature.is_not(None))).all()
+        return {int(i): bytes(blob) for i, blob in rows}
+
     def receipt_of(self, row_id: int) -> str | None:
         """The receipt id one remembered output was issued with (None once its row is gone)."""
         with self.store.read() as session:
@@ -202,14 +212,17 @@ class KeyVectors:
 
     def nearest(self, vector: np.ndarray) -> Nearest | None:
         """The held output closest to ``vector`` (int8 [DIM]); None while nothing is held."""
+        found = self.candidates(vector, 1)
+        return found[0] if found else None
+
+    def candidates(self, vector: np.ndarray, count: int) -> list[Nearest]:
+        """The ``count`` held outputs closest to ``vector`` (int8 [DIM]), closest first; [] while nothing is held."""
         size = len(self.order)
         if not size:
-            return None
+            return []
         # one thread: usearch's default (every core) starts a pool per call, 0.1-0.3 ms of a single lookup
-        found = self.index.search(np.asarray(vector, dtype=np.int8), 1, exact=size < EXACT_BELOW, threads=1)
-        if not len(found.keys):
-            return None
-        return Nearest(int(found.keys[0]), float(1.0 - found.distances[0]), size)
+        found = self.index.search(np.asarray(vector, dtype=np.int8), count, exact=size < EXACT_BELOW, threads=1)
+        return [Nearest(int(key), float(1.0 - distance), size) for key, distance in zip(found.keys, found.distances)]
 
     def memory_bytes(self) -> int:
         return int(self.index.memory_usage)

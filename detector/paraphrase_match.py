@@ -1,20 +1,23 @@
 """``paraphrase_of_own_output``: does a text restate, in other words, one output the service remembers?
 
 The watermark and the 5-gram match (``db.output_grams``) read the tokens; a paraphrase replaces them. The
-semantic memory (``db.semantic_memory``) keeps each output's passage vector (``db.passage_vectors``), and a
-verdict asks each tested key's copy (``VectorMirror``, this process's approximate-nearest-neighbour index) for
-the output closest in meaning to the text. The fact it adds: the nearest output's similarity, the false-match
-rate that similarity carries, whether it clears the calibrated threshold, and then that output's receipt id. It
-never changes the watermark verdict.
+semantic memory (``db.semantic_memory``) keeps, per output, a passage vector (``db.passage_vectors``) and its
+words' signature (``db.passage_signature``). A verdict asks each tested key's copy (``VectorMirror``, this
+process's approximate-nearest-neighbour index) for the CANDIDATES outputs nearest the text's passage vector, reads
+the signatures of those at the GATE or above from the store, and names the one whose words are closest (an exact
+cosine: the vector's sketch of the words is noisy, and its noise raised the highest similarity unrelated texts
+reach). The fact it adds: that words similarity, the false-match rate it carries, whether it clears the calibrated
+threshold, and then that output's receipt id. It never changes the watermark verdict. A text whose nearest outputs
+are all below the gate (most texts that restate nothing) costs no store read and has no words similarity.
 
 The false-match rate comes from the calibration shipped beside this module (``data/paraphrase_null.json``, made by
 ``python -m evaluation.paraphrase_calibration``): per pair (one text, one unrelated remembered output), how often
-human text and other outputs of the same model reach a similarity, on the fit half of the human corpora
+human text and other outputs of the same model reach a words similarity, on the fit half of the human corpora
 (``detector.human_corpora``) and of the model's outputs (``ParaphraseNull.pair_rate``). A text searched against
 ``n`` outputs is falsely matched with probability at most ``n`` times that pair rate (a union bound, no
 independence assumed): ``false_match_rate`` for human text, ``other_output_rate`` for an unrelated output of the
 model (the named receipt would be the wrong one). The threshold (``matched``: not a text nobody generated) is one
-grid step above the highest similarity any fit human passage reached against the calibration's memory of outputs,
+grid step above the highest words similarity any fit human passage or fit output reached through the two stages,
 checked on the held-out half (docs/detection.md, "Paraphrases of our own output").
 """
 
@@ -30,17 +33,25 @@ from pathlib import Path
 
 import numpy as np
 
+from db.passage_signature import StemKey, ids_signature, parse, signature_key, similarity, stem_key
 from db.passage_vectors import rotation_seed, stored_vector, vocab_table
 from detector.key_source import has_master_key
 
 NULL_FILE = Path(__file__).with_name("data") / "paraphrase_null.json"
+# candidates: the nearest outputs per key the passage vectors' index returns; gate: the lowest passage-vector
+# similarity whose words are compared (held-out human passages reach it against 10^4 outputs about 6 % of the time,
+# the paraphrases the words confirm nearly always: docs/research/semantic-memory.md)
+CANDIDATES = 16
+GATE = 0.25
 FIELD_DESCRIPTION = (  # the verdict field's description in the HTTP API (api/detector/schemas.py)
     "keyed verdicts where the service keeps its outputs' meaning (PROVMARK_SEMANTIC_OUTPUTS): matched, the text "
-    "restates one remembered output of a tested key in other words (cosine similarity of passage embeddings at or "
-    "above the calibrated threshold); it never changes the verdict. The detect scope sees matched only; explain and "
-    "admin also the similarity, the false-match rate it carries against the outputs searched (how often human text "
-    "reaches it), other_output_rate (how often an unrelated output of the model does: a wrong receipt), the "
-    "threshold, and for a match the output's receipt_id and key_id. None when no tested key has remembered outputs")
+    "restates one remembered output of a tested key in other words (among the outputs nearest its passage vector, "
+    "the one whose words are closest, at a words similarity at or above the calibrated threshold); it never changes "
+    "the verdict. The detect scope sees matched only; explain and admin also similarity (the words similarity; null "
+    "when no nearby output was close enough to compare), vector_similarity (the nearest passage vector's cosine), "
+    "the false-match rate the similarity carries against the outputs searched (how often human text reaches it), "
+    "other_output_rate (how often an unrelated output of the model does: a wrong receipt), the threshold, and for a "
+    "match the output's receipt_id and key_id. None when no tested key has remembered outputs")
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class ParaphraseNull:
     nulls: dict  # name -> {"pairs": P, "texts": N, "outputs": M, "exceed": [k per grid point]}
     threshold: float
     source: str = ""
+    gate: float = GATE  # the passage-vector similarity a candidate needs for its words to be compared
+    candidates: int = CANDIDATES  # nearest outputs per key taken from the passage vectors' index
 
     @classmethod
     def from_dict(cls, data: dict) -> ParaphraseNull:
@@ -61,7 +74,8 @@ class ParaphraseNull:
         for name, null in data["nulls"].items():
             if len(null["exceed"]) != len(grid):
                 raise ValueError(f"paraphrase null {name!r}: one exceedance count per grid point expected")
-        return cls(grid, dict(data["nulls"]), float(data["threshold"]), data.get("source", ""))
+        return cls(grid, dict(data["nulls"]), float(data["threshold"]), data.get("source", ""),
+                   float(data.get("gate", GATE)), int(data.get("candidates", CANDIDATES)))
 
     def pair_rate(self, similarity: float, names: tuple[str, ...] | None = None) -> float:
         """The false-match rate of one pair at ``similarity`` (the grid point at or below it): the largest
@@ -105,6 +119,7 @@ class ParaphraseMatcher:
         self.keyring_of = keyring_of
         self.null = null if null is not None else shipped_null()
         self._seed: bytes | None = None
+        self._signature_key: bytes | None = None
         self._lock = threading.Lock()
 
     @property
@@ -127,8 +142,17 @@ class ParaphraseMatcher:
             return None
         return stored_vector(token_ids, vocab_table(vocab), seed)
 
+    def words_key(self, space) -> StemKey | None:
+        """The keyed hashes of the fitted stems (``db.passage_signature``); None without a master key."""
+        keyring = self.keyring_of()
+        if self._signature_key is None and has_master_key(keyring):
+            with self._lock:
+                self._signature_key = signature_key(keyring)
+        return None if self._signature_key is None else stem_key(self._signature_key, space.words)
+
     def fact(self, token_ids, vocab, key_ids: list[str]) -> dict | None:
-        """The nearest remembered output of any of ``key_ids`` (their copies searched in turn) as the verdict
+        """The remembered output of any of ``key_ids`` whose words are closest to the text's, among the
+        ``candidates`` nearest in the passage vectors' index of each key (those at ``gate`` or above), as the verdict
         reports it; None when the memory is off, nothing of these keys is remembered, or no master key."""
         if not self.enabled or not key_ids or len(token_ids) == 0:
             return None
@@ -138,24 +162,40 @@ class ParaphraseMatcher:
         vector = self.vector(token_ids, vocab)
         if vector is None or not vector.any():
             return None
-        best, best_key, searched = None, None, 0
+        found, searched = [], 0
         for key_id, copy in copies:
-            found = copy.nearest(vector)
-            if found is None:
-                continue
-            searched += found.searched
-            if best is None or found.similarity > best.similarity:
-                best, best_key = found, key_id
-        if best is None:
+            near = copy.candidates(vector, self.null.candidates)
+            searched += near[0].searched if near else 0
+            found += [(candidate, key_id) for candidate in near]
+        if not found:
             return None
-        similarity = float(np.clip(best.similarity, -1.0, 1.0))
-        matched = similarity >= self.null.threshold
-        receipt = self.mirror.memory.receipt_of(best.row) if matched else None
+        nearest = max(candidate.similarity for candidate, _ in found)
+        best = self._confirmed([pair for pair in found if pair[0].similarity >= self.null.gate], token_ids, vocab)
+        similarity = None if best is None else float(np.clip(best[0], 0.0, 1.0))
+        matched = similarity is not None and similarity >= self.null.threshold
+        receipt = self.mirror.memory.receipt_of(best[1].row) if matched else None
+        rated = 0.0 if similarity is None else similarity
         return {"matched": matched and receipt is not None, "receipt_id": receipt,
-                "key_id": best_key if matched else None, "similarity": round(similarity, 4),
-                "false_match_rate": _rounded(self.null.false_match_rate(similarity, searched)),
-                "other_output_rate": _rounded(self.null.false_match_rate(similarity, searched, ("outputs",))),
+                "key_id": best[2] if matched else None,
+                "similarity": None if similarity is None else round(similarity, 4),
+                "vector_similarity": round(float(np.clip(nearest, -1.0, 1.0)), 4),
+                "false_match_rate": _rounded(self.null.false_match_rate(rated, searched)),
+                "other_output_rate": _rounded(self.null.false_match_rate(rated, searched, ("outputs",))),
                 "threshold": self.null.threshold, "outputs_searched": searched}
+
+    def _confirmed(self, gated: list, token_ids, vocab) -> tuple | None:
+        """(words similarity, candidate, key id) of the gated candidate whose stored signature is closest to the
+        text's; None when none has one (no candidate at the gate, or rows from before signatures)."""
+        if not gated:
+            return None
+        stored = self.mirror.memory.signatures_of([candidate.row for candidate, _ in gated])
+        space = vocab_table(vocab)
+        key = self.words_key(space)
+        if not stored or key is None:
+            return None
+        query = parse(ids_signature(token_ids, space, key.key), key)
+        scored = [(similarity(query, parse(stored[c.row], key)), c, key_id) for c, key_id in gated if c.row in stored]
+        return max(scored, key=lambda item: item[0]) if scored else None
 
 
 def _rounded(rate: float) -> float:

@@ -13,9 +13,9 @@ the calibration needs in numbers (each request has its own prompt, so none is le
 
 ``recall``: the first ``--texts`` outputs of the held-out half (by the calibration's split of prompts) of the
 first file, rewritten two ways by the embedded model: sentence by sentence (the ``paraphrase`` attack at rate 1)
-and whole, in one request (REWRITE); each rewrite is looked up against a memory of every output of every file,
-and counts as recognised when its nearest remembered output is its source at or above the shipped threshold
-(``detector/data/paraphrase_null.json``). The rewrites are cached beside ``--out``.
+and whole, in one request (REWRITE); each rewrite is looked up against a memory of every output of every file as
+a verdict looks it up (``evaluation.paraphrase_words``), and counts as recognised when the output it names is its
+source, at or above the shipped threshold (``detector/data/paraphrase_null.json``). The rewrites are cached beside ``--out``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from detector.paraphrase_match import NULL_FILE
+from detector.paraphrase_match import NULL_FILE, ParaphraseNull
 from evaluation.attack_context import AttackContext
 from evaluation.attacks_model import PARAPHRASE_TEMPERATURE, paraphrase
-from evaluation.paraphrase_calibration import read_outputs, similarities, vectors
+from evaluation.paraphrase_calibration import read_outputs, similarities, token_ids, vectors
+from evaluation.paraphrase_words import confirmed, signatures, word_similarities
 from evaluation.runner import chat_prompt_ids
 from generation.engine import Engine
 from generation.models import load_model
@@ -67,8 +68,8 @@ def requests(tokenizer, n: int) -> list[str]:
     return out
 
 
-def generate(n: int, out: Path, tokens: int, home: Path | None) -> int:
-    loaded = load_model()
+def generate(n: int, out: Path, tokens: int, home: Path | None, dtype: str | None = None) -> int:
+    loaded = load_model(dtype=dtype)
     tokenizer = loaded.vocab.tokenizer
     done = {json.loads(line)["key"] for line in _lines(out)}
     todo = [(f"u{i}", text) for i, text in enumerate(requests(tokenizer, n)) if f"u{i}" not in done]
@@ -101,15 +102,18 @@ def recall(paths: list[str], texts: int, out: Path) -> dict:
     held = [o["text"] for o in read_outputs(paths[:1]) if int(o["prompt"][:2], 16) % 2 == 1][:texts]
     rewrites = _rewrites(held, out.with_name(out.stem + "-rewrites.json"))
     vocab = load_vocabulary()
-    memory = vectors(vocab, [o["text"] for o in outputs])
-    null = json.loads(NULL_FILE.read_text())
+    texts = [o["text"] for o in outputs]
+    memory, memory_words = vectors(vocab, texts), signatures(vocab, token_ids(vocab, texts))
+    null = ParaphraseNull.from_dict(json.loads(NULL_FILE.read_text()))
     sources = np.array([index[text] for text in held])
-    result = {"threshold": null["threshold"], "memory_outputs": len(outputs), "texts": len(held), "kinds": {}}
+    result = {"threshold": null.threshold, "memory_outputs": len(outputs), "texts": len(held), "kinds": {}}
     for kind in ("sentence_by_sentence", "whole"):
-        sims = similarities(vectors(vocab, [r[kind] for r in rewrites]), memory)
-        at_source = sims[np.arange(len(held)), sources]
-        nearest = sims.argmax(axis=1) == sources
-        result["kinds"][kind] = {"recognised": int(((at_source >= null["threshold"]) & nearest).sum()),
+        rewritten = [r[kind] for r in rewrites]
+        words = word_similarities(signatures(vocab, token_ids(vocab, rewritten)), memory_words)
+        best, column = confirmed(similarities(vectors(vocab, rewritten), memory), words, null.candidates, null.gate)
+        at_source = words[np.arange(len(held)), sources]
+        nearest = column == sources
+        result["kinds"][kind] = {"recognised": int(((best >= null.threshold) & nearest).sum()),
                                  "nearest_is_source": int(nearest.sum()),
                                  "median_similarity": float(np.median(at_source))}
     return result
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     made.add_argument("--out", type=Path, required=True)
     made.add_argument("--tokens", type=int, default=200)
     made.add_argument("--home", type=Path, help="the keyring's home (default: PROVMARK_HOME)")
+    made.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the model's dtype (bfloat16 generates about 1.7 times as fast on a CPU with AVX-512 BF16)")
     found = commands.add_parser("recall", help="paraphrases of held-out outputs recognised at the shipped threshold")
     found.add_argument("--outputs", required=True, help="JSON-lines files of outputs, comma-separated")
     found.add_argument("--texts", type=int, default=300)
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":
         if args.n < 1 or args.tokens < 1:
             parser.error("--n and --tokens take positive numbers")
-        return generate(args.n, args.out, args.tokens, args.home)
+        return generate(args.n, args.out, args.tokens, args.home, args.dtype)
     paths = [p for p in args.outputs.split(",") if p]
     missing = [p for p in paths if not Path(p).is_file()]
     if missing or args.texts < 1:

@@ -2,14 +2,15 @@
 
 A service that remembers what it wrote recognises an attacked text three ways: the watermark (z at the run's
 empirical thresholds), the 5-gram match (``db.output_grams``, ``matches_own_output``: at least MIN_MATCHED of its
-sampled 5-grams are the source output's alone) and the semantic match (``paraphrase_of_own_output``: the source is
-the remembered output nearest in meaning, at a similarity whose false-match rate against the memory, from the
-shipped calibration ``detector.paraphrase_match``, is at most f). The memory is the run's clean outputs of the
+sampled 5-grams are the source output's alone) and the semantic match (``paraphrase_of_own_output``: among the
+outputs nearest in meaning, the source is the one whose words are closest, at a words similarity whose
+false-match rate against the memory, from the shipped calibration ``detector.paraphrase_match``, is at most f;
+``evaluation.paraphrase_words``). The memory is the run's clean outputs of the
 scheme (n of them); each attacked text counts only when it is recognised as its own source.
 
 Per cell, ``own_output_layers``: for each false-match rate f of ``FMRS``, the fraction recognised by the
 watermark alone, by the 5-gram match, by the semantic match, and by any of them; the semantic threshold used and
-the quartiles of each attacked text's similarity to its source.
+the quartiles of each attacked text's words similarity to its source.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from db.output_grams import GramIndex, output_grams
 from db.passage_vectors import ids_vector, stored_form, vocab_table
 from detector.normalize import normalize
 from detector.paraphrase_match import ParaphraseNull, shipped_null
+from evaluation.paraphrase_words import confirmed, signatures, word_similarities
 from watermark.vocab import encode
 
 FMRS = (1e-3, 1e-4)
@@ -38,6 +40,7 @@ class OwnOutputLayers:
         for row, (g, text_ids) in enumerate(zip(generations, ids)):
             self.grams.add(row, output_grams(text_ids, g.prompt_ids, GRAM_KEY))
         self.memory = self._vectors(ids)
+        self.memory_words = signatures(vocab, ids)
         self.thresholds = {f"{f:g}": self.threshold(f, len(generations)) for f in FMRS}
 
     def _ids(self, text: str) -> list[int]:
@@ -64,14 +67,15 @@ class OwnOutputLayers:
         rows = np.arange(len(attacked))
         gram_hits = np.array([(m := self.grams.match_ids(np.asarray(i, dtype=np.int64), GRAM_KEY)) is not None
                               and m.matches and m.row == r for r, i in zip(rows, ids)], dtype=bool)
-        sims = self._vectors(ids) @ self.memory.T
-        own = sims[rows, rows]
-        nearest_is_own = sims.argmax(axis=1) == rows
+        words = word_similarities(signatures(self.vocab, ids), self.memory_words)
+        best, column = confirmed(self._vectors(ids) @ self.memory.T, words, self.null.candidates, self.null.gate)
+        own = words[rows, rows]
+        nearest_is_own = column == rows
         out = {"n": len(attacked), "five_gram": float(gram_hits.mean()) if len(rows) else None,
                "similarity_to_source": {q: float(np.quantile(own, float(q))) for q in ("0.25", "0.5", "0.75")}
                if len(rows) else None, "at_fmr": {}}
         for key, threshold in self.thresholds.items():
-            semantic = nearest_is_own & (own >= threshold) if threshold is not None else np.zeros(len(rows), bool)
+            semantic = nearest_is_own & (best >= threshold) if threshold is not None else np.zeros(len(rows), bool)
             z_threshold = z_thresholds.get(key)
             watermark = np.array([v is not None and z_threshold is not None and v >= z_threshold for v in z], bool)
             out["at_fmr"][key] = {"semantic_threshold": threshold, "watermark": _mean(watermark),

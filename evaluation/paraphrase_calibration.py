@@ -41,7 +41,8 @@ from db.passage_vectors import (
 from db.passage_words import stems
 from detector.human_corpora import FIT, HELD_OUT, documents
 from detector.normalize import normalize
-from detector.paraphrase_match import NULL_FILE, ParaphraseNull
+from detector.paraphrase_match import CANDIDATES, GATE, NULL_FILE, ParaphraseNull
+from evaluation.paraphrase_words import confirmed, signatures, word_similarities
 from watermark.vocab import encode, load_vocabulary
 
 QUOTE_WORDS = 8  # a shared run this long: the prompt quotes the text
@@ -159,42 +160,57 @@ def exceedances(pairs: np.ndarray) -> list[int]:
 
 def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | None = None) -> dict:
     """The fit (``ParaphraseNull``'s dict) and the held-out check, as one JSON-safe dict. ``space_file``: fit the
-    passage space on the fit half's human passages first and write it there (None: use the shipped one)."""
+    passage space on the fit half's human passages first and write it there (None: use the shipped one).
+
+    What is fitted is the words similarity a verdict decides on (``evaluation.paraphrase_words``): per pair, the
+    signatures' cosine (the nulls' exceedances, every pair); per text, the highest among its CANDIDATES nearest
+    outputs by passage vector at the GATE or above (the threshold and the held-out check)."""
     prompts = np.array([o["prompt"] for o in outputs])
     fit_out = np.array([int(p[:2], 16) % 2 == 0 for p in prompts])
     if space_file is not None:
         refit_space(vocab, passages(FIT)[0], [o["text"] for o, fit in zip(outputs, fit_out) if fit], space_file)
-    memory = vectors(vocab, [o["text"] for o in outputs])
-    unrelated = prompts[:, None] != prompts[None, :]  # pairs of outputs of different prompts
-    output_sims = np.where(unrelated, similarities(memory, memory), -1.0)
+    texts = [o["text"] for o in outputs]
+    memory, memory_words = vectors(vocab, texts), signatures(vocab, token_ids(vocab, texts))
+    related = prompts[:, None] == prompts[None, :]  # pairs of outputs of one prompt
+    output_words = word_similarities(memory_words, memory_words)
+    output_words[related] = -1.0
+    output_vectors = similarities(memory, memory)
+    output_vectors[related] = -2.0
+    output_best = confirmed(output_vectors, output_words, CANDIDATES, GATE)[0]
+    del output_vectors
     halves = {}
     for split in (FIT, HELD_OUT):
         texts, domains, numbers = passages_of_documents(split)
         progress(f"{split}: {len(texts)} human passages")
-        sims = similarities(vectors(vocab, texts), memory)
         quoted = quoted_pairs(vocab, texts, numbers, outputs)
         progress(f"{split}: {int(quoted.sum())} pairs of a passage and an output whose prompt quotes it left out")
-        halves[split] = {"sims": np.where(quoted, -1.0, sims), "domains": np.array(domains), "quoted": quoted}
-    fit_outputs = output_sims[fit_out]
-    human = halves[FIT]["sims"]
-    related = halves[FIT]["quoted"]
+        words = word_similarities(signatures(vocab, token_ids(vocab, texts)), memory_words)
+        words[quoted] = -1.0
+        near = similarities(vectors(vocab, texts), memory)
+        near[quoted] = -2.0
+        halves[split] = {"words": words if split == FIT else None, "domains": np.array(domains), "quoted": quoted,
+                         "best": confirmed(near, words, CANDIDATES, GATE)[0]}
+        del near
+    human, quoted = halves[FIT]["words"], halves[FIT]["quoted"]
+    unrelated_fit = ~related[fit_out]
     nulls = {
-        "human": {"pairs": int((~related).sum()), "texts": int(human.shape[0]), "outputs": len(outputs),
-                  "exceed": exceedances(human[~related])},
-        "outputs": {"pairs": int(unrelated[fit_out].sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
-                    "exceed": exceedances(fit_outputs[unrelated[fit_out]])},
+        "human": {"pairs": int((~quoted).sum()), "texts": int(human.shape[0]), "outputs": len(outputs),
+                  "exceed": exceedances(human[~quoted])},
+        "outputs": {"pairs": int(unrelated_fit.sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
+                    "exceed": exceedances(output_words[fit_out][unrelated_fit])},
     }
     # matched says "not a human text, not another output": the threshold clears every fit human passage and every
     # fit output's best unrelated output; the rates at a similarity are reported beside it (other_output_rate)
-    highest = max(float(human.max()), float(fit_outputs[unrelated[fit_out]].max()))
+    fit_human, fit_outputs = halves[FIT]["best"], output_best[fit_out]
+    highest = max(float(fit_human.max()), float(fit_outputs.max()))
     threshold = float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, highest, side="right")))])
-    fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold,
+    fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold, "gate": GATE, "candidates": CANDIDATES,
            "source": "python -m evaluation.paraphrase_calibration"}
     null = ParaphraseNull.from_dict(fit)
-    held_human = halves[HELD_OUT]["sims"].max(axis=1)
-    held_outputs = output_sims[~fit_out].max(axis=1)
+    held_human = halves[HELD_OUT]["best"]
+    held_outputs = output_best[~fit_out]
     check = {
-        "threshold": threshold, "fit_highest": highest, "fit_human_highest": float(human.max()),
+        "threshold": threshold, "fit_highest": highest, "fit_human_highest": float(fit_human.max()),
         "fit_outputs_highest": float(fit_outputs.max()), "memory_outputs": len(outputs),
         "held_out_human": _check(held_human, threshold, null, len(outputs)),
         "held_out_outputs": _check(held_outputs, threshold, null, len(outputs), ("outputs",)),

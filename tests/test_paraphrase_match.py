@@ -17,6 +17,7 @@ from http_fixtures import call, make_token, serve, shared_vocabulary
 from api.detector.app import create_app
 from api.generation.own_output import OwnOutput
 from db.manifests import ManifestRecord, add_manifest
+from db.passage_signature import similarity
 from db.passage_vectors import fitted_words, ids_vector, stored_form, stored_vector, vocab_table
 from db.semantic_memory import SemanticMemory, VectorMirror
 from db.store import Store
@@ -26,6 +27,7 @@ from detector.service import Detector
 from evaluation.own_output_layers import OwnOutputLayers
 from evaluation.paraphrase_calibration import main as calibrate_main
 from evaluation.paraphrase_calibration import passages, quoted_pairs
+from evaluation.paraphrase_words import confirmed, signatures, word_similarities
 from generation.sequence import WatermarkInfo
 from watermark.keys import Keyring
 from watermark.scheme import make_watermark
@@ -151,21 +153,23 @@ def test_a_memory_turned_off_says_nothing(remembered, tmp_path):
 
 def test_the_shipped_calibration_holds_on_held_out_human_text():
     """The threshold was fitted on the fit half; held-out passages (every 4th, ~2,500) against a memory of 40 outputs
-    of the embedded model (``paraphrase_outputs.json``) and the test's own never reach it."""
+    of the embedded model (``paraphrase_outputs.json``) and the test's own, looked up as a verdict looks them up
+    (the nearest by passage vector, then their words), never reach it."""
     null = shipped_null()
     vocab = shared_vocabulary()
     space = vocab_table(vocab)
 
-    def vectors(texts):
-        return stored_form(np.stack([ids_vector(encode(vocab, t)[:200], space) for t in texts]), bytes(32))
+    def vectors(ids):
+        out = stored_form(np.stack([ids_vector(i, space) for i in ids]), bytes(32)).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
 
     outputs = json.loads((Path(__file__).with_name("paraphrase_outputs.json")).read_text())["outputs"]
-    memory = vectors([ORIGINAL, *OTHERS, *outputs]).astype(np.float32)
-    held = vectors(passages(HELD_OUT)[0][::4]).astype(np.float32)
-    memory /= np.linalg.norm(memory, axis=1, keepdims=True)
-    held /= np.linalg.norm(held, axis=1, keepdims=True)
-    best = (held @ memory.T).max(axis=1)
-    assert held.shape[0] > 2000 and int((best >= null.threshold).sum()) == 0, np.sort(best)[-5:]
+    memory = [encode(vocab, t)[:200] for t in (ORIGINAL, *OTHERS, *outputs)]
+    held = [encode(vocab, t)[:200] for t in passages(HELD_OUT)[0][::4]]
+    words = word_similarities(signatures(vocab, held), signatures(vocab, memory))
+    best, _ = confirmed(vectors(held) @ vectors(memory).T, words, null.candidates, null.gate)
+    assert len(held) > 2000 and int((best >= null.threshold).sum()) == 0, np.sort(best)[-5:]
+    assert words.max() < 1.0 and (best > 0).sum() > 0  # some passages reach the gate: the words stage ran
     assert null.false_match_rate(null.threshold, 1) <= 1e-4 * 10  # one pair at the threshold: rare
     assert null.false_match_rate(1.0, 10**9) == 1.0 and null.pair_rate(-1.0) == 1.0
 
@@ -179,12 +183,11 @@ def test_a_calibration_file_is_checked():
 
 
 def test_outputs_in_one_script_that_share_no_word_are_not_matched():
-    """The words part reads words, not the script's byte-level tokens: two unrelated outputs in Hebrew letters stay
+    """The words are read as words, not the script's byte-level tokens: two unrelated outputs in Hebrew letters stay
     below the threshold (with tokens they were at 0.90, and an unrelated output was named as the source)."""
     vocab = shared_vocabulary()
-    space = vocab_table(vocab)
-    a, b = (stored_form(ids_vector(encode(vocab, text), space), bytes(32)).astype(np.float32) for text in SAME_SCRIPT)
-    assert float(_cosine(a, b)) < shipped_null().threshold
+    a, b = signatures(vocab, [encode(vocab, text) for text in SAME_SCRIPT])
+    assert similarity(a, b) < shipped_null().threshold
 
 
 def test_the_fitted_stems_serve_every_vocabulary():
@@ -204,10 +207,6 @@ def test_a_passage_whose_document_a_prompt_quotes_is_left_out_of_the_human_null(
     texts = [ORIGINAL, "A later passage of the same article, quoting nothing of the prompt.", HUMAN]
     quoted = quoted_pairs(vocab, texts, [0, 0, 1], outputs)
     assert quoted.tolist() == [[True, False], [True, False], [False, False]]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def test_the_verdicts_shortcut_gives_the_stored_form():

@@ -42,12 +42,12 @@ def test_a_row_holds_a_vector_and_a_receipt_no_text(database_url):
     store.upgrade()
     memory = SemanticMemory(store)
     vector = random_vectors(1)[0]
-    memory.record("k", "receipt-1", vector)
+    memory.record("k", "receipt-1", vector, b"\x01\x02\x03\x04\x01")
     columns = {c["name"] for c in inspect(store.engine).get_columns("output_vectors")}
-    assert columns == {"id", "key_id", "receipt_id", "created_at", "vector", "form"}
+    assert columns == {"id", "key_id", "receipt_id", "created_at", "vector", "form", "signature"}
     with store.read() as session:
         row = session.scalars(select(OutputVectorRow)).one()
-    assert row.form == FORM
+    assert row.form == FORM and memory.signatures_of([row.id, row.id + 1]) == {row.id: b"\x01\x02\x03\x04\x01"}
     assert len(row.vector) == DIM and np.array_equal(np.frombuffer(row.vector, dtype=np.int8), vector)
     assert TEXT.encode() not in row.vector and memory.receipt_of(row.id) == "receipt-1"
     with pytest.raises(ValueError, match="int8"):

@@ -18,6 +18,7 @@ import torch
 
 from db.output_grams import gram_key, output_grams
 from db.output_memory import OutputMemory
+from db.passage_signature import ids_signature, signature_key
 from db.passage_vectors import rotation_seed, stored_vector, vocab_table
 from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
@@ -43,6 +44,7 @@ class OwnOutput:
         self.memory = OutputMemory(store)
         self.semantic = semantic if semantic is not None else SemanticMemory(store)
         self._rotation_seed: bytes | None = None
+        self._signature_key: bytes | None = None
         self.keyring = keyring
         self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
         self._gram_key: int | None = None
@@ -75,15 +77,18 @@ class OwnOutput:
             log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
 
     def _remember_meaning(self, key_id: str, receipt_id: str, seen: list[int], vocab) -> None:
-        """The output's passage vector (``db.passage_vectors``, of the ids the detector reads it as) under its key
-        and receipt, unless the semantic memory is off. Never fails the generation."""
+        """The output's passage vector (``db.passage_vectors``, of the ids the detector reads it as) and its words'
+        signature (``db.passage_signature``) under its key and receipt, unless the semantic memory is off. Never
+        fails the generation."""
         if not self.semantic.enabled or not len(seen):
             return
         try:
             if self._rotation_seed is None:
                 self._rotation_seed = rotation_seed(self.keyring)
-            vector = stored_vector(seen, vocab_table(vocab), self._rotation_seed)
-            self.semantic.record(key_id, receipt_id, vector)
+                self._signature_key = signature_key(self.keyring)
+            space = vocab_table(vocab)
+            vector = stored_vector(seen, space, self._rotation_seed)
+            self.semantic.record(key_id, receipt_id, vector, ids_signature(seen, space, self._signature_key))
         except StoreError as exc:
             log.warning("output's meaning not remembered: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller

@@ -1,0 +1,107 @@
+"""What the semantic memory keeps of an output's words (``db.passage_signature``): keyed hashes and counts, no
+text and no weight; the same on every worker that holds the master key, other hashes under another key; the
+commonest stems left out; the exact cosine the semantic match decides on; and a row written before signatures is
+never named."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from http_fixtures import shared_vocabulary
+from test_paraphrase_match import KEY, ORIGINAL, OTHERS, PARAPHRASE, remember_texts
+
+from db.passage_signature import (
+    MIN_IDF,
+    Parsed,
+    ids_signature,
+    parse,
+    signature,
+    signature_key,
+    similarity,
+    stem_key,
+)
+from db.passage_vectors import fitted_words, rotation_seed, stored_vector, vocab_table
+from db.passage_words import stems
+from db.semantic_memory import SemanticMemory, VectorMirror
+from detector.service import Detector
+from watermark.keys import Keyring
+from watermark.vocab import encode
+
+K1, K2 = hashlib.sha256(b"provmark-test/k1").digest(), hashlib.sha256(b"provmark-test/k2").digest()
+
+
+def test_the_signature_holds_keyed_hashes_and_counts_only():
+    words = fitted_words()
+    blob = signature(ORIGINAL, words, stem_key(K1, words))
+    kept = {s for s in stems(ORIGINAL) if s in words.index and float(words.idf[words.index[s]]) >= MIN_IDF}
+    assert len(blob) == 5 * len(kept) and len(kept) > 20  # 4 bytes of hash and 1 of count per kept stem
+    for word in ("librar", "council", "station", "the"):
+        assert word.encode() not in blob
+    hashes = np.frombuffer(blob[:4 * len(kept)], dtype="<u4")
+    assert np.all(np.diff(hashes.astype(np.int64)) > 0)  # sorted and unique: the text's word order is not kept
+    assert "the" not in kept and "and" not in kept  # the commonest stems are left out
+    counts = np.frombuffer(blob[4 * len(kept):], dtype="u1")
+    assert counts.min() >= 1 and counts.max() <= 3
+
+
+def test_one_key_gives_one_signature_and_another_key_other_hashes(tmp_path):
+    words = fitted_words()
+    a = signature(ORIGINAL, words, stem_key(K1, words))
+    assert a == signature(ORIGINAL, words, stem_key(K1, words))
+    b = signature(ORIGINAL, words, stem_key(K2, words))
+    n = len(a) // 5
+    assert len(b) == len(a) and not set(np.frombuffer(a[:4 * n], "<u4")) & set(np.frombuffer(b[:4 * n], "<u4"))
+    derived = [signature_key(Keyring(tmp_path / name, master_key=k)) for name, k in (("a", K1), ("b", K1), ("c", K2))]
+    assert derived[0] == derived[1] != derived[2] and len(derived[0]) == 32
+
+
+def test_the_similarity_is_the_exact_cosine_of_the_weighted_stems():
+    words = fitted_words()
+    key = stem_key(K1, words)
+    one, para, other = (parse(signature(t, words, key), key) for t in (ORIGINAL, PARAPHRASE, OTHERS[0]))
+    assert abs(similarity(one, one) - 1.0) < 1e-9
+    assert similarity(one, para) == similarity(para, one) > 0.2 > similarity(one, other)
+    # by hand: shared stems' weights (1 + log count) x idf, over both norms
+    def weights(text):
+        counted = {}
+        for s in stems(text):
+            row = words.index.get(s)
+            idf = words.unseen_idf if row is None else float(words.idf[row])
+            if idf >= MIN_IDF:
+                counted[s] = (min(3, counted.get(s, (0, 0))[0] + 1), idf)
+        return {s: (1 + np.log(c)) * idf for s, (c, idf) in counted.items()}
+    wa, wb = weights(ORIGINAL), weights(PARAPHRASE)
+    dot = sum(wa[s] * wb[s] for s in wa.keys() & wb.keys())
+    expected = dot / (np.linalg.norm(list(wa.values())) * np.linalg.norm(list(wb.values())))
+    assert abs(similarity(one, para) - expected) < 1e-6
+    empty = parse(b"", key)
+    assert similarity(empty, one) == 0.0 and parse(b"\x00" * 7, key).hashes.size == 0  # malformed: empty
+    assert isinstance(empty, Parsed)
+
+
+def test_the_services_compute_it_from_the_token_ids():
+    vocab = shared_vocabulary()
+    space = vocab_table(vocab)
+    ids = encode(vocab, ORIGINAL)
+    assert ids_signature(ids, space, K1) == signature(space.decode(ids), space.words, stem_key(K1, space.words))
+
+
+def test_a_row_without_a_signature_is_never_named(tmp_path):
+    """Rows from before revision 0013 keep their vector and no signature: the match cannot be confirmed, so no
+    receipt is named, even for the output's own text; a row with one is."""
+    vocab, keyring, store = remember_texts(tmp_path)
+    try:
+        memory = SemanticMemory(store)
+        old_key = "old"
+        keyring.create(old_key, secret=hashlib.sha256(b"provmark-test/old").digest())
+        memory.record(old_key, "r-old", stored_vector(encode(vocab, ORIGINAL), vocab_table(vocab),
+                                                      rotation_seed(keyring)))
+        detector = Detector(vocab=vocab, keyring=keyring, semantic_memory=VectorMirror(memory, sync_seconds=0.0))
+        old = detector.detect(ORIGINAL, keys=[old_key]).paraphrase_of_own_output
+        assert old["matched"] is False and old["similarity"] is None and old["vector_similarity"] > 0.99
+        assert old["false_match_rate"] == 1.0
+        new = detector.detect(ORIGINAL, keys=[KEY]).paraphrase_of_own_output
+        assert new["matched"] and new["receipt_id"] == "r-0" and new["similarity"] > 0.99
+    finally:
+        store.close()

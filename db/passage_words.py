@@ -88,9 +88,11 @@ def words_part(text: str, words: Words, dim: int) -> np.ndarray:
     at = rows[known]
     out = np.bincount(words.buckets[at].ravel(), weights=(words.weights[at] * tf[known, None]).ravel(),
                       minlength=dim)
-    for k in np.flatnonzero(~known):
-        buckets, signs = stem_sketch(found[k], dim)
-        np.add.at(out, buckets, signs * (tf[k] * words.unseen_idf))
+    unknown = np.flatnonzero(~known)
+    if unknown.shape[0]:  # stems the fit never saw: their sketches made (and cached) one by one, added at once
+        sketched = [stem_sketch(found[k], dim) for k in unknown]
+        out += np.bincount(np.concatenate([b for b, _ in sketched]), minlength=dim,
+                           weights=np.concatenate([s * (tf[k] * words.unseen_idf) for (_, s), k in zip(sketched, unknown)]))
     return out.astype(np.float32)
 
 

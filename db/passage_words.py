@@ -87,7 +87,7 @@ def words_part(text: str, words: Words, dim: int) -> np.ndarray:
     known = rows >= 0
     at = rows[known]
     out = np.bincount(words.buckets[at].ravel(), weights=(words.weights[at] * tf[known, None]).ravel(),
-                      minlength=dim)
+                      minlength=dim).astype(np.float64)  # float even when no stem is known
     unknown = np.flatnonzero(~known)
     if unknown.shape[0]:  # stems the fit never saw: their sketches made (and cached) one by one, added at once
         sketched = [stem_sketch(found[k], dim) for k in unknown]

@@ -9,9 +9,10 @@ and what ``paraphrase_of_own_output`` costs the detector on texts that match not
 connectivity 16, a search expansion grown with N: ``expansion_for``) filled with N synthetic vectors in the
 stored form (random unit vectors, rotated and quantised as the service stores them; added in one batch as a
 worker's first load does); ``--expansions``: the same lookups again at each listed expansion. Lookups:
-``--queries`` single-vector searches, half of them a stored vector with noise (cosine ~0.8 to it, as a paraphrase
-is: ``recall_at_1`` counts those whose nearest is their source), half a fresh random vector; p50 / p99 in ms, one
-query at a time on one thread. ``memory_per_output_bytes``: usearch's own count of its memory over N.
+``--queries`` searches for the CANDIDATES nearest to one vector (what a verdict asks), half of them a stored
+vector with noise (cosine ~0.8 to it, as a paraphrase is: ``recall_at_1`` counts those whose nearest is their
+source), half a fresh random vector; p50 / p99 in ms, one query at a time on one thread.
+``memory_per_output_bytes``: usearch's own count of its memory over N.
 
 ``detector``: ``Detector.detect`` on held-out human passages of about 200 tokens (``detector.human_corpora``),
 texts that match nothing, with the semantic memory (a SQLite store holding ``--remembered`` outputs under the
@@ -40,6 +41,7 @@ from db.rows import OutputVectorRow, utc_now  # noqa: E402
 from db.semantic_memory import EXACT_BELOW, KeyVectors, SemanticMemory, VectorMirror  # noqa: E402
 from db.store import Store  # noqa: E402
 from detector.human_corpora import HELD_OUT  # noqa: E402
+from detector.paraphrase_match import CANDIDATES  # noqa: E402
 from detector.service import Detector  # noqa: E402
 from evaluation.paraphrase_calibration import passages  # noqa: E402
 from watermark.keys import Keyring  # noqa: E402
@@ -85,9 +87,9 @@ def _lookups(copy: KeyVectors, asks: np.ndarray, sources: np.ndarray) -> dict:
     times, hits = [], 0
     for i, vector in enumerate(asks):
         t = time.perf_counter()
-        found = copy.nearest(vector)
+        found = copy.candidates(vector, CANDIDATES)  # what a verdict asks the index for
         times.append((time.perf_counter() - t) * 1e3)
-        if i < len(sources) and found.row == int(sources[i]) + 1:
+        if i < len(sources) and found[0].row == int(sources[i]) + 1:
             hits += 1
     times.sort()
     return {"lookup_p50_ms": round(statistics.median(times), 4),

@@ -4,9 +4,9 @@ A service that remembers what it wrote recognises an attacked text three ways: t
 empirical thresholds), the 5-gram match (``db.output_grams``, ``matches_own_output``: at least MIN_MATCHED of its
 sampled 5-grams are the source output's alone) and the semantic match (``paraphrase_of_own_output``: among the
 outputs nearest in meaning, the source is the one whose words are closest, at a words similarity whose
-false-match rate against the memory, from the shipped calibration ``detector.paraphrase_match``, is at most f;
-``evaluation.paraphrase_words``). The memory is the run's clean outputs of the
-scheme (n of them); each attacked text counts only when it is recognised as its own source.
+false-match rates against the memory, on human text and on unrelated outputs, from the shipped calibration
+``detector.paraphrase_match``, are at most f; ``evaluation.paraphrase_words``). The memory is the run's clean
+outputs of the scheme (n of them); each attacked text counts only when it is recognised as its own source.
 
 Per cell, ``own_output_layers``: for each false-match rate f of ``FMRS``, the fraction recognised by the
 watermark alone, by the 5-gram match, by the semantic match, and by any of them; the semantic threshold used and
@@ -53,10 +53,10 @@ class OwnOutputLayers:
         return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
     def threshold(self, fmr: float, searched: int) -> float | None:
-        """The lowest similarity of the calibration's grid whose false-match rate against ``searched`` outputs is at
-        most ``fmr`` (None: none is)."""
+        """The lowest similarity of the calibration's grid whose false-match rates against ``searched`` outputs, on
+        human text and on unrelated outputs of the model, are both at most ``fmr`` (None: none is)."""
         for s in self.null.grid:
-            if self.null.false_match_rate(s, searched) <= fmr:
+            if self.null.false_match_rate(s, searched, ("human", "outputs")) <= fmr:
                 return float(s)
         return None
 

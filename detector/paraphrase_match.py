@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from db.passage_signature import StemKey, ids_signature, parse, signature_key, similarity, stem_key
+from db.passage_signature import StemKey, ids_signature, parse, signature_key, stem_key
+from db.passage_signature import similarity as words_similarity
 from db.passage_vectors import rotation_seed, stored_vector, vocab_table
 from detector.key_source import has_master_key
 
@@ -194,7 +195,7 @@ class ParaphraseMatcher:
         if not stored or key is None:
             return None
         query = parse(ids_signature(token_ids, space, key.key), key)
-        scored = [(similarity(query, parse(stored[c.row], key)), c, key_id) for c, key_id in gated if c.row in stored]
+        scored = [(words_similarity(query, parse(stored[c.row], key)), c, key_id) for c, key_id in gated if c.row in stored]
         return max(scored, key=lambda item: item[0]) if scored else None
 
 

@@ -8,9 +8,10 @@ model (the generations an evaluation run cached: ``provmark eval robustness`` wr
 prompt). Pairs of an output with an output of the same prompt are not unrelated and are left out.
 
 Fit: per pair (one negative text, one remembered output), how many pairs reach each similarity of the grid
-(``detector.paraphrase_match.ParaphraseNull``), and the threshold: one grid step above the highest similarity
-any fit human passage reaches against the memory (every output) or any fit output reaches against an unrelated
-one, so no fit negative of either kind is falsely matched. Check: the held-out texts' false matches at that
+(``detector.paraphrase_match.ParaphraseNull``), and the threshold: the lowest grid point at which at most
+TARGET_RATE of the fit human passages (against the memory, every output) and at most TARGET_RATE of the fit
+outputs (against the unrelated ones) are falsely matched, each text looked up as a verdict looks it up
+(``evaluation.paraphrase_words``). Check: the held-out texts' false matches at that
 threshold against the same memory, and the held-out per-text rate that ``ParaphraseNull.false_match_rate``
 promises for it. ``--write`` first fits the passage space on the fit half (``db/data/passage_space.npz``,
 ``db.passage_vectors.fit_space``: the meaning part's directions on the human passages, the word stems'
@@ -51,6 +52,7 @@ PASSAGE_WORDS = 150  # about 200 tokens of prose, the outputs' length
 PER_DOC = 16  # passages of one document at most (a long source file does not outweigh the rest)
 TOKENS = 200
 GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.0025), 4)
+TARGET_RATE = 1e-4  # the per-text false-match rate the threshold is set for, on each null's fit half
 SEED = bytes(32)  # any rotation: it keeps every cosine; the quantisation is what is measured with it
 
 
@@ -199,11 +201,12 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
         "outputs": {"pairs": int(unrelated_fit.sum()), "texts": int(fit_out.sum()), "outputs": len(outputs),
                     "exceed": exceedances(output_words[fit_out][unrelated_fit])},
     }
-    # matched says "not a human text, not another output": the threshold clears every fit human passage and every
-    # fit output's best unrelated output; the rates at a similarity are reported beside it (other_output_rate)
+    # matched says "not a human text, not another output": at the threshold, at most a fraction TARGET_RATE of the fit
+    # human passages, and of the fit outputs against their best unrelated output, are falsely matched (with 10^4 texts
+    # of each, one); the rates at a similarity are reported beside it (other_output_rate)
     fit_human, fit_outputs = halves[FIT]["best"], output_best[fit_out]
     highest = max(float(fit_human.max()), float(fit_outputs.max()))
-    threshold = float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, highest, side="right")))])
+    threshold = max(rate_threshold(fit_human), rate_threshold(fit_outputs))
     fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold, "gate": GATE, "candidates": CANDIDATES,
            "source": "python -m evaluation.paraphrase_calibration"}
     null = ParaphraseNull.from_dict(fit)
@@ -219,6 +222,14 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
             for d in sorted(set(halves[HELD_OUT]["domains"].tolist()))},
     }
     return {"fit": fit, "check": check}
+
+
+def rate_threshold(best: np.ndarray, rate: float = TARGET_RATE) -> float:
+    """The lowest grid point at which at most ``rate`` of the texts (each by its ``best`` similarity) reach it."""
+    allowed = int(np.floor(rate * best.shape[0] + 1e-9))
+    ordered = np.sort(best)[::-1]
+    above = float(ordered[allowed]) if allowed < ordered.shape[0] else -1.0  # the first text not allowed through
+    return float(GRID[min(len(GRID) - 1, int(np.searchsorted(GRID, above, side="right")))])
 
 
 def _check(best: np.ndarray, threshold: float, null: ParaphraseNull, searched: int,

@@ -17,7 +17,7 @@ source), half a fresh random vector; p50 / p99 in ms, one query at a time on one
 ``detector``: ``Detector.detect`` on held-out human passages of about 200 tokens (``detector.human_corpora``),
 texts that match nothing, with the semantic memory (a SQLite store holding ``--remembered`` outputs under the
 key, read through ``VectorMirror``) against the same detector without it, each text both ways back to back,
-``--rounds`` times; ``relative_throughput`` is the median of without / with over the texts.
+``--rounds`` times; ``relative_throughput`` is the median of without / with over the texts (``--texts 0``: not run).
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expansions", default="", help="also look up at these search expansions (comma-separated)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    if min(args.queries, args.rounds, args.remembered, args.threads) < 1 or args.texts < 0:
+        parser.error("--queries, --rounds, --remembered and --threads take positive numbers, --texts 0 or more")
     expansions = tuple(int(e) for e in args.expansions.split(",") if e.strip())
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -160,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "semantic_memory",
                "command": "python benchmarks/semantic_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "machine": machine(), "scale": [], "detector": None}
-    payload["detector"] = detector_cost(texts, args.rounds, args.remembered, rng)
-    print(payload["detector"], flush=True)
+    if texts:  # --texts 0: the index's scale only
+        payload["detector"] = detector_cost(texts, args.rounds, args.remembered, rng)
+        print(payload["detector"], flush=True)
     for size in sizes:
         payload["scale"].append(scale(size, args.queries, rng, expansions))
         print(payload["scale"][-1], flush=True)

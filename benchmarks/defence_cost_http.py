@@ -18,10 +18,12 @@ hits all of them alike:
 - ``budget``: the ``bare`` service's keyring with the per-token detection budget on (``db.budget``: every
   verdict charged, the charges batched per worker into the shared table); the others run without one;
 - ``semantic_off``: a copy of the ``memory`` service's home and store with the semantic memory off
-  (``PROVMARK_SEMANTIC_OUTPUTS=0``). The ``memory`` service also remembers ``--vectors`` passage vectors under
-  the key (random vectors in the stored form: what is timed is the lookup), so every verdict of it computes
-  the text's vector and searches them for ``paraphrase_of_own_output``; ``relative_to_semantic_off`` is what
-  the semantic memory costs (``benchmarks/semantic_memory.py`` times it in one process).
+  (``PROVMARK_SEMANTIC_OUTPUTS=0``). The ``memory`` service also remembers ``--signatures`` outputs' words under
+  the key (synthetic signatures under the key's own hash key, their stems drawn with the fitted stems' document
+  frequencies: ``benchmarks.semantic_memory.synthetic_signatures``), so every verdict of it reads the text's
+  stems and scores them against every remembered output for ``paraphrase_of_own_output``;
+  ``relative_to_semantic_off`` is what the semantic memory costs (``benchmarks/semantic_memory.py`` times it in
+  one process).
 
 Every request carries a ``detect``-scope token (what a user holds; ``explain`` tokens are not budgeted).
 
@@ -95,22 +97,25 @@ def remember_outputs(home: Path, vocab, outputs: int) -> None:
         store.close()
 
 
-def remember_vectors(home: Path, count: int) -> None:
-    """``count`` passage vectors under ``home``'s key, in the stored form (``db.passage_vectors``: unit vectors,
-    rotated, int8), written in one transaction as the generation service writes them one by one."""
+def remember_signatures(home: Path, count: int) -> None:
+    """``count`` synthetic outputs' signatures under ``home``'s key, hashed under its keyring's key
+    (``db.passage_signature.signature_key``), written in one transaction as the generation service writes them
+    one by one."""
     import numpy as np
 
-    from benchmarks.semantic_memory import synthetic
+    from benchmarks.semantic_memory import synthetic_signatures
+    from db.passage_signature import signature_key
     from db.rows import OutputVectorRow, utc_now
     from db.store import Store, database_url
+    from watermark.keys import Keyring
 
-    vectors = synthetic(count, np.random.default_rng(2))
+    blobs = synthetic_signatures(count, np.random.default_rng(2), signature_key(Keyring(home)))
     store = Store(url=database_url(home))
     try:
         store.upgrade()
         with store.write() as session:
             session.add_all(OutputVectorRow(key_id=KEY_ID, receipt_id=f"bench-{i}", created_at=utc_now(),
-                                            vector=v.tobytes()) for i, v in enumerate(vectors))
+                                            signature=blob) for i, blob in enumerate(blobs))
     finally:
         store.close()
 
@@ -161,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="client threads")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per service")
     parser.add_argument("--outputs", type=int, default=1000, help="remembered outputs of the memory service")
-    parser.add_argument("--vectors", type=int, default=20000, help="remembered passage vectors of the memory service")
+    parser.add_argument("--signatures", type=int, default=20000,
+                        help="remembered outputs' signatures of the memory service")
     parser.add_argument("--out", help="output JSON path (default benchmarks/results/defence_cost_http.json)")
     args = parser.parse_args(argv)
     from watermark.keys import Keyring
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(homes["bare"], homes[name])
     Keyring(homes["two_part"]).create(KEY_ID, spec=WatermarkSpec.default(), public_half=True)
     remember_outputs(homes["memory"], vocab, args.outputs)
-    remember_vectors(homes["memory"], args.vectors)
+    remember_signatures(homes["memory"], args.signatures)
     shutil.copytree(homes["memory"], homes["semantic_off"])  # the same keyring, master key and store
     tokens = {name: detect_token(homes[name]) for name in SERVICES}
     negatives = human_texts(args.tokens, args.texts)
@@ -246,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                "command": "python benchmarks/defence_cost_http.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "tokens": args.tokens, "requests": args.requests, "rounds": args.rounds, "texts": args.texts,
                "concurrency": args.concurrency, "workers": args.workers, "remembered_outputs": args.outputs,
-               "remembered_vectors": args.vectors,
+               "remembered_signatures": args.signatures,
                "services": {name: {phase: shown(name, phase) for phase in PHASES} for name in SERVICES}}
     write_json("defence_cost_http", payload, args.out)
     return 0

@@ -1,8 +1,6 @@
 """A remembered output's words as keyed stem hashes: what ``paraphrase_of_own_output`` compares exactly.
 
-The passage vector (``db.passage_vectors``) finds the outputs nearest a text; its words part is a count sketch,
-whose noise (about one over the square root of its 384 coordinates) lifts the highest similarity unrelated texts
-reach, and with it the threshold. The signature holds the same words without the noise: the text's word stems
+The signature is what the semantic memory keeps of an output and compares a text with: the text's word stems
 (``db.passage_words.stems``) whose inverse document frequency is at least MIN_IDF (the commonest stems, "the",
 "and", carry little and are what a count of hashes would give away first), each as a 32-bit hash under a key the
 keyring's master key derives (SIGNATURE_PURPOSE, the same in every replica), with its count (at most
@@ -18,12 +16,13 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from db.passage_words import COUNT_CAP, Words, stems
+from db.passage_words import COUNT_CAP, Words, fitted_words, stems
 
 SIGNATURE_PURPOSE = b"provmark/semantic-memory-stems"  # the master-key derivation label of the hashes' key
 MIN_IDF = 3.0  # stems in more than about one document in seven are left out (docs/research/semantic-memory.md)
@@ -34,12 +33,15 @@ COUNT = np.dtype("u1")
 @dataclass(frozen=True)
 class StemKey:
     """The hashes' key and, per fitted stem, its hash's inverse document frequency (sorted hashes, their idf),
-    and the weight of a stem not among them."""
+    the weight of a stem not among them, and per row of the fitted stems (``Words.index``) its hash and whether it
+    is kept (inverse document frequency at least MIN_IDF)."""
 
     key: bytes
     hashes: np.ndarray
     idf: np.ndarray
     unseen_idf: float
+    row_hashes: np.ndarray
+    row_kept: np.ndarray
 
     def hash(self, stem: str) -> int:
         return _hash(self.key, stem)
@@ -61,10 +63,21 @@ def _hash(key: bytes, stem: str) -> int:
 @functools.lru_cache(maxsize=8)
 def stem_key(key: bytes, words: Words) -> StemKey:
     """The fitted stems of ``words`` hashed under ``key`` (about 0.1 s for 30,000 stems, once per key)."""
+    rows = np.fromiter(words.index.values(), dtype=np.int64, count=len(words.index))
     hashes = np.fromiter((_hash(key, stem) for stem in words.index), dtype=HASH, count=len(words.index))
-    idf = words.idf[np.fromiter(words.index.values(), dtype=np.int64, count=len(words.index))]
+    row_hashes = np.zeros(len(words.idf), dtype=HASH)
+    row_hashes[rows] = hashes
+    idf = words.idf[rows]
     order = np.argsort(hashes, kind="stable")
-    return StemKey(key, hashes[order], idf[order].astype(np.float64), float(words.unseen_idf))
+    return StemKey(key, hashes[order], idf[order].astype(np.float64), float(words.unseen_idf), row_hashes,
+                   np.asarray(words.idf, dtype=np.float64) >= MIN_IDF)
+
+
+@functools.cache
+def shipped_words() -> Words:
+    """The fitted stems shipped with the package (``db.passage_words.fitted_words``), one object per process
+    (``stem_key`` caches by it): what both services read signatures with."""
+    return fitted_words()
 
 
 def signature_key(keyring) -> bytes:
@@ -72,21 +85,32 @@ def signature_key(keyring) -> bytes:
     return keyring.derive_key(SIGNATURE_PURPOSE)
 
 
+def counted(text: str, words: Words, key: StemKey) -> tuple[np.ndarray, np.ndarray]:
+    """``text``'s stems of inverse document frequency at least MIN_IDF as (sorted unique keyed hashes, their
+    counts, at most COUNT_CAP; two stems of one hash count together)."""
+    found = collections.Counter(stems(text))
+    names = list(found)
+    counts = np.fromiter(found.values(), dtype=np.int64, count=len(names))
+    rows = np.fromiter(map(words.index.get, names, itertools.repeat(-1)), dtype=np.int64, count=len(names))
+    known = rows >= 0
+    hashes = np.empty(len(names), dtype=HASH)
+    kept = np.empty(len(names), dtype=bool)
+    hashes[known] = key.row_hashes[rows[known]]
+    kept[known] = key.row_kept[rows[known]]
+    unknown = np.flatnonzero(~known)
+    if unknown.shape[0]:  # stems the fit never saw: hashed one by one (cached)
+        hashes[unknown] = np.fromiter((key.hash(names[k]) for k in unknown), dtype=HASH, count=len(unknown))
+        kept[unknown] = key.unseen_idf >= MIN_IDF
+    unique, inverse = np.unique(hashes[kept], return_inverse=True)
+    summed = np.bincount(inverse, weights=counts[kept], minlength=len(unique))
+    return unique.astype(HASH), np.minimum(summed, COUNT_CAP).astype(COUNT)
+
+
 def signature(text: str, words: Words, key: StemKey) -> bytes:
     """What the memory stores of ``text``'s words: its stems of inverse document frequency at least MIN_IDF, as
     sorted unique 32-bit keyed hashes, then one count byte each (b"" for a text with none)."""
-    counted = collections.Counter(stems(text))
-    kept: dict[int, int] = {}
-    for stem, count in counted.items():
-        row = words.index.get(stem)
-        if (words.unseen_idf if row is None else float(words.idf[row])) >= MIN_IDF:
-            hashed = key.hash(stem)
-            kept[hashed] = min(COUNT_CAP, kept.get(hashed, 0) + count)
-    if not kept:
-        return b""
-    hashes = np.array(sorted(kept), dtype=HASH)
-    counts = np.array([kept[int(h)] for h in hashes], dtype=COUNT)
-    return hashes.tobytes() + counts.tobytes()
+    hashes, counts = counted(text, words, key)
+    return hashes.tobytes() + counts.tobytes() if len(hashes) else b""
 
 
 @dataclass(frozen=True)
@@ -103,11 +127,20 @@ def parse(blob: bytes, key: StemKey) -> Parsed:
     if not blob or len(blob) % size:
         return Parsed(np.zeros(0, HASH), np.zeros(0))
     n = len(blob) // size
-    hashes = np.frombuffer(blob, dtype=HASH, count=n)
-    counts = np.frombuffer(blob, dtype=COUNT, count=n, offset=n * HASH.itemsize)
+    return parsed(np.frombuffer(blob, dtype=HASH, count=n), np.frombuffer(blob, dtype=COUNT, count=n,
+                                                                          offset=n * HASH.itemsize), key)
+
+
+def parsed(hashes: np.ndarray, counts: np.ndarray, key: StemKey) -> Parsed:
+    """Sorted unique hashes and their counts, with unit weights."""
     weights = key.weights(hashes, np.maximum(counts, 1))
     norm = math.sqrt(float(weights @ weights))
     return Parsed(hashes, weights / norm if norm > 0 else weights)
+
+
+def text_signature(text: str, words: Words, key: StemKey) -> Parsed:
+    """``parse(signature(text, words, key), key)``, without the bytes: what a verdict compares."""
+    return parsed(*counted(text, words, key), key)
 
 
 def similarity(a: Parsed, b: Parsed) -> float:
@@ -116,7 +149,8 @@ def similarity(a: Parsed, b: Parsed) -> float:
     return float(a.weights[at_a] @ b.weights[at_b])
 
 
-def ids_signature(token_ids, space, key: bytes) -> bytes:
-    """``signature`` of the text of ``token_ids`` as the memory reads it (``space``: ``db.passage_vectors.Space``,
-    whose decoder and fitted stems both services share), under the hashes' ``key`` (``signature_key``)."""
-    return signature(space.decode([int(i) for i in token_ids]), space.words, stem_key(key, space.words))
+def text_signature_bytes(text: str, key: bytes) -> bytes:
+    """``signature`` of ``text`` with the shipped stems under the hashes' ``key`` (``signature_key``): what the
+    generation service stores of an output, from the text the detector will read it as."""
+    words = shipped_words()
+    return signature(text, words, stem_key(key, words))

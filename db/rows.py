@@ -12,8 +12,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from db.passage_vectors import FORM
-
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -289,10 +287,14 @@ class KeyOutputRow(Base):
     grams: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
+LAST_VECTOR_FORM = 3  # output_vectors.form of rows written since: they hold no vector
+
+
 class OutputVectorRow(Base):
-    """One remembered output's meaning (``db.semantic_memory``): its passage embedding under the key's memory,
-    rotated by a master-key rotation and quantised to int8 (``db.passage_vectors``), and the receipt it was issued
-    with. No text: ``paraphrase_of_own_output`` names the receipt of the output a paraphrase restates."""
+    """One remembered output's words (``db.semantic_memory``): their keyed stem hashes and counts
+    (``db.passage_signature``), and the receipt it was issued with. No text: ``paraphrase_of_own_output`` names the
+    receipt of the output a paraphrase restates. Rows from before revision 0014 also hold a passage vector, which
+    nothing reads any more."""
 
     __tablename__ = "output_vectors"
     # ids never reused (SQLite AUTOINCREMENT): a worker's copy tells a purge from new rows by them
@@ -302,12 +304,12 @@ class OutputVectorRow(Base):
     key_id: Mapped[str] = mapped_column(String(32))
     receipt_id: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
-    vector: Mapped[bytes] = mapped_column(LargeBinary)  # DIM int8 (db.passage_vectors.quantised)
-    # the vector's recipe (db.passage_vectors.FORM): a copy compares only rows of the form its verdicts compute;
-    # new rows get the current one, rows from before revision 0012 form 1 (the server default the migration adds)
-    form: Mapped[int] = mapped_column(Integer, default=FORM, server_default="1")
+    # rows from before revision 0014: a passage vector (512 int8), which nothing reads; new rows none
+    vector: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # the recipe of a row's passage vector when it had one (1 before revision 0012, then 2 and 3); new rows the last
+    form: Mapped[int] = mapped_column(Integer, default=LAST_VECTOR_FORM, server_default="1")
     # the output's keyed stem hashes and counts (db.passage_signature); NULL for rows from before revision 0013,
-    # which the semantic match cannot confirm and so never names
+    # which the semantic match never reads
     signature: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 

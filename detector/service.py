@@ -63,7 +63,7 @@ class Detector:
     ``output_memory``: this process's copy of the service's record of its own output
     (``db.output_memory.MemoryMirror``); with it, a kgw:, gumbel: or synthid: verdict that says
     ``watermarked`` carries the spoof check (``detector.spoof_check``). ``semantic_memory``: this process's copy of
-    the service's outputs' meaning (``db.semantic_memory.VectorMirror``); with it, a keyed verdict carries
+    the service's outputs' meaning (``db.semantic_memory.SignatureMirror``); with it, a keyed verdict carries
     ``paraphrase_of_own_output`` (``detector.paraphrase_match``)."""
 
     def __init__(self, vocab: Vocabulary | None = None, keyring: KeySource | None = None, calibrations=None,
@@ -164,7 +164,7 @@ class Detector:
                 verdict.spoof_check = self._spoof_check(verdict, marks, ids, common, scored.spoof_units, match)
         if self.paraphrases is not None and spec.needs_key:
             # every keyed verdict: a paraphrase keeps what our output said, not its tokens (never changes the verdict)
-            verdict.paraphrase_of_own_output = self.paraphrases.fact(ids_list, vocab, [m.key_id for m in marks])
+            verdict.paraphrase_of_own_output = self.paraphrases.fact(normalized.text, [m.key_id for m in marks])
         return verdict
 
     def _spoof_check(self, verdict: Verdict, marks: list, ids: torch.Tensor, common, spoof_units: tuple | None,

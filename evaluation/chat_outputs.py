@@ -32,8 +32,8 @@ import numpy as np
 from detector.paraphrase_match import NULL_FILE, ParaphraseNull
 from evaluation.attack_context import AttackContext
 from evaluation.attacks_model import PARAPHRASE_TEMPERATURE, paraphrase
-from evaluation.paraphrase_calibration import read_outputs, similarities, token_ids, vectors
-from evaluation.paraphrase_words import confirmed, signatures, word_similarities
+from evaluation.paraphrase_calibration import read_outputs, token_ids
+from evaluation.paraphrase_words import best_of, signatures, word_similarities
 from evaluation.runner import chat_prompt_ids
 from generation.engine import Engine
 from generation.models import load_model
@@ -103,14 +103,14 @@ def recall(paths: list[str], texts: int, out: Path) -> dict:
     rewrites = _rewrites(held, out.with_name(out.stem + "-rewrites.json"))
     vocab = load_vocabulary()
     texts = [o["text"] for o in outputs]
-    memory, memory_words = vectors(vocab, texts), signatures(vocab, token_ids(vocab, texts))
+    memory_words = signatures(vocab, token_ids(vocab, texts))
     null = ParaphraseNull.from_dict(json.loads(NULL_FILE.read_text()))
     sources = np.array([index[text] for text in held])
     result = {"threshold": null.threshold, "memory_outputs": len(outputs), "texts": len(held), "kinds": {}}
     for kind in ("sentence_by_sentence", "whole"):
         rewritten = [r[kind] for r in rewrites]
         words = word_similarities(signatures(vocab, token_ids(vocab, rewritten)), memory_words)
-        best, column = confirmed(similarities(vectors(vocab, rewritten), memory), words, null.candidates, null.gate)
+        best, column = best_of(words)
         at_source = words[np.arange(len(held)), sources]
         nearest = column == sources
         result["kinds"][kind] = {"recognised": int(((best >= null.threshold) & nearest).sum()),

@@ -2,10 +2,10 @@
 
 A service that remembers what it wrote recognises an attacked text three ways: the watermark (z at the run's
 empirical thresholds), the 5-gram match (``db.output_grams``, ``matches_own_output``: at least MIN_MATCHED of its
-sampled 5-grams are the source output's alone) and the semantic match (``paraphrase_of_own_output``: among the
-outputs nearest in meaning, the source is the one whose words are closest, at a words similarity whose
-false-match rates against the memory, on human text and on unrelated outputs, from the shipped calibration
-``detector.paraphrase_match``, are at most f; ``evaluation.paraphrase_words``). The memory is the run's clean
+sampled 5-grams are the source output's alone) and the semantic match (``paraphrase_of_own_output``: the source
+is the remembered output whose words are closest, at a words similarity whose false-match rates against the
+memory, on human text and on unrelated outputs, from the shipped calibration ``detector.paraphrase_match``, are
+at most f; ``evaluation.paraphrase_words``). The memory is the run's clean
 outputs of the scheme (n of them); each attacked text counts only when it is recognised as its own source.
 
 Per cell, ``own_output_layers``: for each false-match rate f of ``FMRS``, the fraction recognised by the
@@ -18,15 +18,13 @@ from __future__ import annotations
 import numpy as np
 
 from db.output_grams import GramIndex, output_grams
-from db.passage_vectors import ids_vector, stored_form, vocab_table
 from detector.normalize import normalize
 from detector.paraphrase_match import ParaphraseNull, shipped_null
-from evaluation.paraphrase_words import confirmed, signatures, word_similarities
+from evaluation.paraphrase_words import best_of, signatures, word_similarities
 from watermark.vocab import encode
 
 FMRS = (1e-3, 1e-4)
 GRAM_KEY = 0x5EC0_0D5E  # the run's n-gram hash key (the service derives its own from the master key)
-SEED = bytes(32)  # the run's rotation (any keeps every cosine)
 
 
 class OwnOutputLayers:
@@ -39,18 +37,11 @@ class OwnOutputLayers:
         self.grams = GramIndex()
         for row, (g, text_ids) in enumerate(zip(generations, ids)):
             self.grams.add(row, output_grams(text_ids, g.prompt_ids, GRAM_KEY))
-        self.memory = self._vectors(ids)
         self.memory_words = signatures(vocab, ids)
         self.thresholds = {f"{f:g}": self.threshold(f, len(generations)) for f in FMRS}
 
     def _ids(self, text: str) -> list[int]:
         return encode(self.vocab, normalize(text).text)
-
-    def _vectors(self, ids: list[list[int]]) -> np.ndarray:
-        space = vocab_table(self.vocab)
-        vectors = stored_form(np.stack([ids_vector(i, space) for i in ids]), SEED).astype(np.float32)
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
     def threshold(self, fmr: float, searched: int) -> float | None:
         """The lowest similarity of the calibration's grid whose false-match rates against ``searched`` outputs, on
@@ -68,7 +59,7 @@ class OwnOutputLayers:
         gram_hits = np.array([(m := self.grams.match_ids(np.asarray(i, dtype=np.int64), GRAM_KEY)) is not None
                               and m.matches and m.row == r for r, i in zip(rows, ids)], dtype=bool)
         words = word_similarities(signatures(self.vocab, ids), self.memory_words)
-        best, column = confirmed(self._vectors(ids) @ self.memory.T, words, self.null.candidates, self.null.gate)
+        best, column = best_of(words)
         own = words[rows, rows]
         nearest_is_own = column == rows
         out = {"n": len(attacked), "five_gram": float(gram_hits.mean()) if len(rows) else None,

@@ -10,13 +10,12 @@ prompt). Pairs of an output with an output of the same prompt are not unrelated 
 Fit: per pair (one negative text, one remembered output), how many pairs reach each similarity of the grid
 (``detector.paraphrase_match.ParaphraseNull``), and the threshold: the lowest grid point at which at most
 TARGET_RATE of the fit human passages (against the memory, every output) and at most TARGET_RATE of the fit
-outputs (against the unrelated ones) are falsely matched, each text looked up as a verdict looks it up
-(``evaluation.paraphrase_words``). Check: the held-out texts' false matches at that
+outputs (against the unrelated ones) are falsely matched, each text by its highest words similarity to any of
+them, as a verdict decides (``evaluation.paraphrase_words``). Check: the held-out texts' false matches at that
 threshold against the same memory, and the held-out per-text rate that ``ParaphraseNull.false_match_rate``
-promises for it. ``--write`` first fits the passage space on the fit half (``db/data/passage_space.npz``,
-``db.passage_vectors.fit_space``: the meaning part's directions on the human passages, the word stems'
-frequencies on them and on the fit half's outputs) and stores the fit in ``detector/data/paraphrase_null.json``:
-what both services ship.
+promises for it. ``--write`` first fits the word stems' document frequencies on the fit half (human passages and
+outputs: ``db.passage_words.fit_stems``, ``db/data/word_stems.npz``), which weigh every signature, and stores the
+fit in ``detector/data/paraphrase_null.json``: what both services ship.
 """
 
 from __future__ import annotations
@@ -30,20 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from db import passage_vectors
-from db.passage_vectors import (
-    SPACE_FILE,
-    fit_space,
-    ids_vector,
-    stored_form,
-    token_embeddings,
-    vocab_table,
-)
-from db.passage_words import stems
+from db.passage_words import STEMS_FILE, fit_stems, stems
 from detector.human_corpora import FIT, HELD_OUT, documents
 from detector.normalize import normalize
-from detector.paraphrase_match import CANDIDATES, GATE, NULL_FILE, ParaphraseNull
-from evaluation.paraphrase_words import confirmed, signatures, word_similarities
+from detector.paraphrase_match import NULL_FILE, ParaphraseNull
+from evaluation.paraphrase_words import best_of, signatures, word_similarities
 from watermark.vocab import encode, load_vocabulary
 
 QUOTE_WORDS = 8  # a shared run this long: the prompt quotes the text
@@ -53,7 +43,6 @@ PER_DOC = 16  # passages of one document at most (a long source file does not ou
 TOKENS = 200
 GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.0025), 4)
 TARGET_RATE = 1e-4  # the per-text false-match rate the threshold is set for, on each null's fit half
-SEED = bytes(32)  # any rotation: it keeps every cosine; the quantisation is what is measured with it
 
 
 def passages(split: str) -> tuple[list[str], list[str]]:
@@ -128,30 +117,12 @@ def token_ids(vocab, texts: list[str]) -> list[list[int]]:
     return [encode(vocab, normalize(t).text)[:TOKENS] for t in texts]
 
 
-def vectors(vocab, texts: list[str]) -> np.ndarray:
-    """The memory's int8 vectors of ``texts`` as the services compute them."""
-    space = vocab_table(vocab)
-    return stored_form(np.stack([ids_vector(i, space) for i in token_ids(vocab, texts)]), SEED)
-
-
-def refit_space(vocab, texts: list[str], outputs: list[str], path: Path) -> None:
-    """The passage space (``db.passage_vectors.fit_space``) from the mean token embeddings of ``texts`` (human),
-    and the word stems' document frequencies on ``texts`` and ``outputs`` (the model's)."""
-    table = token_embeddings(vocab)
-    ids = [i for i in token_ids(vocab, texts) if len(i)]
-    means = np.stack([table[i].mean(axis=0) for i in ids])
-    space = vocab_table(vocab)
-    documents = [stems(space.decode(i)) for i in ids + [i for i in token_ids(vocab, outputs) if len(i)]]
-    fit_space(vocab.fingerprint, means, documents, path)
-
-
-def similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine of int8 rows of ``a`` against rows of ``b`` [len(a), len(b)]."""
-    a = a.astype(np.float32)
-    b = b.astype(np.float32)
-    a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return a @ b.T
+def refit_stems(vocab, texts: list[str], outputs: list[str], path: Path) -> None:
+    """The word stems' document frequencies (``db.passage_words.fit_stems``) on ``texts`` (human) and ``outputs``
+    (the model's), each read as the services read it (its first TOKENS tokens)."""
+    ids = [i for i in token_ids(vocab, texts) + token_ids(vocab, outputs) if len(i)]
+    decoded = vocab.tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    fit_stems([stems(text) for text in decoded], path)
 
 
 def exceedances(pairs: np.ndarray) -> list[int]:
@@ -160,26 +131,23 @@ def exceedances(pairs: np.ndarray) -> list[int]:
     return (ordered.shape[0] - np.searchsorted(ordered, GRID - 1e-7, side="left")).tolist()
 
 
-def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | None = None) -> dict:
-    """The fit (``ParaphraseNull``'s dict) and the held-out check, as one JSON-safe dict. ``space_file``: fit the
-    passage space on the fit half's human passages first and write it there (None: use the shipped one).
+def calibrate(vocab, outputs: list[dict], progress=print, stems_file: Path | None = None) -> dict:
+    """The fit (``ParaphraseNull``'s dict) and the held-out check, as one JSON-safe dict. ``stems_file``: fit the
+    stems' frequencies on the fit half first and write them there (None: use the shipped ones).
 
     What is fitted is the words similarity a verdict decides on (``evaluation.paraphrase_words``): per pair, the
-    signatures' cosine (the nulls' exceedances, every pair); per text, the highest among its CANDIDATES nearest
-    outputs by passage vector at the GATE or above (the threshold and the held-out check)."""
+    signatures' cosine (the nulls' exceedances, every pair); per text, the highest of them (the threshold and the
+    held-out check)."""
     prompts = np.array([o["prompt"] for o in outputs])
     fit_out = np.array([int(p[:2], 16) % 2 == 0 for p in prompts])
-    if space_file is not None:
-        refit_space(vocab, passages(FIT)[0], [o["text"] for o, fit in zip(outputs, fit_out) if fit], space_file)
+    if stems_file is not None:
+        refit_stems(vocab, passages(FIT)[0], [o["text"] for o, fit in zip(outputs, fit_out) if fit], stems_file)
     texts = [o["text"] for o in outputs]
-    memory, memory_words = vectors(vocab, texts), signatures(vocab, token_ids(vocab, texts))
+    memory_words = signatures(vocab, token_ids(vocab, texts))
     related = prompts[:, None] == prompts[None, :]  # pairs of outputs of one prompt
     output_words = word_similarities(memory_words, memory_words)
     output_words[related] = -1.0
-    output_vectors = similarities(memory, memory)
-    output_vectors[related] = -2.0
-    output_best = confirmed(output_vectors, output_words, CANDIDATES, GATE)[0]
-    del output_vectors
+    output_best = best_of(output_words)[0]
     halves = {}
     for split in (FIT, HELD_OUT):
         texts, domains, numbers = passages_of_documents(split)
@@ -188,11 +156,8 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
         progress(f"{split}: {int(quoted.sum())} pairs of a passage and an output whose prompt quotes it left out")
         words = word_similarities(signatures(vocab, token_ids(vocab, texts)), memory_words)
         words[quoted] = -1.0
-        near = similarities(vectors(vocab, texts), memory)
-        near[quoted] = -2.0
         halves[split] = {"words": words if split == FIT else None, "domains": np.array(domains), "quoted": quoted,
-                         "best": confirmed(near, words, CANDIDATES, GATE)[0]}
-        del near
+                         "best": best_of(words)[0]}
     human, quoted = halves[FIT]["words"], halves[FIT]["quoted"]
     unrelated_fit = ~related[fit_out]
     nulls = {
@@ -207,7 +172,7 @@ def calibrate(vocab, outputs: list[dict], progress=print, space_file: Path | Non
     fit_human, fit_outputs = halves[FIT]["best"], output_best[fit_out]
     highest = max(float(fit_human.max()), float(fit_outputs.max()))
     threshold = max(rate_threshold(fit_human), rate_threshold(fit_outputs))
-    fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold, "gate": GATE, "candidates": CANDIDATES,
+    fit = {"grid": GRID.tolist(), "nulls": nulls, "threshold": threshold,
            "source": "python -m evaluation.paraphrase_calibration"}
     null = ParaphraseNull.from_dict(fit)
     held_human = halves[HELD_OUT]["best"]
@@ -249,28 +214,19 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--outputs", required=True, help="generations.jsonl files of evaluation runs, comma-separated")
     parser.add_argument("--write", action="store_true",
-                        help=f"fit the passage space again ({SPACE_FILE}) and store the fit in {NULL_FILE}")
+                        help=f"fit the stems' frequencies again ({STEMS_FILE}) and store the fit in {NULL_FILE}")
     parser.add_argument("--out", help="write the fit and the check here (JSON)")
-    parser.add_argument("--lexical-weight", type=float, default=None,
-                        help="the words part's share of a cosine for this run (default: the shipped "
-                             "db.passage_vectors.LEXICAL_WEIGHT); not with --write")
     args = parser.parse_args(argv)
     paths = [p for p in args.outputs.split(",") if p]
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         print(f"paraphrase_calibration: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    if args.lexical_weight is not None:
-        if args.write or not 0.0 <= args.lexical_weight <= 1.0:
-            print("paraphrase_calibration: --lexical-weight takes a share from 0 to 1, and not with --write "
-                  "(what is shipped is one recipe, db.passage_vectors.FORM)", file=sys.stderr)
-            return 2
-        passage_vectors.LEXICAL_WEIGHT = args.lexical_weight
     outputs = read_outputs(paths)
     if len(outputs) < 4:
         print(f"paraphrase_calibration: {len(outputs)} outputs; at least 4 needed", file=sys.stderr)
         return 2
-    result = calibrate(load_vocabulary(), outputs, space_file=SPACE_FILE if args.write else None)
+    result = calibrate(load_vocabulary(), outputs, stems_file=STEMS_FILE if args.write else None)
     print(json.dumps(result["check"], indent=1))
     if args.write:
         NULL_FILE.write_text(json.dumps(result["fit"], separators=(",", ":")) + "\n")

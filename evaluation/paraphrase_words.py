@@ -1,11 +1,10 @@
-"""The semantic match's two stages over many texts at once, as the detector runs them one text at a time.
+"""The semantic match over many texts at once, as the detector runs it one text at a time.
 
-``detector.paraphrase_match`` takes, per text, the CANDIDATES outputs nearest in the passage vectors' index,
-keeps those at the GATE or above, and decides on the highest exact similarity of their words' signatures
-(``db.passage_signature``). Here the index is replaced by the exact cosines of the int8 vectors (the index's own
-errors are measured apart, in ``benchmarks/semantic_memory.py``), and the signatures' cosines of every pair are
-one sparse product, so the calibration (``evaluation.paraphrase_calibration``) and the recall measurements
-(``evaluation.chat_outputs``) count exactly what a verdict would say.
+``detector.paraphrase_match`` decides, per text, on the highest exact similarity of its words' signature
+(``db.passage_signature``) to any remembered output's (``db.signature_index`` computes every one of them). Here
+the signatures' cosines of every pair are one sparse product, so the calibration
+(``evaluation.paraphrase_calibration``) and the recall measurements (``evaluation.chat_outputs``) count exactly
+what a verdict would say.
 """
 
 from __future__ import annotations
@@ -13,18 +12,20 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from db.passage_signature import ids_signature, parse, stem_key
-from db.passage_vectors import vocab_table
+from db.passage_signature import parse, signature, stem_key
+from db.passage_words import fitted_words
 
 KEY = bytes(32)  # any key: a keyed hash only renames the stems, and every cosine stays the same
 CHUNK = 2048  # rows of one dense block of a product
 
 
 def signatures(vocab, ids: list[list[int]]):
-    """Each text's parsed signature (``db.passage_signature.Parsed``) from the token ids the services read."""
-    space = vocab_table(vocab)
-    key = stem_key(KEY, space.words)
-    return [parse(ids_signature(i, space, KEY), key) for i in ids]
+    """Each text's parsed signature (``db.passage_signature.Parsed``) from the token ids the services read (their
+    text, special tokens left out), with the fitted stems as they are now (``db.passage_words.fitted_words``)."""
+    words = fitted_words()
+    key = stem_key(KEY, words)
+    texts = vocab.tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return [parse(signature(text, words, key), key) for text in texts]
 
 
 def _coordinates(parsed, columns: dict[int, int]) -> tuple[list, list, list]:
@@ -51,15 +52,9 @@ def word_similarities(a, b) -> np.ndarray:
     return out
 
 
-def confirmed(vector_sims: np.ndarray, words: np.ndarray, candidates: int, gate: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per row (a text): the highest words similarity among its ``candidates`` highest vector similarities at
-    ``gate`` or above (0 where none is), and that output's column (-1 where none). Pairs left out are marked by a
-    vector similarity below -1 in ``vector_sims``."""
-    k = min(candidates, vector_sims.shape[1])
-    top = np.argpartition(-vector_sims, k - 1, axis=1)[:, :k]
-    near = np.take_along_axis(vector_sims, top, 1)
-    scored = np.where(near >= gate, np.take_along_axis(words, top, 1), -1.0)
-    at = scored.argmax(axis=1)
-    best = scored[np.arange(len(at)), at]
-    column = np.where(best >= 0, top[np.arange(len(at)), at], -1)
-    return np.maximum(best, 0.0), column
+def best_of(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (a text): the highest words similarity to any output (0 where none is positive) and that output's
+    column (-1 where none). Pairs left out are marked by a similarity below 0 in ``words``."""
+    at = words.argmax(axis=1) if words.shape[1] else np.zeros(words.shape[0], dtype=np.int64)
+    best = words[np.arange(words.shape[0]), at] if words.shape[1] else np.zeros(words.shape[0], dtype=words.dtype)
+    return np.maximum(best, 0.0), np.where(best > 0, at, -1)

@@ -8,25 +8,25 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from http_fixtures import shared_vocabulary
 from test_paraphrase_match import KEY, ORIGINAL, OTHERS, PARAPHRASE, remember_texts
 
 from db.passage_signature import (
     MIN_IDF,
     Parsed,
-    ids_signature,
     parse,
+    shipped_words,
     signature,
     signature_key,
     similarity,
     stem_key,
+    text_signature,
+    text_signature_bytes,
 )
-from db.passage_vectors import fitted_words, rotation_seed, stored_vector, vocab_table
-from db.passage_words import stems
-from db.semantic_memory import SemanticMemory, VectorMirror
+from db.passage_words import fitted_words, stems
+from db.rows import OutputVectorRow
+from db.semantic_memory import SemanticMemory, SignatureMirror
 from detector.service import Detector
 from watermark.keys import Keyring
-from watermark.vocab import encode
 
 K1, K2 = hashlib.sha256(b"provmark-test/k1").digest(), hashlib.sha256(b"provmark-test/k2").digest()
 
@@ -80,28 +80,45 @@ def test_the_similarity_is_the_exact_cosine_of_the_weighted_stems():
     assert isinstance(empty, Parsed)
 
 
-def test_the_services_compute_it_from_the_token_ids():
-    vocab = shared_vocabulary()
-    space = vocab_table(vocab)
-    ids = encode(vocab, ORIGINAL)
-    assert ids_signature(ids, space, K1) == signature(space.decode(ids), space.words, stem_key(K1, space.words))
+def test_both_services_read_the_same_signature_from_the_text():
+    """The generation service stores the signature of the text the detector will read (its normalised text); the
+    detector compares the same stems under the same key, parsed without the bytes."""
+    words = shipped_words()
+    stored = text_signature_bytes(ORIGINAL, K1)
+    assert stored == signature(ORIGINAL, words, stem_key(K1, words))
+    read = text_signature(ORIGINAL, words, stem_key(K1, words))
+    assert np.array_equal(read.hashes, parse(stored, stem_key(K1, words)).hashes)
+    assert abs(similarity(read, parse(stored, stem_key(K1, words))) - 1.0) < 1e-9
 
 
 def test_a_row_without_a_signature_is_never_named(tmp_path):
-    """Rows from before revision 0013 keep their vector and no signature: the match cannot be confirmed, so no
-    receipt is named, even for the output's own text; a row with one is."""
+    """Rows from before revision 0013 keep their vector and no signature: nothing reads them, so no receipt is
+    named, even for the output's own text; a row with one is."""
     vocab, keyring, store = remember_texts(tmp_path)
     try:
         memory = SemanticMemory(store)
         old_key = "old"
         keyring.create(old_key, secret=hashlib.sha256(b"provmark-test/old").digest())
-        memory.record(old_key, "r-old", stored_vector(encode(vocab, ORIGINAL), vocab_table(vocab),
-                                                      rotation_seed(keyring)))
-        detector = Detector(vocab=vocab, keyring=keyring, semantic_memory=VectorMirror(memory, sync_seconds=0.0))
-        old = detector.detect(ORIGINAL, keys=[old_key]).paraphrase_of_own_output
-        assert old["matched"] is False and old["similarity"] is None and old["vector_similarity"] > 0.99
-        assert old["false_match_rate"] == 1.0
+        with store.write() as session:
+            session.add(OutputVectorRow(key_id=old_key, receipt_id="r-old", vector=bytes(512), form=3))
+        detector = Detector(vocab=vocab, keyring=keyring, semantic_memory=SignatureMirror(memory, sync_seconds=0.0))
+        assert detector.detect(ORIGINAL, keys=[old_key]).paraphrase_of_own_output is None  # nothing to search
         new = detector.detect(ORIGINAL, keys=[KEY]).paraphrase_of_own_output
         assert new["matched"] and new["receipt_id"] == "r-0" and new["similarity"] > 0.99
     finally:
         store.close()
+
+
+def test_the_fast_stems_are_the_patterns():
+    """``stems`` cuts ASCII words with bytes.translate and takes the pattern for pieces with other characters:
+    the same stems as ``STEM.findall(text.lower())``, on every ASCII character, mixed scripts and a final sigma."""
+    import random  # noqa: PLC0415 (this test only)
+
+    from db.passage_words import STEM  # noqa: PLC0415 (this test only)
+
+    texts = ["".join(chr(i) for i in range(128)) * 3, "Café naïve—déjà vu: ΟΔΟΣ. ΣΟΦΟΣ'Α x\u00a0y ıİß Straße",
+             ORIGINAL, PARAPHRASE, *OTHERS]
+    rng = random.Random(0)
+    texts += ["".join(rng.choice("aÉ_9 -—’ıİßΣσς\u00a0\u2003x.Z'\t") for _ in range(500)) for _ in range(50)]
+    for text in texts:
+        assert stems(text) == STEM.findall(text.lower()), text

@@ -63,11 +63,11 @@ from api.limits import install_security_headers
 from api.metrics import count_verdict, install_metrics
 from api.provenance_keys import PublicKeys
 from api.settings import Settings
-from db import passage_vectors
+from db import passage_signature
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.budget import UsageLedger
 from db.output_memory import MemoryMirror, OutputMemory
-from db.semantic_memory import SemanticMemory, VectorMirror
+from db.semantic_memory import SemanticMemory, SignatureMirror
 from db.store import Store, StoreUnavailable
 from detector.service import Detector
 from provenance.identity import IdentityError
@@ -202,10 +202,10 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     vocab = vocab or load_vocabulary()
     if semantic.enabled:
-        passage_vectors.warm_up(vocab)  # its token table now, not on the first request (shared across the fork)
+        passage_signature.shipped_words()  # the fitted stems now, not on the first request (shared across the fork)
     return Detector(vocab=vocab, keyring=keyring or Keyring(settings.home),
                     output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs),
-                    semantic_memory=VectorMirror(semantic) if semantic.enabled else None)
+                    semantic_memory=SignatureMirror(semantic) if semantic.enabled else None)
 
 
 def _register_blueprints(app: Flask, api: OpenAPI, services: DetectorServices) -> None:

@@ -50,7 +50,7 @@ from api.limits import install_security_headers
 from api.metrics import EngineCollector, install_metrics
 from api.provenance_keys import PublicKeys, SigningKeys, add_jwks_route, add_trust_anchors_route
 from api.settings import Settings
-from db import passage_vectors
+from db import passage_signature
 from db.api_tokens import ADMIN_TOKEN_FILE, announce_admin_token, ensure_admin_token
 from db.receipts import ReceiptError, ReceiptLinks
 from db.semantic_memory import SemanticMemory
@@ -129,7 +129,7 @@ def create_app(config: dict | None = None) -> Flask:
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     if semantic.enabled:
-        passage_vectors.warm_up(engine.loaded.vocab)  # the outputs' vectors need its token table: not on a request
+        passage_signature.shipped_words()  # the fitted stems the outputs' signatures need: not on a request
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
                                 max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store),
                                 semantic=semantic)

@@ -6,8 +6,8 @@ evidence sits on those. For that the detector needs, per key, in how many output
 null of the service's own outputs. Both are written here, when an output's receipt is issued, into the
 shared store (``db.output_memory``), with the unit identities the detector scores by. So are the output's
 sampled 5-grams (``db.output_grams``), by which the detector recognises the output's wording after edits
-that scrubbed its watermark (``matches_own_output``), and its meaning as a rotated, quantised passage vector with
-the receipt's id (``db.semantic_memory``), by which it recognises a paraphrase (``paraphrase_of_own_output``).
+that scrubbed its watermark (``matches_own_output``), and its words as keyed stem hashes with the receipt's id
+(``db.semantic_memory``), by which it recognises a paraphrase (``paraphrase_of_own_output``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import torch
 
 from db.output_grams import gram_key, output_grams
 from db.output_memory import OutputMemory
-from db.passage_signature import ids_signature, signature_key
-from db.passage_vectors import rotation_seed, stored_vector, vocab_table
+from db.passage_signature import signature_key, text_signature_bytes
 from db.semantic_memory import SemanticMemory
 from db.store import Store, StoreError
 from detector import common_units
@@ -40,10 +39,9 @@ class OwnOutput:
     synthid:; ``detector.spoof_check.has_check``)."""
 
     def __init__(self, store: Store, keyring, semantic: SemanticMemory | None = None) -> None:
-        """``semantic``: where outputs' meaning goes (default: the store's, newest DEFAULT_KEEP per key)."""
+        """``semantic``: where outputs' words go (default: the store's, newest DEFAULT_KEEP per key)."""
         self.memory = OutputMemory(store)
         self.semantic = semantic if semantic is not None else SemanticMemory(store)
-        self._rotation_seed: bytes | None = None
         self._signature_key: bytes | None = None
         self.keyring = keyring
         self._marks: dict[tuple[str, str], object] = {}  # (spec, key id) -> Watermark, bounded below
@@ -59,9 +57,10 @@ class OwnOutput:
         of the memory."""
         if info is None or info.key_id is None:
             return
-        seen = token_ids if text is None else encode(vocab, normalize(text).text)
+        read = None if text is None else normalize(text).text  # what the detector reads: its normalised text
+        seen = token_ids if read is None else encode(vocab, read)
         if receipt_id is not None:
-            self._remember_meaning(info.key_id, receipt_id, seen, vocab)
+            self._remember_words(info.key_id, receipt_id, read if read is not None else _decoded(vocab, seen))
         try:
             mark = self._mark(info.spec, info.key_id, vocab)
             if mark is None:
@@ -76,23 +75,19 @@ class OwnOutput:
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
             log.error("output not remembered for the spoof check (%s)", type(exc).__name__)
 
-    def _remember_meaning(self, key_id: str, receipt_id: str, seen: list[int], vocab) -> None:
-        """The output's passage vector (``db.passage_vectors``, of the ids the detector reads it as) and its words'
-        signature (``db.passage_signature``) under its key and receipt, unless the semantic memory is off. Never
-        fails the generation."""
-        if not self.semantic.enabled or not len(seen):
+    def _remember_words(self, key_id: str, receipt_id: str, text: str) -> None:
+        """The output's words' signature (``db.passage_signature``, of the text the detector reads it as) under its
+        key and receipt, unless the semantic memory is off. Never fails the generation."""
+        if not self.semantic.enabled or not text:
             return
         try:
-            if self._rotation_seed is None:
-                self._rotation_seed = rotation_seed(self.keyring)
+            if self._signature_key is None:
                 self._signature_key = signature_key(self.keyring)
-            space = vocab_table(vocab)
-            vector = stored_vector(seen, space, self._rotation_seed)
-            self.semantic.record(key_id, receipt_id, vector, ids_signature(seen, space, self._signature_key))
+            self.semantic.record(key_id, receipt_id, text_signature_bytes(text, self._signature_key))
         except StoreError as exc:
-            log.warning("output's meaning not remembered: %s", exc)
+            log.warning("output's words not remembered: %s", exc)
         except Exception as exc:  # noqa: BLE001 - the text is done and must still reach its caller
-            log.error("output's meaning not remembered (%s)", type(exc).__name__)
+            log.error("output's words not remembered (%s)", type(exc).__name__)
 
     def _common(self, spec, vocab):
         """The table the detector scores ``spec`` with: the shipped one, and the deployment's own texts' units."""
@@ -112,3 +107,8 @@ class OwnOutput:
                 self._marks.clear()
             self._marks[(spec_text, key_id)] = found
         return found
+
+
+def _decoded(vocab, token_ids: list[int]) -> str:
+    """The text of ``token_ids`` (special tokens left out), for an output given as ids alone."""
+    return vocab.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)

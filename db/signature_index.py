@@ -1,0 +1,192 @@
+"""One key's remembered outputs as a detector worker holds them: an inverted index of their words' signatures.
+
+``paraphrase_of_own_output`` decides on the cosine of two signatures' TF-IDF vectors (``db.passage_signature``):
+a sum, over the stems two texts share, of the products of their unit weights. An inverted index (per stem hash,
+the outputs that have it and their weight there) computes that sum for every remembered output at once, reading
+only the postings of the text's own stems: the exact similarity of the text to each output, with no first stage
+that could miss the closest one (an approximate-nearest-neighbour index over vectors does, at scale).
+
+The index is a list of ``Segment``s (sorted hashes, each one's postings: the output's position and its weight),
+oldest first. New rows (``add``) make a segment; a segment at least half the size of the one before it is
+merged into it, so there are about log2(outputs / first segment) segments and each row is rewritten
+about as often. Retention keeps the newest ``keep`` row ids, as the store does (``SemanticMemory.prune``): older
+rows are left out of every score at once and dropped from the postings at the next merge.
+
+A lookup reads at most MAX_POSTINGS postings: past that (a long text against a million outputs), it leaves out
+the text's stems with the longest postings (the commonest among the remembered outputs, which weigh least), and
+``Scored.exact`` says so; the caller then compares the best few exactly (``detector.paraphrase_match``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from db.passage_signature import Parsed
+
+MAX_POSTINGS = 2_000_000  # postings one lookup reads (per key); past it the commonest stems are left out
+WEIGHT = np.float32
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows (``ids``: row ids, ascending) and their postings: per sorted unique hash, ``starts[i]:starts[i+1]``
+    of ``rows`` (positions in ``ids``) and ``weights`` (the unit weight of that stem in that row)."""
+
+    ids: np.ndarray
+    hashes: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+    weights: np.ndarray
+
+    @classmethod
+    def of(cls, ids: np.ndarray, hashes: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> Segment:
+        """From postings in any order: ``rows`` index ``ids`` (which need not be sorted)."""
+        order = np.argsort(ids, kind="stable")
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        rows = position[rows] if len(rows) else rows.astype(np.int64)
+        by_hash = np.argsort(hashes, kind="stable")
+        hashes = hashes[by_hash]
+        unique, starts = np.unique(hashes, return_index=True)
+        return cls(ids[order].astype(np.int64), unique.astype(np.uint32),
+                   np.append(starts, len(hashes)).astype(np.int64), rows[by_hash].astype(np.int32),
+                   weights[by_hash].astype(WEIGHT))
+
+    @classmethod
+    def build(cls, ids: list[int], parsed: list[Parsed]) -> Segment:
+        lengths = np.fromiter((len(p.hashes) for p in parsed), dtype=np.int64, count=len(parsed))
+        hashes = np.concatenate([p.hashes for p in parsed]) if parsed else np.zeros(0, np.uint32)
+        weights = np.concatenate([p.weights for p in parsed]) if parsed else np.zeros(0, WEIGHT)
+        rows = np.repeat(np.arange(len(parsed)), lengths)
+        return cls.of(np.asarray(ids, dtype=np.int64), hashes, rows, weights)
+
+    def postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(hash, row position, weight) of every posting."""
+        return np.repeat(self.hashes, np.diff(self.starts)), self.rows, self.weights
+
+    def merged(self, newer: Segment, below: int) -> Segment:
+        """This segment and ``newer`` as one, rows with ids below ``below`` left out."""
+        parts = []
+        offset = 0
+        for segment in (self, newer):
+            hashes, rows, weights = segment.postings()
+            live = segment.ids[rows] >= below
+            parts.append((hashes[live], rows[live] + offset, weights[live]))
+            offset += len(segment.ids)
+        ids = np.concatenate([self.ids, newer.ids])
+        kept = ids >= below
+        renumber = np.cumsum(kept) - 1
+        hashes, rows, weights = (np.concatenate(column) for column in zip(*parts))
+        return Segment.of(ids[kept], hashes, renumber[rows], weights)
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.ids, self.hashes, self.starts, self.rows, self.weights))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A lookup's best rows: row ids and their similarities (best first), the live rows searched, and whether
+    every stem of the text was read (then the similarities are the exact cosines)."""
+
+    ids: np.ndarray
+    similarities: np.ndarray
+    searched: int
+    exact: bool
+
+
+class SignatureIndex:
+    """The newest ``keep`` rows of one key: ``add`` rows (id, parsed signature), ``best`` for a text's."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.segments: list[Segment] = []
+        self.below = 0  # rows with smaller ids are past retention
+        self.newest = 0
+        self.seen: set[int] = set()  # ids within the look-back of ``newest`` already added
+        self.synced_at = time.monotonic()
+        self._lock = threading.Lock()  # add and best from several threads (gunicorn's threads, the loader)
+
+    def add(self, rows: list[tuple[int, Parsed]], look_back: int = 256) -> None:
+        """Add ``rows`` not added before (a row read twice, within ``look_back`` of the newest, is one row)."""
+        rows = [(i, p) for i, p in rows if i not in self.seen]
+        if not rows:
+            return
+        segment = Segment.build([i for i, _ in rows], [p for _, p in rows])
+        with self._lock:
+            segments = [*self.segments, segment]
+            self.newest = max(self.newest, int(segment.ids[-1]))
+            self.seen = {i for i in self.seen if i > self.newest - look_back} | {
+                i for i, _ in rows if i > self.newest - look_back}
+            held = np.concatenate([s.ids for s in segments])
+            if len(held) > self.keep:
+                self.below = int(np.partition(held, len(held) - self.keep)[len(held) - self.keep])
+            while len(segments) > 1 and 2 * segments[-1].size >= segments[-2].size:
+                segments[-2:] = [segments[-2].merged(segments[-1], self.below)]
+            self.segments = [s for s in segments if len(s.ids) and s.ids[-1] >= self.below]
+
+    def __len__(self) -> int:
+        segments, below = self.segments, self.below
+        return int(sum(len(s.ids) - np.searchsorted(s.ids, below) for s in segments))
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.segments)
+
+    def oldest(self) -> int | None:
+        """The smallest live row id held (None: none)."""
+        segments, below = self.segments, self.below
+        firsts = [int(s.ids[at]) for s in segments if (at := int(np.searchsorted(s.ids, below))) < len(s.ids)]
+        return min(firsts) if firsts else None
+
+    def best(self, query: Parsed, count: int, max_postings: int = MAX_POSTINGS) -> Scored:
+        """The live row whose signature is closest to ``query`` when every stem of it was read (``exact``), else
+        the ``count`` closest by the stems read; rows sharing no stem with it are never returned."""
+        segments, below = self.segments, self.below
+        exact = True
+        found_ids, found_scores = [], []
+        searched = 0
+        budget = max_postings
+        scored = []  # per segment: (its ids, its scores)
+        for segment in reversed(segments):  # the newest first: a long text's budget goes to recent outputs first
+            live_from = int(np.searchsorted(segment.ids, below))
+            searched += len(segment.ids) - live_from
+            if not len(query.hashes) or not len(segment.hashes):
+                continue
+            at = np.minimum(np.searchsorted(segment.hashes, query.hashes), len(segment.hashes) - 1)
+            hit = segment.hashes[at] == query.hashes
+            starts, stops = segment.starts[at[hit]], segment.starts[at[hit] + 1]
+            weights = query.weights[hit]
+            lengths = stops - starts
+            if lengths.sum() > budget:  # the stems with the shortest postings, within the budget
+                exact = False
+                shortest = np.argsort(lengths, kind="stable")
+                keep = shortest[np.cumsum(lengths[shortest]) <= budget]
+                starts, lengths, weights = starts[keep], lengths[keep], weights[keep]
+            total = int(lengths.sum())
+            budget = max(0, budget - total)
+            if not total:
+                continue
+            flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
+            scores = np.bincount(segment.rows[flat], minlength=len(segment.ids),
+                                 weights=segment.weights[flat] * np.repeat(weights.astype(WEIGHT), lengths))
+            scores[:live_from] = 0.0
+            scored.append((segment.ids, scores))
+        k = 1 if exact else count
+        for ids, scores in scored:
+            top = np.argpartition(-scores, k - 1)[:k] if 1 < k < len(scores) else (
+                np.arange(len(scores)) if k > 1 else np.asarray([int(np.argmax(scores))]))
+            top = top[scores[top] > 0]
+            found_ids.append(ids[top])
+            found_scores.append(scores[top])
+        if not found_ids:
+            return Scored(np.zeros(0, np.int64), np.zeros(0), searched, exact)
+        ids, scores = np.concatenate(found_ids), np.concatenate(found_scores)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return Scored(ids[order], scores[order].astype(np.float64), searched, exact)

@@ -16,13 +16,12 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from db.passage_words import COUNT_CAP, Words, fitted_words, stems
+from db.passage_words import COUNT_CAP, Words, fitted_words, stem_rows
 
 SIGNATURE_PURPOSE = b"provmark/semantic-memory-stems"  # the master-key derivation label of the hashes' key
 MIN_IDF = 3.0  # stems in more than about one document in seven are left out (docs/research/semantic-memory.md)
@@ -88,22 +87,21 @@ def signature_key(keyring) -> bytes:
 def counted(text: str, words: Words, key: StemKey) -> tuple[np.ndarray, np.ndarray]:
     """``text``'s stems of inverse document frequency at least MIN_IDF as (sorted unique keyed hashes, their
     counts, at most COUNT_CAP; two stems of one hash count together)."""
-    found = collections.Counter(stems(text))
-    names = list(found)
-    counts = np.fromiter(found.values(), dtype=np.int64, count=len(names))
-    rows = np.fromiter(map(words.index.get, names, itertools.repeat(-1)), dtype=np.int64, count=len(names))
-    known = rows >= 0
-    hashes = np.empty(len(names), dtype=HASH)
-    kept = np.empty(len(names), dtype=bool)
-    hashes[known] = key.row_hashes[rows[known]]
-    kept[known] = key.row_kept[rows[known]]
-    unknown = np.flatnonzero(~known)
-    if unknown.shape[0]:  # stems the fit never saw: hashed one by one (cached)
-        hashes[unknown] = np.fromiter((key.hash(names[k]) for k in unknown), dtype=HASH, count=len(unknown))
-        kept[unknown] = key.unseen_idf >= MIN_IDF
-    unique, inverse = np.unique(hashes[kept], return_inverse=True)
-    summed = np.bincount(inverse, weights=counts[kept], minlength=len(unique))
-    return unique.astype(HASH), np.minimum(summed, COUNT_CAP).astype(COUNT)
+    rows, others = stem_rows(text, words)
+    rows, row_counts = np.unique(rows, return_counts=True)
+    rows, row_counts = rows[key.row_kept[rows]], row_counts[key.row_kept[rows]]
+    hashes, counts = key.row_hashes[rows], row_counts
+    if others and key.unseen_idf >= MIN_IDF:  # stems the fit never saw: hashed one by one (cached)
+        unseen = collections.Counter(others)
+        hashes = np.concatenate([hashes, np.fromiter((key.hash(stem) for stem in unseen), dtype=HASH,
+                                                     count=len(unseen))])
+        counts = np.concatenate([counts, np.fromiter(unseen.values(), dtype=np.int64, count=len(unseen))])
+    order = np.argsort(hashes, kind="stable")
+    hashes, counts = hashes[order], counts[order]
+    if hashes.shape[0] > 1 and (hashes[1:] == hashes[:-1]).any():  # two stems of one hash (rare): one count
+        hashes, at = np.unique(hashes, return_inverse=True)
+        counts = np.bincount(at, weights=counts, minlength=len(hashes)).astype(np.int64)
+    return hashes.astype(HASH), np.minimum(counts, COUNT_CAP).astype(COUNT)
 
 
 def signature(text: str, words: Words, key: StemKey) -> bytes:

@@ -15,20 +15,67 @@ rows are left out of every score at once and dropped from the postings at the ne
 A lookup reads at most MAX_POSTINGS postings: past that (a long text against a million outputs), it leaves out
 the text's stems with the longest postings (the commonest among the remembered outputs, which weigh least), and
 ``Scored.exact`` says so; the caller then compares the best few exactly (``detector.paraphrase_match``).
+
+The sum over a text's postings runs in C (``csrc/signature_index.c``: one pass, about a nanosecond a posting),
+built once with the system compiler and cached like the other native kernels (``watermark.native_build``);
+without a compiler, or with ``PROVMARK_NATIVE=0``, numpy gives the same similarities (to float32 rounding) in
+about six times as long.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from db.passage_signature import Parsed
+from watermark.native_build import address, load_c_library
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "signature_index.c"
 
 MAX_POSTINGS = 2_000_000  # postings one lookup reads (per key); past it the commonest stems are left out
 WEIGHT = np.float32
+
+
+@functools.cache
+def _library():
+    try:
+        library = load_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "signature_index")
+    except (OSError, RuntimeError) as exc:
+        log.info("signature-index kernel unavailable, using numpy: %s", exc)
+        return None
+    if library is None:
+        return None
+    pointer = ctypes.c_void_p
+    library.signature_scores.argtypes = [pointer, pointer, pointer, ctypes.c_size_t, pointer, pointer, pointer]
+    library.signature_scores.restype = None
+    return library
+
+
+def scores(segment: Segment, starts: np.ndarray, lengths: np.ndarray, weights: np.ndarray,
+           native: bool = True) -> np.ndarray:
+    """[rows of ``segment``] float32: the sum, over the text's stems found there (their postings' ``starts``,
+    ``lengths`` and the stems' ``weights`` in the text), of the stem's weight times each posting's."""
+    out = np.zeros(len(segment.ids), dtype=WEIGHT)
+    library = _library() if native else None
+    if library is not None:
+        starts, lengths = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64)
+        weights = np.ascontiguousarray(weights, WEIGHT)
+        library.signature_scores(address(starts), address(lengths), address(weights), len(starts),
+                                 address(segment.rows), address(segment.weights), address(out))
+        return out
+    total = int(lengths.sum())
+    flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
+    out += np.bincount(segment.rows[flat], minlength=len(segment.ids),
+                       weights=segment.weights[flat] * np.repeat(weights.astype(WEIGHT), lengths)).astype(WEIGHT)
+    return out
 
 
 @dataclass(frozen=True)
@@ -173,20 +220,18 @@ class SignatureIndex:
             budget = max(0, budget - total)
             if not total:
                 continue
-            flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
-            scores = np.bincount(segment.rows[flat], minlength=len(segment.ids),
-                                 weights=segment.weights[flat] * np.repeat(weights.astype(WEIGHT), lengths))
-            scores[:live_from] = 0.0
-            scored.append((segment.ids, scores))
+            summed = scores(segment, starts, lengths, weights)
+            summed[:live_from] = 0.0
+            scored.append((segment.ids, summed))
         k = 1 if exact else count
-        for ids, scores in scored:
-            top = np.argpartition(-scores, k - 1)[:k] if 1 < k < len(scores) else (
-                np.arange(len(scores)) if k > 1 else np.asarray([int(np.argmax(scores))]))
-            top = top[scores[top] > 0]
+        for ids, summed in scored:
+            top = np.argpartition(-summed, k - 1)[:k] if 1 < k < len(summed) else (
+                np.arange(len(summed)) if k > 1 else np.asarray([int(np.argmax(summed))]))
+            top = top[summed[top] > 0]
             found_ids.append(ids[top])
-            found_scores.append(scores[top])
+            found_scores.append(summed[top])
         if not found_ids:
             return Scored(np.zeros(0, np.int64), np.zeros(0), searched, exact)
-        ids, scores = np.concatenate(found_ids), np.concatenate(found_scores)
-        order = np.argsort(-scores, kind="stable")[:k]
-        return Scored(ids[order], scores[order].astype(np.float64), searched, exact)
+        ids, similarities = np.concatenate(found_ids), np.concatenate(found_scores)
+        order = np.argsort(-similarities, kind="stable")[:k]
+        return Scored(ids[order], similarities[order].astype(np.float64), searched, exact)

@@ -122,3 +122,23 @@ def test_the_fast_stems_are_the_patterns():
     texts += ["".join(rng.choice("aÉ_9 -—’ıİßΣσς\u00a0\u2003x.Z'\t") for _ in range(500)) for _ in range(50)]
     for text in texts:
         assert stems(text) == STEM.findall(text.lower()), text
+
+
+def test_the_stem_kernel_reads_what_the_pattern_reads(monkeypatch):
+    """``stem_rows`` in C and in Python (no compiler, or PROVMARK_NATIVE=0) give the same fitted rows and the same
+    stems not fitted, on ASCII, mixed scripts, words the fit never saw and a capital sigma."""
+    import random  # noqa: PLC0415 (this test only)
+
+    from db import passage_words  # noqa: PLC0415 (this test only)
+
+    assert passage_words._library() is not None  # the kernel is what is checked (CI has a compiler)
+    words = fitted_words()
+    rng = random.Random(2)
+    texts = [ORIGINAL, PARAPHRASE, "Zyxwvut qqqqqqqq __init__ 1234567 Ünïcödé café—déjà", "ΣΟΦΟΣ the library", ""]
+    texts += ["".join(rng.choice("aÉ_9 -—’ıİßσςAbCdeFGhij\u00a0x.Z'\t\n") for _ in range(600)) for _ in range(30)]
+    native = [passage_words.stem_rows(text, words) for text in texts]
+    monkeypatch.setattr(passage_words, "_library", lambda: None)
+    for text, (rows, others) in zip(texts, native):
+        python_rows, python_others = passage_words.stem_rows(text, words)
+        assert sorted(rows.tolist()) == sorted(python_rows.tolist()) and sorted(others) == sorted(python_others)
+    assert len(native[2][1]) >= 2  # words the fit never saw are returned as stems

@@ -1,0 +1,56 @@
+/* The word stems of a UTF-8 text, as db/passage_words.py's ``stems`` cuts them, looked up among the fitted stems.
+ *
+ * A word is a run of bytes that are ASCII letters, digits or '_', or bytes of non-ASCII characters; any other
+ * ASCII byte separates words. A word of ASCII bytes only has its stem (its first STEM_CHARS bytes, lower-cased)
+ * packed into an integer (byte i at bits 8i) and looked up in an open-addressing table of the fitted ASCII stems
+ * (keys, 0 empty; rows): its row, or -1 when it is not fitted. A word holding a non-ASCII byte is -2: the caller
+ * reads it with the pattern. Per word: the row, and where the word starts and ends in ``text``. */
+#include <stddef.h>
+#include <stdint.h>
+
+#define STEM_CHARS 6
+
+static inline int word_byte(uint8_t c)
+{
+    return c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+size_t text_stems(const uint8_t *text, size_t n, const uint64_t *keys, const int32_t *rows, uint64_t mask,
+                  int shift, int32_t *out_rows, int64_t *out_starts, int64_t *out_ends, size_t capacity)
+{
+    size_t words = 0, i = 0;
+    while (i < n && words < capacity) {
+        while (i < n && !word_byte(text[i]))
+            i++;
+        if (i >= n)
+            break;
+        size_t start = i;
+        int ascii = 1;
+        uint64_t packed = 0;
+        while (i < n && word_byte(text[i])) {
+            uint8_t c = text[i];
+            if (c >= 0x80)
+                ascii = 0;
+            else if (i - start < STEM_CHARS)
+                packed |= (uint64_t)(c >= 'A' && c <= 'Z' ? c + 32 : c) << (8 * (i - start));
+            i++;
+        }
+        int32_t row = -2;
+        if (ascii) {
+            row = -1;
+            uint64_t slot = (packed * 0x9E3779B97F4A7C15ULL) >> shift;
+            while (keys[slot]) {
+                if (keys[slot] == packed) {
+                    row = rows[slot];
+                    break;
+                }
+                slot = (slot + 1) & mask;
+            }
+        }
+        out_rows[words] = row;
+        out_starts[words] = (int64_t)start;
+        out_ends[words] = (int64_t)i;
+        words++;
+    }
+    return words;
+}

@@ -15,7 +15,7 @@ fields it uses and ignores the rest.
     remembered_outputs
                      PROVMARK_REMEMBERED_OUTPUTS  16000: the newest outputs per key whose wording a  detector
                                                 worker recognises (matches_own_output; 0: none)
-    semantic_outputs PROVMARK_SEMANTIC_OUTPUTS  1000000: the newest outputs per key whose meaning the    both
+    semantic_outputs PROVMARK_SEMANTIC_OUTPUTS  1000000: the newest outputs per key whose words the      both
                                                 service keeps (paraphrase_of_own_output; 0: off)
     model            PROVMARK_MODEL             a local Hugging Face folder or GGUF file (SmolLM2)     generation
     device           PROVMARK_DEVICE            cpu, cuda, cuda:1 ... (cuda when present)              generation

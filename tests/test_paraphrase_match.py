@@ -13,12 +13,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from http_fixtures import call, make_token, serve, shared_vocabulary
+from sqlalchemy import select
 
 from api.detector.app import create_app
 from api.generation.own_output import OwnOutput
 from db.manifests import ManifestRecord, add_manifest
 from db.passage_signature import similarity
 from db.passage_words import fitted_words
+from db.rows import OutputVectorRow
 from db.semantic_memory import SemanticMemory, SignatureMirror
 from db.signature_index import SignatureIndex
 from db.store import Store
@@ -96,6 +98,9 @@ def test_a_paraphrase_is_recognised_and_unrelated_human_text_is_not(remembered):
     vocab, keyring, store = remembered
     memory = SemanticMemory(store)
     assert memory.count(KEY) == 3
+    with store.read() as session:  # what the generation side wrote: a signature per output, no vector, no text
+        rows = session.execute(select(OutputVectorRow.vector, OutputVectorRow.signature)).all()
+    assert all(vector is None and signature and ORIGINAL[:40].encode() not in signature for vector, signature in rows)
     detector = Detector(vocab=vocab, keyring=keyring, semantic_memory=SignatureMirror(memory, sync_seconds=0.0))
     plain = Detector(vocab=vocab, keyring=keyring)
     found = detector.detect(PARAPHRASE, keys=[KEY])

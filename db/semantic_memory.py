@@ -180,7 +180,9 @@ class SignatureMirror:
                 if held is not None and (oldest is None or held < oldest):
                     del self._keys[key_id]
                     return self._start_loading(key_id, key)
-                copy.add(_parsed(self.memory.rows_since(key_id, copy.newest - LOOK_BACK), key), LOOK_BACK)
+                fresh = [(i, blob) for i, blob in self.memory.rows_since(key_id, copy.newest - LOOK_BACK)
+                         if i not in copy.seen]  # the look-back reads rows held already: not parsed again
+                copy.add(_parsed(fresh, key), LOOK_BACK)
                 copy.synced_at = time.monotonic()
             return copy
 

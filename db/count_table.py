@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import numpy as np
 
 from watermark.native_build import address as _address
-from watermark.native_build import load_c_library
-
-log = logging.getLogger(__name__)
+from watermark.native_build import optional_c_library
 
 SOURCE = Path(__file__).with_name("csrc") / "count_table.c"
 FLAGS = ("-O2", "-shared", "-fPIC")
@@ -32,28 +29,15 @@ MIN_BITS = 10
 
 @functools.cache
 def _library():
-    try:
-        library = load_c_library(SOURCE, FLAGS, "count_table", libs=("-lm",))
-    except (OSError, RuntimeError) as exc:
-        log.info("count-table kernel unavailable, using numpy: %s", exc)
-        return None
-    if library is None:
-        return None
-    pointer, size, shift = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    mask = ctypes.c_uint64
-    library.table_add.argtypes = [pointer, mask, shift, pointer, pointer, size, ctypes.c_int]
-    library.table_add.restype = size
-    library.owner_table_add_outputs.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size]
-    library.owner_table_add_outputs.restype = size
-    library.count_table_counts.argtypes = [pointer, mask, shift, pointer, size, pointer]
-    library.count_table_counts.restype = None
-    library.count_table_spoof_sums.argtypes = [pointer, mask, shift, pointer, pointer, pointer, size, pointer]
-    library.count_table_spoof_sums.restype = None
-    library.output_grams_hash.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer]
-    library.output_grams_hash.restype = size
-    library.output_grams_match.argtypes = [pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer]
-    library.output_grams_match.restype = ctypes.c_int
-    return library
+    pointer, size, shift, mask = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64
+    return optional_c_library(SOURCE, FLAGS, "count_table", "numpy", {
+        "table_add": ([pointer, mask, shift, pointer, pointer, size, ctypes.c_int], size),
+        "owner_table_add_outputs": ([pointer, mask, shift, pointer, pointer, pointer, size], size),
+        "count_table_counts": ([pointer, mask, shift, pointer, size, pointer], None),
+        "count_table_spoof_sums": ([pointer, mask, shift, pointer, pointer, pointer, size, pointer], None),
+        "output_grams_hash": ([pointer, size, ctypes.c_int, mask, mask, pointer], size),
+        "output_grams_match": ([pointer, size, ctypes.c_int, mask, mask, pointer, mask, shift, pointer], ctypes.c_int),
+    }, libs=("-lm",))
 
 
 def native_library():

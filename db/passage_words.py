@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
-import logging
 import math
 import re
 from collections.abc import Iterable
@@ -29,9 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from watermark.native_build import address, load_c_library
+from watermark.native_build import address, optional_c_library
 
-log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "passage_words.c"
 
 STEM_CHARS = 6  # a stem is a word's first 6 characters
@@ -77,18 +75,10 @@ class Words:
 
 @functools.cache
 def _library():
-    try:
-        library = load_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "passage_words")
-    except (OSError, RuntimeError) as exc:
-        log.info("word-stem kernel unavailable, using Python: %s", exc)
-        return None
-    if library is None:
-        return None
-    pointer = ctypes.c_void_p
-    library.text_stems.argtypes = [pointer, ctypes.c_size_t, pointer, pointer, ctypes.c_uint64, ctypes.c_int,
-                                   pointer, pointer, pointer, ctypes.c_size_t]
-    library.text_stems.restype = ctypes.c_size_t
-    return library
+    pointer, size = ctypes.c_void_p, ctypes.c_size_t
+    return optional_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "passage_words", "Python", {
+        "text_stems": ([pointer, size, pointer, pointer, ctypes.c_uint64, ctypes.c_int, pointer, pointer, pointer,
+                        size], size)})
 
 
 @functools.lru_cache(maxsize=4)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -35,9 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from db.passage_signature import Parsed
-from watermark.native_build import address, load_c_library
+from watermark.native_build import address, optional_c_library
 
-log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "signature_index.c"
 
 MAX_POSTINGS = 2_000_000  # postings one lookup reads (per key); past it the commonest stems are left out
@@ -46,17 +44,9 @@ WEIGHT = np.float32
 
 @functools.cache
 def _library():
-    try:
-        library = load_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "signature_index")
-    except (OSError, RuntimeError) as exc:
-        log.info("signature-index kernel unavailable, using numpy: %s", exc)
-        return None
-    if library is None:
-        return None
     pointer = ctypes.c_void_p
-    library.signature_scores.argtypes = [pointer, pointer, pointer, ctypes.c_size_t, pointer, pointer, pointer]
-    library.signature_scores.restype = None
-    return library
+    return optional_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "signature_index", "numpy", {
+        "signature_scores": ([pointer, pointer, pointer, ctypes.c_size_t, pointer, pointer, pointer], None)})
 
 
 def scores(segment: Segment, starts: np.ndarray, lengths: np.ndarray, weights: np.ndarray,

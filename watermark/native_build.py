@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def kernel_dir() -> Path:
@@ -73,6 +76,24 @@ def load_c_library(source: Path, flags: Sequence[str], stem: str, libs: Sequence
     if compiler is None:
         raise RuntimeError("no C compiler found")
     return ctypes.CDLL(str(build_cached(compiler, source, flags, stem, libs=libs)))
+
+
+def optional_c_library(source: Path, flags: Sequence[str], stem: str, fallback: str,
+                       functions: dict[str, tuple[list, object]], libs: Sequence[str] = ()):
+    """``load_c_library`` with ``functions`` (name: (argtypes, restype)) declared; None when native kernels are
+    disabled, or when the build, the load or a function is missing (said once in the log, at INFO: the caller
+    takes its ``fallback``)."""
+    try:
+        library = load_c_library(source, flags, stem, libs)
+        if library is None:
+            return None
+        for name, (argtypes, restype) in functions.items():
+            function = getattr(library, name)
+            function.argtypes, function.restype = argtypes, restype
+    except (OSError, RuntimeError, AttributeError) as exc:
+        log.info("%s kernel unavailable, using %s: %s", stem, fallback, exc)
+        return None
+    return library
 
 
 def address(array) -> int:

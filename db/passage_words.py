@@ -77,25 +77,26 @@ class Words:
 def _library():
     pointer, size = ctypes.c_void_p, ctypes.c_size_t
     return optional_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "passage_words", "Python", {
-        "text_stems": ([pointer, size, pointer, pointer, ctypes.c_uint64, ctypes.c_int, pointer, pointer, pointer,
-                        size], size)})
+        "text_stems": ([pointer, size, pointer, ctypes.c_uint64, ctypes.c_int, pointer, pointer, pointer, size],
+                       size)})
 
 
 @functools.lru_cache(maxsize=4)
-def _ascii_table(words: Words) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The fitted ASCII stems as an open-addressing table for the kernel: (keys: the stem's bytes packed little
-    end first, 0 empty; rows; mask; shift), at most half full."""
+def _ascii_table(words: Words) -> tuple[np.ndarray, int, int]:
+    """The fitted ASCII stems as an open-addressing table for the kernel: (slots: the stem's bytes packed little
+    end first in the low 48 bits, its row + 1 in the high 16, 0 empty; mask; shift), at most two thirds full.
+    Rows past 16 bits are left out: the kernel calls them not fitted and ``stem_rows`` looks them up."""
     packed = {int.from_bytes(stem.encode("ascii"), "little"): row for stem, row in words.index.items()
-              if stem.isascii() and 0 < len(stem) <= STEM_CHARS}
-    bits = max(4, (2 * len(packed)).bit_length())
-    keys, rows = np.zeros(1 << bits, dtype=np.uint64), np.full(1 << bits, -1, dtype=np.int32)
+              if stem.isascii() and 0 < len(stem) <= STEM_CHARS and row + 1 < 1 << 16}
+    bits = max(4, (3 * len(packed) // 2).bit_length())
+    slots = np.zeros(1 << bits, dtype=np.uint64)
     mask, shift = (1 << bits) - 1, 64 - bits
     for key, row in packed.items():
         slot = ((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> shift
-        while keys[slot]:
+        while slots[slot]:
             slot = (slot + 1) & mask
-        keys[slot], rows[slot] = key, row
-    return keys, rows, mask, shift
+        slots[slot] = key | (row + 1) << 48
+    return slots, mask, shift
 
 
 def stem_rows(text: str, words: Words) -> tuple[np.ndarray, list[str]]:
@@ -112,9 +113,9 @@ def stem_rows(text: str, words: Words) -> tuple[np.ndarray, list[str]]:
     capacity = len(data) // 2 + 1
     out = np.empty(capacity, dtype=np.int32)
     starts, ends = np.empty(capacity, dtype=np.int64), np.empty(capacity, dtype=np.int64)
-    keys, table_rows, mask, shift = _ascii_table(words)
-    count = library.text_stems(data, len(data), address(keys), address(table_rows), mask, shift, address(out),
-                               address(starts), address(ends), capacity)
+    slots, mask, shift = _ascii_table(words)
+    count = library.text_stems(data, len(data), address(slots), mask, shift, address(out), address(starts),
+                               address(ends), capacity)
     out = out[:count]
     known = out[out >= 0].astype(np.int64)
     missing = np.flatnonzero(out < 0)
@@ -123,10 +124,9 @@ def stem_rows(text: str, words: Words) -> tuple[np.ndarray, list[str]]:
     more, others = [], []
     for k in missing.tolist():
         piece = data[starts[k]:ends[k]]
-        if out[k] == -1:  # an ASCII word whose stem is not fitted
-            others.append(piece[:STEM_CHARS].decode("ascii").lower())
-            continue
-        for stem in STEM.findall(piece.decode("utf-8", "surrogatepass").lower()):
+        found = [piece[:STEM_CHARS].decode("ascii").lower()] if out[k] == -1 else STEM.findall(
+            piece.decode("utf-8", "surrogatepass").lower())  # not in the table, or holding non-ASCII characters
+        for stem in found:
             row = words.index.get(stem)
             if row is None:
                 others.append(stem)

@@ -2,22 +2,26 @@
  *
  * A word is a run of bytes that are ASCII letters, digits or '_', or bytes of non-ASCII characters; any other
  * ASCII byte separates words. A word of ASCII bytes only has its stem (its first STEM_CHARS bytes, lower-cased)
- * packed into an integer (byte i at bits 8i) and looked up in an open-addressing table of the fitted ASCII stems
- * (keys, 0 empty; rows): its row, or -1 when it is not fitted. A word holding a non-ASCII byte is -2: the caller
- * reads it with the pattern. Per word: the row, and where the word starts and ends in ``text``. */
+ * packed into an integer (byte i at bits 8i, so at most 48 bits) and looked up in an open-addressing table of the
+ * fitted ASCII stems: one 64-bit slot each, the packed stem in the low 48 bits and its row + 1 in the high 16
+ * (0: empty), so a probe reads one word of memory. The word's row, or -1 when it is not fitted. A word holding a
+ * non-ASCII byte is -2: the caller reads it with the pattern. Per word: the row, and where the word starts and
+ * ends in ``text``. */
 #include <stddef.h>
 #include <stdint.h>
 
 #define STEM_CHARS 6
+#define STEM_BITS 48
 
 static inline int word_byte(uint8_t c)
 {
     return c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-size_t text_stems(const uint8_t *text, size_t n, const uint64_t *keys, const int32_t *rows, uint64_t mask,
-                  int shift, int32_t *out_rows, int64_t *out_starts, int64_t *out_ends, size_t capacity)
+size_t text_stems(const uint8_t *text, size_t n, const uint64_t *slots, uint64_t mask, int shift, int32_t *out_rows,
+                  int64_t *out_starts, int64_t *out_ends, size_t capacity)
 {
+    const uint64_t stem_mask = ((uint64_t)1 << STEM_BITS) - 1;
     size_t words = 0, i = 0;
     while (i < n && words < capacity) {
         while (i < n && !word_byte(text[i]))
@@ -39,9 +43,9 @@ size_t text_stems(const uint8_t *text, size_t n, const uint64_t *keys, const int
         if (ascii) {
             row = -1;
             uint64_t slot = (packed * 0x9E3779B97F4A7C15ULL) >> shift;
-            while (keys[slot]) {
-                if (keys[slot] == packed) {
-                    row = rows[slot];
+            while (slots[slot]) {
+                if ((slots[slot] & stem_mask) == packed) {
+                    row = (int32_t)(slots[slot] >> STEM_BITS) - 1;
                     break;
                 }
                 slot = (slot + 1) & mask;

@@ -16,7 +16,8 @@ A lookup reads at most MAX_POSTINGS postings: past that (a long text against a m
 the text's stems with the longest postings (the commonest among the remembered outputs, which weigh least), and
 ``Scored.exact`` says so; the caller then compares the best few exactly (``detector.paraphrase_match``).
 
-The sum over a text's postings runs in C (``csrc/signature_index.c``: one pass, about a nanosecond a posting),
+The look-up of a text's stems and the sum over their postings run in C (``csrc/signature_index.c``: binary
+searches, then one pass over the postings, about a nanosecond a posting),
 built once with the system compiler and cached like the other native kernels (``watermark.native_build``);
 without a compiler, or with ``PROVMARK_NATIVE=0``, numpy gives the same similarities (to float32 rounding) in
 about six times as long.
@@ -44,28 +45,10 @@ WEIGHT = np.float32
 
 @functools.cache
 def _library():
-    pointer = ctypes.c_void_p
+    pointer, size, int64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
     return optional_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "signature_index", "numpy", {
-        "signature_scores": ([pointer, pointer, pointer, ctypes.c_size_t, pointer, pointer, pointer], None)})
-
-
-def scores(segment: Segment, starts: np.ndarray, lengths: np.ndarray, weights: np.ndarray,
-           native: bool = True) -> np.ndarray:
-    """[rows of ``segment``] float32: the sum, over the text's stems found there (their postings' ``starts``,
-    ``lengths`` and the stems' ``weights`` in the text), of the stem's weight times each posting's."""
-    out = np.zeros(len(segment.ids), dtype=WEIGHT)
-    library = _library() if native else None
-    if library is not None:
-        starts, lengths = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64)
-        weights = np.ascontiguousarray(weights, WEIGHT)
-        library.signature_scores(address(starts), address(lengths), address(weights), len(starts),
-                                 address(segment.rows), address(segment.weights), address(out))
-        return out
-    total = int(lengths.sum())
-    flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
-    out += np.bincount(segment.rows[flat], minlength=len(segment.ids),
-                       weights=segment.weights[flat] * np.repeat(weights.astype(WEIGHT), lengths)).astype(WEIGHT)
-    return out
+        "signature_scores": ([pointer, pointer, size, pointer, size, pointer, pointer, pointer, int64, pointer,
+                              pointer], int64)})
 
 
 @dataclass(frozen=True)
@@ -126,6 +109,49 @@ class Segment:
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.ids, self.hashes, self.starts, self.rows, self.weights))
+
+
+def segment_scores(segment: Segment, hashes: np.ndarray, weights: np.ndarray, budget: int,
+                   native: bool = True) -> tuple[np.ndarray | None, int, bool]:
+    """(Per row of ``segment``, float32, the sum over the text's stems (sorted ``hashes``, their float32
+    ``weights``) of the stem's weight times its posting's; the postings read; whether those are all the text's
+    stems have there). Past ``budget`` postings only the stems with the shortest postings are read, within it;
+    None when none is read."""
+    out = np.zeros(len(segment.ids), dtype=WEIGHT)
+    library = _library() if native else None
+    if library is not None:
+        found = np.empty(len(hashes), dtype=np.int64)
+        total = library.signature_scores(address(hashes), address(weights), len(hashes), address(segment.hashes),
+                                         len(segment.hashes), address(segment.starts), address(segment.rows),
+                                         address(segment.weights), budget, address(found), address(out))
+        if total <= budget:
+            return (out if total else None), int(total), True
+        hit = found >= 0
+        at = found[hit]
+    else:
+        at = np.minimum(np.searchsorted(segment.hashes, hashes), len(segment.hashes) - 1)
+        hit = segment.hashes[at] == hashes
+        at = at[hit]
+    starts, lengths, weights = segment.starts[at], segment.starts[at + 1] - segment.starts[at], weights[hit]
+    exact = int(lengths.sum()) <= budget
+    if not exact:  # the stems with the shortest postings, within the budget
+        shortest = np.argsort(lengths, kind="stable")
+        keep = shortest[np.cumsum(lengths[shortest]) <= budget]
+        starts, lengths, weights = starts[keep], lengths[keep], weights[keep]
+    total = int(lengths.sum())
+    if not total:
+        return None, 0, exact
+    if library is not None:  # the chosen stems again, all read this time
+        chosen = np.ascontiguousarray(hashes[hit][keep])
+        library.signature_scores(address(chosen), address(np.ascontiguousarray(weights)), len(chosen),
+                                 address(segment.hashes), len(segment.hashes), address(segment.starts),
+                                 address(segment.rows), address(segment.weights), total,
+                                 address(np.empty(len(chosen), dtype=np.int64)), address(out))
+        return out, total, exact
+    flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
+    out += np.bincount(segment.rows[flat], minlength=len(segment.ids),
+                       weights=segment.weights[flat] * np.repeat(weights, lengths)).astype(WEIGHT)
+    return out, total, exact
 
 
 @dataclass(frozen=True)
@@ -191,26 +217,18 @@ class SignatureIndex:
         searched = 0
         budget = max_postings
         scored = []  # per segment: (its ids, its scores)
+        hashes = np.ascontiguousarray(query.hashes, dtype=np.uint32)
+        weights = np.ascontiguousarray(query.weights, dtype=WEIGHT)
         for segment in reversed(segments):  # the newest first: a long text's budget goes to recent outputs first
             live_from = int(np.searchsorted(segment.ids, below))
             searched += len(segment.ids) - live_from
-            if not len(query.hashes) or not len(segment.hashes):
+            if not len(hashes) or not len(segment.hashes):
                 continue
-            at = np.minimum(np.searchsorted(segment.hashes, query.hashes), len(segment.hashes) - 1)
-            hit = segment.hashes[at] == query.hashes
-            starts, stops = segment.starts[at[hit]], segment.starts[at[hit] + 1]
-            weights = query.weights[hit]
-            lengths = stops - starts
-            if lengths.sum() > budget:  # the stems with the shortest postings, within the budget
-                exact = False
-                shortest = np.argsort(lengths, kind="stable")
-                keep = shortest[np.cumsum(lengths[shortest]) <= budget]
-                starts, lengths, weights = starts[keep], lengths[keep], weights[keep]
-            total = int(lengths.sum())
-            budget = max(0, budget - total)
-            if not total:
+            summed, read, complete = segment_scores(segment, hashes, weights, budget)
+            exact = exact and complete
+            budget = max(0, budget - read)
+            if summed is None:
                 continue
-            summed = scores(segment, starts, lengths, weights)
             summed[:live_from] = 0.0
             scored.append((segment.ids, summed))
         k = 1 if exact else count

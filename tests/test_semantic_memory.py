@@ -213,3 +213,23 @@ def test_retiring_a_key_with_purge_deletes_its_remembered_words(tmp_path, monkey
     assert (memory.count("alpha"), memory.count("beta"), memory.count("gamma")) == (0, 3, 3)
     capsys.readouterr()
     store.close()
+
+
+def test_the_index_kernel_and_numpy_give_the_same_scores():
+    """``segment_scores`` in C and in numpy (no compiler, or PROVMARK_NATIVE=0): the same scores, to float32
+    rounding, with every stem read and past the postings budget (the same stems chosen)."""
+    from db import signature_index  # noqa: PLC0415 (this test only)
+
+    assert signature_index._library() is not None  # the kernel is what is checked (CI has a compiler)
+    blobs = random_signatures(500, seed=11, stems=50, vocabulary=1_500)
+    index = SignatureIndex(keep=1_000)
+    index.add([(i + 1, parse(b, KEY)) for i, b in enumerate(blobs)])
+    segment = index.segments[0]
+    for q in (3, 77, 250):
+        query = parse(noisy(blobs[q], q), KEY)
+        hashes, weights = query.hashes.astype(np.uint32), query.weights.astype(np.float32)
+        for budget in (10**9, 300):
+            native = signature_index.segment_scores(segment, hashes, weights, budget)
+            python = signature_index.segment_scores(segment, hashes, weights, budget, native=False)
+            assert native[1:] == python[1:] and native[2] == (budget > 10**6)
+            assert np.allclose(native[0], python[0], atol=1e-6) and native[0].max() > 0

@@ -4,7 +4,7 @@ The signature is what the semantic memory keeps of an output and compares a text
 (``db.passage_words.stems``) whose inverse document frequency is at least MIN_IDF (the commonest stems, "the",
 "and", carry little and are what a count of hashes would give away first), each as a 32-bit hash under a key the
 keyring's master key derives (SIGNATURE_PURPOSE, the same in every replica), with its count (at most
-``passage_words.COUNT_CAP``). No text and no weight is stored: a stem's weight is looked up when two signatures are
+``passage_words.COUNT_CAP``, now 1; rows written when it was 3 read as 1). No text and no weight is stored: a stem's weight is looked up when two signatures are
 compared, from the keyed hashes of the fitted stems (``StemKey.idf``).
 
 ``similarity`` is the cosine of two signatures' TF-IDF vectors (1 + log count, times the stem's inverse document
@@ -130,8 +130,8 @@ def parse(blob: bytes, key: StemKey) -> Parsed:
 
 
 def parsed(hashes: np.ndarray, counts: np.ndarray, key: StemKey) -> Parsed:
-    """Sorted unique hashes and their counts, with unit weights."""
-    weights = key.weights(hashes, np.maximum(counts, 1))
+    """Sorted unique hashes and their counts (read at most COUNT_CAP), with unit weights."""
+    weights = key.weights(hashes, np.clip(counts, 1, COUNT_CAP))
     norm = math.sqrt(float(weights @ weights))
     return Parsed(hashes, weights / norm if norm > 0 else weights)
 

@@ -2,8 +2,8 @@
 
 A stem is a lower-cased word (``\\w+``, any script) cut to its first STEM_CHARS characters, a crude stemmer
 that makes one stem of a word's inflections ("announced", "announces") at the price of a few unrelated words
-sharing one ("universe", "university"). Each stem weighs 1 + log(its count in the text, at most COUNT_CAP)
-times its inverse document frequency, fitted on human text and on the model's own outputs
+sharing one ("universe", "university"). Each stem weighs 1 + log(its count in the text, at most COUNT_CAP: 1,
+so a stem weighs the same however often the text uses it) times its inverse document frequency, fitted on human text and on the model's own outputs
 (``stem_frequencies``, written by ``fit_stems`` to STEMS_FILE): a stem seen in fewer than MIN_DOCUMENTS of those
 documents is not kept and weighs as the rarest (``Words.unseen_idf``). Nothing here is secret: the signature's
 keyed hashes come after (``db.passage_signature``).
@@ -35,9 +35,11 @@ SOURCE = Path(__file__).with_name("csrc") / "passage_words.c"
 STEM_CHARS = 6  # a stem is a word's first 6 characters
 STEM = re.compile(r"(\w{1,%d})\w*" % STEM_CHARS)  # a word, capturing its stem
 MIN_DOCUMENTS = 2  # a stem in fewer fitted documents weighs as one never seen
-# a stem counts at most this often: an output that repeats one word a hundred times (a degenerate loop) is not made
-# of that word, and two such loops on one word were the closest unrelated outputs (docs/research/semantic-memory.md)
-COUNT_CAP = 3
+# a stem counts at most this often: whether a text uses a stem, not how often. Unrelated outputs of one model repeat
+# the same words (a template, a degenerate loop on one word); counting them (up to 3) set the threshold at 0.345,
+# counting each once at 0.2525, and whole-text rewrites were recognised 101 times in 150 instead of 78
+# (docs/research/semantic-memory.md). Signatures stored with counts up to 3 read as 1.
+COUNT_CAP = 1
 STEMS_FILE = Path(__file__).with_name("data") / "word_stems.npz"  # python -m evaluation.paraphrase_calibration --write
 
 

@@ -22,7 +22,7 @@ from db.passage_signature import (
     text_signature,
     text_signature_bytes,
 )
-from db.passage_words import fitted_words, stems
+from db.passage_words import COUNT_CAP, fitted_words, stems
 from db.rows import OutputVectorRow
 from db.semantic_memory import SemanticMemory, SignatureMirror
 from detector.service import Detector
@@ -42,7 +42,7 @@ def test_the_signature_holds_keyed_hashes_and_counts_only():
     assert np.all(np.diff(hashes.astype(np.int64)) > 0)  # sorted and unique: the text's word order is not kept
     assert "the" not in kept and "and" not in kept  # the commonest stems are left out
     counts = np.frombuffer(blob[4 * len(kept):], dtype="u1")
-    assert counts.min() >= 1 and counts.max() <= 3
+    assert counts.min() == counts.max() == COUNT_CAP == 1  # whether the text uses a stem, not how often
 
 
 def test_one_key_gives_one_signature_and_another_key_other_hashes(tmp_path):
@@ -62,19 +62,22 @@ def test_the_similarity_is_the_exact_cosine_of_the_weighted_stems():
     one, para, other = (parse(signature(t, words, key), key) for t in (ORIGINAL, PARAPHRASE, OTHERS[0]))
     assert abs(similarity(one, one) - 1.0) < 1e-9
     assert similarity(one, para) == similarity(para, one) > 0.2 > similarity(one, other)
-    # by hand: shared stems' weights (1 + log count) x idf, over both norms
+    # by hand: shared stems' weights (1 + log count, each stem counted once) x idf, over both norms
     def weights(text):
         counted = {}
         for s in stems(text):
             row = words.index.get(s)
             idf = words.unseen_idf if row is None else float(words.idf[row])
             if idf >= MIN_IDF:
-                counted[s] = (min(3, counted.get(s, (0, 0))[0] + 1), idf)
+                counted[s] = (min(COUNT_CAP, counted.get(s, (0, 0))[0] + 1), idf)
         return {s: (1 + np.log(c)) * idf for s, (c, idf) in counted.items()}
     wa, wb = weights(ORIGINAL), weights(PARAPHRASE)
     dot = sum(wa[s] * wb[s] for s in wa.keys() & wb.keys())
     expected = dot / (np.linalg.norm(list(wa.values())) * np.linalg.norm(list(wb.values())))
     assert abs(similarity(one, para) - expected) < 1e-6
+    old = signature(ORIGINAL, words, key)  # a row written when a stem counted up to 3 times reads as counted once
+    n = len(old) // 5
+    assert similarity(parse(old[:4 * n] + bytes([3]) * n, key), one) > 1 - 1e-9
     empty = parse(b"", key)
     assert similarity(empty, one) == 0.0 and parse(b"\x00" * 7, key).hashes.size == 0  # malformed: empty
     assert isinstance(empty, Parsed)

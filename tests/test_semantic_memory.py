@@ -152,8 +152,9 @@ def test_the_index_gives_the_exact_cosines_across_segments_and_retention():
         query = parse(noisy(blobs[q], int(q)), KEY)
         found = index.best(query, 4)
         brute = max((similarity(query, parsed[j]), j + 1) for j in range(1_000, 3_000))
-        assert found.exact and found.searched == 2_000
-        assert int(found.ids[0]) == brute[1] and abs(found.similarities[0] - brute[0]) < 1e-5
+        assert found.exact and found.searched == 2_000 and int(found.ids[0]) > 1_000
+        assert abs(found.similarities[0] - brute[0]) < 1e-5  # the best (a tie, to float32 rounding, may be another)
+        assert abs(similarity(query, parsed[int(found.ids[0]) - 1]) - brute[0]) < 1e-5
         assert q < 1_000 or int(found.ids[0]) == q + 1  # a kept row's paraphrase finds it
     index.add([(i + 1, parsed[i]) for i in range(2_900, 3_000)])  # read again (a sync's look-back): one row each
     assert len(index) == 2_000

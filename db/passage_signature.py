@@ -4,11 +4,13 @@ The signature is what the semantic memory keeps of an output and compares a text
 (``db.passage_words.stems``) whose inverse document frequency is at least MIN_IDF (the commonest stems, "the",
 "and", carry little and are what a count of hashes would give away first), each as a 32-bit hash under a key the
 keyring's master key derives (SIGNATURE_PURPOSE, the same in every replica), with its count (at most
-``passage_words.COUNT_CAP``, now 1; rows written when it was 3 read as 1). No text and no weight is stored: a stem's weight is looked up when two signatures are
-compared, from the keyed hashes of the fitted stems (``StemKey.idf``).
+``passage_words.COUNT_CAP``, which is 1; rows written when it was 3 read as 1). No text and no weight is stored:
+a stem's weight is looked up when two signatures are compared, from the keyed hashes of the fitted stems
+(``StemKey.idf``).
 
 ``similarity`` is the cosine of two signatures' TF-IDF vectors (1 + log count, times the stem's inverse document
-frequency), exact: what the semantic match decides on (``detector.paraphrase_match``).
+frequency; with each stem counted once, its inverse document frequency), exact: what the semantic match decides
+on (``detector.paraphrase_match``).
 """
 
 from __future__ import annotations

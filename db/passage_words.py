@@ -3,10 +3,10 @@
 A stem is a lower-cased word (``\\w+``, any script) cut to its first STEM_CHARS characters, a crude stemmer
 that makes one stem of a word's inflections ("announced", "announces") at the price of a few unrelated words
 sharing one ("universe", "university"). Each stem weighs 1 + log(its count in the text, at most COUNT_CAP: 1,
-so a stem weighs the same however often the text uses it) times its inverse document frequency, fitted on human text and on the model's own outputs
-(``stem_frequencies``, written by ``fit_stems`` to STEMS_FILE): a stem seen in fewer than MIN_DOCUMENTS of those
-documents is not kept and weighs as the rarest (``Words.unseen_idf``). Nothing here is secret: the signature's
-keyed hashes come after (``db.passage_signature``).
+so a stem weighs the same however often the text uses it) times its inverse document frequency, fitted on human
+text and on the model's own outputs (``stem_frequencies``, written by ``fit_stems`` to STEMS_FILE): a stem seen
+in fewer than MIN_DOCUMENTS of those documents is not kept and weighs as the rarest (``Words.unseen_idf``).
+Nothing here is secret: the signature's keyed hashes come after (``db.passage_signature``).
 
 ``stem_rows`` reads a text's stems and looks them up among the fitted ones in one pass in C
 (``csrc/passage_words.c``, built once with the system compiler and cached like the other native kernels,

@@ -17,10 +17,10 @@ the text's stems with the longest postings (the commonest among the remembered o
 ``Scored.exact`` says so; the caller then compares the best few exactly (``detector.paraphrase_match``).
 
 The look-up of a text's stems and the sum over their postings run in C (``csrc/signature_index.c``: binary
-searches, then one pass over the postings, about a nanosecond a posting),
-built once with the system compiler and cached like the other native kernels (``watermark.native_build``);
-without a compiler, or with ``PROVMARK_NATIVE=0``, numpy gives the same similarities (to float32 rounding) in
-about six times as long.
+searches, then one pass over the postings: 0.18 ms for a 1,000-token text's 175,000 postings among 20,000
+outputs), built once with the system compiler and cached like the other native kernels
+(``watermark.native_build``); without a compiler, or with ``PROVMARK_NATIVE=0``, numpy gives the same
+similarities (to float32 rounding) in about four times as long.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ class SignatureIndex:
             self.newest = max(self.newest, int(segment.ids[-1]))
             self.seen = {i for i in self.seen if i > self.newest - look_back} | {
                 i for i, _ in rows if i > self.newest - look_back}
-            held = np.concatenate([s.ids for s in segments])
-            if len(held) > self.keep:
+            if sum(len(s.ids) for s in segments) > self.keep:  # the keep-th newest id: older ones are past retention
+                held = np.concatenate([s.ids for s in segments])
                 self.below = int(np.partition(held, len(held) - self.keep)[len(held) - self.keep])
             while len(segments) > 1 and 2 * segments[-1].size >= segments[-2].size:
                 segments[-2:] = [segments[-2].merged(segments[-1], self.below)]

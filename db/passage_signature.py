@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from db import passage_words
 from db.passage_words import COUNT_CAP, Words, fitted_words, stem_rows
 
 SIGNATURE_PURPOSE = b"provmark/semantic-memory-stems"  # the master-key derivation label of the hashes' key
@@ -79,6 +80,13 @@ def shipped_words() -> Words:
     """The fitted stems shipped with the package (``db.passage_words.fitted_words``), one object per process
     (``stem_key`` caches by it): what both services read signatures with."""
     return fitted_words()
+
+
+def warm_up() -> Words:
+    """The shipped stems, and what reading a text's stems with them needs (``passage_words.warm_up``), made now."""
+    words = shipped_words()
+    passage_words.warm_up(words)
+    return words
 
 
 def signature_key(keyring) -> bytes:

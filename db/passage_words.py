@@ -137,6 +137,13 @@ def stem_rows(text: str, words: Words) -> tuple[np.ndarray, list[str]]:
     return (np.concatenate([known, np.asarray(more, dtype=np.int64)]) if more else known), others
 
 
+def warm_up(words: Words) -> None:
+    """Load the kernel and build ``words``' table now (about 20 ms): a server does it before it forks its workers,
+    which then share both instead of each paying for them on its first verdict."""
+    _library()
+    _ascii_table(words)
+
+
 def fitted_words(path: Path = STEMS_FILE) -> Words:
     """The stems fitted by ``fit_stems`` (shipped in STEMS_FILE); none, every stem weighing alike, without the
     file."""

@@ -202,7 +202,7 @@ def _make_detector(settings: Settings, vocab, keyring, store: Store):
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     vocab = vocab or load_vocabulary()
     if semantic.enabled:
-        passage_signature.shipped_words()  # the fitted stems now, not on the first request (shared across the fork)
+        passage_signature.warm_up()  # the fitted stems and their table now, not on the first request (shared across the fork)
     return Detector(vocab=vocab, keyring=keyring or Keyring(settings.home),
                     output_memory=MemoryMirror(OutputMemory(store), grams_kept=settings.remembered_outputs),
                     semantic_memory=SignatureMirror(semantic) if semantic.enabled else None)

@@ -129,7 +129,7 @@ def create_app(config: dict | None = None) -> Flask:
                               links=ReceiptLinks(issuer=settings.issuer, detector=settings.detector_url))
     semantic = SemanticMemory(store, keep=settings.semantic_outputs)
     if semantic.enabled:
-        passage_signature.shipped_words()  # the fitted stems the outputs' signatures need: not on a request
+        passage_signature.warm_up()  # the fitted stems and table the outputs' signatures need: not on a request
     service = GenerationService(worker, store, keyring, credentials, model_id=engine.loaded.model_id,
                                 max_prompt_chars=settings.max_text_chars, public_keys=PublicKeys(settings, store),
                                 semantic=semantic)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from db import passage_words
-from db.passage_words import COUNT_CAP, Words, fitted_words, stem_rows
+from db.passage_words import COUNT_CAP, Words, fitted_words, stem_counts
 
 SIGNATURE_PURPOSE = b"provmark/semantic-memory-stems"  # the master-key derivation label of the hashes' key
 MIN_IDF = 3.0  # stems in more than about one document in seven are left out (docs/research/semantic-memory.md)
@@ -35,8 +35,9 @@ COUNT = np.dtype("u1")
 @dataclass(frozen=True)
 class StemKey:
     """The hashes' key and, per fitted stem, its hash's inverse document frequency (sorted hashes, their idf),
-    the weight of a stem not among them, and per row of the fitted stems (``Words.index``) its hash and whether it
-    is kept (inverse document frequency at least MIN_IDF)."""
+    the weight of a stem not among them, and per row of the fitted stems (``Words.index``) its hash, whether it
+    is kept (inverse document frequency at least MIN_IDF) and the inverse document frequency its hash is read
+    with (``idf_of``: two stems of one hash read as one)."""
 
     key: bytes
     hashes: np.ndarray
@@ -44,16 +45,27 @@ class StemKey:
     unseen_idf: float
     row_hashes: np.ndarray
     row_kept: np.ndarray
+    row_idf: np.ndarray
 
     def hash(self, stem: str) -> int:
         return _hash(self.key, stem)
 
     def weights(self, hashes: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """(1 + log count) times each hash's inverse document frequency, float64."""
-        at = np.minimum(np.searchsorted(self.hashes, hashes), max(len(self.hashes) - 1, 0))
-        known = (self.hashes[at] == hashes) if len(self.hashes) else np.zeros(len(hashes), bool)
-        idf = np.where(known, self.idf[at] if len(self.idf) else 0.0, self.unseen_idf)
-        return (1.0 + np.log(counts.astype(np.float64))) * idf
+        return _tf(counts) * idf_of(self.hashes, self.idf, self.unseen_idf, hashes)
+
+
+def idf_of(fitted: np.ndarray, idf: np.ndarray, unseen_idf: float, hashes: np.ndarray) -> np.ndarray:
+    """The inverse document frequency of each of ``hashes``: that of the fitted hash equal to it (``fitted``
+    sorted, ``idf`` theirs), else ``unseen_idf``; float64."""
+    at = np.minimum(np.searchsorted(fitted, hashes), max(len(fitted) - 1, 0))
+    known = (fitted[at] == hashes) if len(fitted) else np.zeros(len(hashes), bool)
+    return np.where(known, idf[at] if len(idf) else 0.0, unseen_idf)
+
+
+def _tf(counts: np.ndarray) -> np.ndarray:
+    """1 + log count, a count read at most COUNT_CAP (and at least 1)."""
+    return 1.0 + np.log(np.clip(counts, 1, COUNT_CAP).astype(np.float64))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -69,10 +81,11 @@ def stem_key(key: bytes, words: Words) -> StemKey:
     hashes = np.fromiter((_hash(key, stem) for stem in words.index), dtype=HASH, count=len(words.index))
     row_hashes = np.zeros(len(words.idf), dtype=HASH)
     row_hashes[rows] = hashes
-    idf = words.idf[rows]
     order = np.argsort(hashes, kind="stable")
-    return StemKey(key, hashes[order], idf[order].astype(np.float64), float(words.unseen_idf), row_hashes,
-                   np.asarray(words.idf, dtype=np.float64) >= MIN_IDF)
+    hashes, idf = hashes[order], words.idf[rows][order].astype(np.float64)
+    unseen = float(words.unseen_idf)
+    return StemKey(key, hashes, idf, unseen, row_hashes, np.asarray(words.idf, dtype=np.float64) >= MIN_IDF,
+                   idf_of(hashes, idf, unseen, row_hashes))
 
 
 @functools.cache
@@ -94,24 +107,32 @@ def signature_key(keyring) -> bytes:
     return keyring.derive_key(SIGNATURE_PURPOSE)
 
 
+def _read(text: str, words: Words, key: StemKey) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``text``'s stems of inverse document frequency at least MIN_IDF as (sorted unique keyed hashes, their
+    counts, their inverse document frequencies, as ``StemKey.weights`` reads them); two stems of one hash count
+    together."""
+    rows, counts, others = stem_counts(text, words, key.row_kept)
+    hashes, idf = key.row_hashes[rows], key.row_idf[rows]
+    if others and key.unseen_idf >= MIN_IDF:  # stems the fit never saw: hashed one by one (cached)
+        unseen = collections.Counter(others)
+        more = np.fromiter((key.hash(stem) for stem in unseen), dtype=HASH, count=len(unseen))
+        hashes = np.concatenate([hashes, more])
+        counts = np.concatenate([counts, np.fromiter(unseen.values(), dtype=np.int64, count=len(unseen))])
+        idf = np.concatenate([idf, idf_of(key.hashes, key.idf, key.unseen_idf, more)])
+    order = np.argsort(hashes, kind="stable")
+    hashes, counts, idf = hashes[order], counts[order], idf[order]
+    if hashes.shape[0] > 1 and (hashes[1:] == hashes[:-1]).any():  # two stems of one hash (rare): one count
+        hashes, first, at = np.unique(hashes, return_index=True, return_inverse=True)
+        counts = np.bincount(at, weights=counts, minlength=len(hashes)).astype(np.int64)
+        idf = idf[first]
+    return hashes.astype(HASH), counts, idf
+
+
 def counted(text: str, words: Words, key: StemKey) -> tuple[np.ndarray, np.ndarray]:
     """``text``'s stems of inverse document frequency at least MIN_IDF as (sorted unique keyed hashes, their
     counts, at most COUNT_CAP; two stems of one hash count together)."""
-    rows, others = stem_rows(text, words)
-    rows, row_counts = np.unique(rows, return_counts=True)
-    rows, row_counts = rows[key.row_kept[rows]], row_counts[key.row_kept[rows]]
-    hashes, counts = key.row_hashes[rows], row_counts
-    if others and key.unseen_idf >= MIN_IDF:  # stems the fit never saw: hashed one by one (cached)
-        unseen = collections.Counter(others)
-        hashes = np.concatenate([hashes, np.fromiter((key.hash(stem) for stem in unseen), dtype=HASH,
-                                                     count=len(unseen))])
-        counts = np.concatenate([counts, np.fromiter(unseen.values(), dtype=np.int64, count=len(unseen))])
-    order = np.argsort(hashes, kind="stable")
-    hashes, counts = hashes[order], counts[order]
-    if hashes.shape[0] > 1 and (hashes[1:] == hashes[:-1]).any():  # two stems of one hash (rare): one count
-        hashes, at = np.unique(hashes, return_inverse=True)
-        counts = np.bincount(at, weights=counts, minlength=len(hashes)).astype(np.int64)
-    return hashes.astype(HASH), np.minimum(counts, COUNT_CAP).astype(COUNT)
+    hashes, counts, _ = _read(text, words, key)
+    return hashes, np.minimum(counts, COUNT_CAP).astype(COUNT)
 
 
 def signature(text: str, words: Words, key: StemKey) -> bytes:
@@ -123,10 +144,13 @@ def signature(text: str, words: Words, key: StemKey) -> bytes:
 
 @dataclass(frozen=True)
 class Parsed:
-    """A signature read back: sorted hashes, and their unit-length weights."""
+    """A signature read back: sorted hashes, their unit-length weights, and the factor that made them unit length
+    (one over the TF-IDF vector's norm; 1 for an empty one). With each stem counted once a weight is the stem's
+    inverse document frequency times ``scale``, which the inverted index uses (``db.signature_index``)."""
 
     hashes: np.ndarray
     weights: np.ndarray
+    scale: float = 1.0
 
 
 def parse(blob: bytes, key: StemKey) -> Parsed:
@@ -141,14 +165,18 @@ def parse(blob: bytes, key: StemKey) -> Parsed:
 
 def parsed(hashes: np.ndarray, counts: np.ndarray, key: StemKey) -> Parsed:
     """Sorted unique hashes and their counts (read at most COUNT_CAP), with unit weights."""
-    weights = key.weights(hashes, np.clip(counts, 1, COUNT_CAP))
+    return _unit(hashes, key.weights(hashes, counts))
+
+
+def _unit(hashes: np.ndarray, weights: np.ndarray) -> Parsed:
     norm = math.sqrt(float(weights @ weights))
-    return Parsed(hashes, weights / norm if norm > 0 else weights)
+    return Parsed(hashes, weights / norm, 1.0 / norm) if norm > 0 else Parsed(hashes, weights)
 
 
 def text_signature(text: str, words: Words, key: StemKey) -> Parsed:
     """``parse(signature(text, words, key), key)``, without the bytes: what a verdict compares."""
-    return parsed(*counted(text, words, key), key)
+    hashes, counts, idf = _read(text, words, key)
+    return _unit(hashes, _tf(counts) * idf)
 
 
 def similarity(a: Parsed, b: Parsed) -> float:

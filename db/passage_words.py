@@ -8,7 +8,7 @@ text and on the model's own outputs (``stem_frequencies``, written by ``fit_stem
 in fewer than MIN_DOCUMENTS of those documents is not kept and weighs as the rarest (``Words.unseen_idf``).
 Nothing here is secret: the signature's keyed hashes come after (``db.passage_signature``).
 
-``stem_rows`` reads a text's stems and looks them up among the fitted ones in one pass in C
+``stem_counts`` reads a text's stems and looks them up among the fitted ones in one pass in C
 (``csrc/passage_words.c``, built once with the system compiler and cached like the other native kernels,
 ``watermark.native_build``): a verdict's signature of a 1,000-token text took about 0.25 ms in Python, most of
 it a dictionary look-up per word. Words holding non-ASCII characters are read by the pattern, as ``stems``
@@ -79,15 +79,15 @@ class Words:
 def _library():
     pointer, size = ctypes.c_void_p, ctypes.c_size_t
     return optional_c_library(SOURCE, ("-O2", "-shared", "-fPIC"), "passage_words", "Python", {
-        "text_stems": ([pointer, size, pointer, ctypes.c_uint64, ctypes.c_int, pointer, pointer, pointer, size],
-                       size)})
+        "text_stem_counts": ([pointer, size, pointer, ctypes.c_uint64, ctypes.c_int, pointer, pointer, pointer,
+                              pointer, pointer, pointer, size], size)})
 
 
 @functools.lru_cache(maxsize=4)
 def _ascii_table(words: Words) -> tuple[np.ndarray, int, int]:
     """The fitted ASCII stems as an open-addressing table for the kernel: (slots: the stem's bytes packed little
     end first in the low 48 bits, its row + 1 in the high 16, 0 empty; mask; shift), at most two thirds full.
-    Rows past 16 bits are left out: the kernel calls them not fitted and ``stem_rows`` looks them up."""
+    Rows past 16 bits are left out: the kernel calls them not fitted and ``stem_counts`` looks them up."""
     packed = {int.from_bytes(stem.encode("ascii"), "little"): row for stem, row in words.index.items()
               if stem.isascii() and 0 < len(stem) <= STEM_CHARS and row + 1 < 1 << 16}
     bits = max(4, (3 * len(packed) // 2).bit_length())
@@ -101,40 +101,53 @@ def _ascii_table(words: Words) -> tuple[np.ndarray, int, int]:
     return slots, mask, shift
 
 
-def stem_rows(text: str, words: Words) -> tuple[np.ndarray, list[str]]:
-    """``text``'s stems (``stems``) as the fitted rows of those fitted (one per occurrence, int64) and the stems
-    that are not (one per occurrence)."""
+def stem_counts(text: str, words: Words, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``text``'s stems (``stems``): the fitted rows that ``kept`` (a bool per row) marks, each once (int64, in no
+    particular order), how often the text has each (int64, at most 255), and the stems that are not fitted (one
+    per occurrence)."""
     library = _library()
     if library is None or "\u03a3" in text:
         get = words.index.get
-        found = stems(text)
-        rows = [get(stem, -1) for stem in found]
-        return (np.array([row for row in rows if row >= 0], dtype=np.int64),
-                [stem for stem, row in zip(found, rows) if row < 0])
+        counts: collections.Counter = collections.Counter()
+        others = []
+        for stem in stems(text):
+            row = get(stem)
+            if row is None:
+                others.append(stem)
+            elif kept[row]:
+                counts[row] += 1
+        return (np.fromiter(counts.keys(), dtype=np.int64, count=len(counts)),
+                np.minimum(np.fromiter(counts.values(), dtype=np.int64, count=len(counts)), 255), others)
     data = text.encode("utf-8", "surrogatepass")
     capacity = len(data) // 2 + 1
     out = np.empty(capacity, dtype=np.int32)
     starts, ends = np.empty(capacity, dtype=np.int64), np.empty(capacity, dtype=np.int64)
+    found = np.empty(capacity, dtype=np.int64)
     slots, mask, shift = _ascii_table(words)
-    count = library.text_stems(data, len(data), address(slots), mask, shift, address(out), address(starts),
-                               address(ends), capacity)
-    out = out[:count]
-    known = out[out >= 0].astype(np.int64)
-    missing = np.flatnonzero(out < 0)
-    if not missing.shape[0]:
-        return known, []
-    more, others = [], []
-    for k in missing.tolist():
+    marks, seen = np.ascontiguousarray(kept, dtype=np.uint8), np.zeros(len(words.idf), dtype=np.uint8)
+    count = library.text_stem_counts(data, len(data), address(slots), mask, shift, address(marks), address(seen),
+                                     address(out), address(starts), address(ends), address(found), capacity)
+    out, found = out[:count], found[:count]
+    known = out >= 0
+    if known.all():
+        return out.astype(np.int64), found, []
+    more: collections.Counter = collections.Counter()
+    others = []
+    for k in np.flatnonzero(~known).tolist():
         piece = data[starts[k]:ends[k]]
-        found = [piece[:STEM_CHARS].decode("ascii").lower()] if out[k] == -1 else STEM.findall(
-            piece.decode("utf-8", "surrogatepass").lower())  # not in the table, or holding non-ASCII characters
-        for stem in found:
+        for stem in [piece[:STEM_CHARS].decode("ascii").lower()] if out[k] == -1 else STEM.findall(
+                piece.decode("utf-8", "surrogatepass").lower()):  # not in the table, or holding non-ASCII characters
             row = words.index.get(stem)
             if row is None:
                 others.append(stem)
-            else:
-                more.append(row)
-    return (np.concatenate([known, np.asarray(more, dtype=np.int64)]) if more else known), others
+            elif kept[row]:
+                more[row] += 1
+    rows, counts = out[known].astype(np.int64), found[known]
+    if more:  # rows the kernel also found count together
+        counts = collections.Counter(dict(zip(rows.tolist(), counts.tolist()))) + more
+        rows = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        counts = np.minimum(np.fromiter(counts.values(), dtype=np.int64, count=len(counts)), 255)
+    return rows, counts, others
 
 
 def warm_up(words: Words) -> None:

@@ -128,8 +128,9 @@ def test_the_fast_stems_are_the_patterns():
 
 
 def test_the_stem_kernel_reads_what_the_pattern_reads(monkeypatch):
-    """``stem_rows`` in C and in Python (no compiler, or PROVMARK_NATIVE=0) give the same fitted rows and the same
-    stems not fitted, on ASCII, mixed scripts, words the fit never saw and a capital sigma."""
+    """``stem_counts`` in C and in Python (no compiler, or PROVMARK_NATIVE=0) give the same fitted rows, counts and
+    stems not fitted, on ASCII, mixed scripts, words the fit never saw and a capital sigma, with every row kept
+    and with only some."""
     import random  # noqa: PLC0415 (this test only)
 
     from db import passage_words  # noqa: PLC0415 (this test only)
@@ -139,9 +140,14 @@ def test_the_stem_kernel_reads_what_the_pattern_reads(monkeypatch):
     rng = random.Random(2)
     texts = [ORIGINAL, PARAPHRASE, "Zyxwvut qqqqqqqq __init__ 1234567 Ünïcödé café—déjà", "ΣΟΦΟΣ the library", ""]
     texts += ["".join(rng.choice("aÉ_9 -—’ıİßσςAbCdeFGhij\u00a0x.Z'\t\n") for _ in range(600)) for _ in range(30)]
-    native = [passage_words.stem_rows(text, words) for text in texts]
+    texts += ["the the The THE tHe " * 100 + ORIGINAL]  # a count past 255 is read as 255
+    everything, some = np.ones(len(words.idf), bool), np.arange(len(words.idf)) % 3 > 0
+    native = [passage_words.stem_counts(text, words, kept) for kept in (everything, some) for text in texts]
     monkeypatch.setattr(passage_words, "_library", lambda: None)
-    for text, (rows, others) in zip(texts, native):
-        python_rows, python_others = passage_words.stem_rows(text, words)
-        assert sorted(rows.tolist()) == sorted(python_rows.tolist()) and sorted(others) == sorted(python_others)
-    assert len(native[2][1]) >= 2  # words the fit never saw are returned as stems
+    python = [passage_words.stem_counts(text, words, kept) for kept in (everything, some) for text in texts]
+    for (rows, counts, others), (python_rows, python_counts, python_others) in zip(native, python):
+        assert len(set(rows.tolist())) == len(rows)
+        assert dict(zip(rows.tolist(), counts.tolist())) == dict(zip(python_rows.tolist(), python_counts.tolist()))
+        assert sorted(others) == sorted(python_others)
+    assert len(native[2][2]) >= 2  # words the fit never saw are returned as stems
+    assert max(native[len(texts) - 1][1]) == 255 and some[np.concatenate([r for r, _, _ in native[len(texts):]])].all()

@@ -228,9 +228,10 @@ def test_the_index_kernel_and_numpy_give_the_same_scores():
     segment = index.segments[0]
     for q in (3, 77, 250):
         query = parse(noisy(blobs[q], q), KEY)
-        hashes, weights = query.hashes.astype(np.uint32), query.weights.astype(np.float32)
+        hashes = query.hashes.astype(np.uint32)
+        products = (query.weights * query.weights / query.scale).astype(np.float32)
         for budget in (10**9, 300):
-            native = signature_index.segment_scores(segment, hashes, weights, budget)
-            python = signature_index.segment_scores(segment, hashes, weights, budget, native=False)
+            native = signature_index.segment_scores(segment, hashes, products, budget)
+            python = signature_index.segment_scores(segment, hashes, products, budget, native=False)
             assert native[1:] == python[1:] and native[2] == (budget > 10**6)
             assert np.allclose(native[0], python[0], atol=1e-6) and native[0].max() > 0

@@ -6,7 +6,10 @@
  * fitted ASCII stems: one 64-bit slot each, the packed stem in the low 48 bits and its row + 1 in the high 16
  * (0: empty), so a probe reads one word of memory. The word's row, or -1 when it is not fitted. A word holding a
  * non-ASCII byte is -2: the caller reads it with the pattern. Per word: the row, and where the word starts and
- * ends in ``text``. */
+ * ends in ``text``.
+ *
+ * ``text_stem_counts`` keeps, of the fitted rows, only those ``kept`` marks, each once, with how often the text
+ * has it (at most 255): a verdict needs the set of a text's stems, not their sequence. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,4 +60,38 @@ size_t text_stems(const uint8_t *text, size_t n, const uint64_t *slots, uint64_t
         words++;
     }
     return words;
+}
+
+/* Per entry: a fitted row that ``kept`` marks (its first occurrence; ``out_counts`` its occurrences), or a word
+ * the caller reads (-1, -2, as ``text_stems``) with where it starts and ends. ``seen`` is zero, one byte per
+ * fitted row, and is left zero. */
+size_t text_stem_counts(const uint8_t *text, size_t n, const uint64_t *slots, uint64_t mask, int shift,
+                        const uint8_t *kept, uint8_t *seen, int32_t *out_rows, int64_t *out_starts, int64_t *out_ends,
+                        int64_t *out_counts, size_t capacity)
+{
+    size_t words = text_stems(text, n, slots, mask, shift, out_rows, out_starts, out_ends, capacity), entries = 0;
+    for (size_t w = 0; w < words; w++) {
+        int32_t row = out_rows[w];
+        if (row >= 0) {
+            if (!kept[row])
+                continue;
+            if (seen[row]) {
+                if (seen[row] < 255)
+                    seen[row]++;
+                continue;
+            }
+            seen[row] = 1;
+        }
+        out_rows[entries] = row;
+        out_starts[entries] = out_starts[w];
+        out_ends[entries] = out_ends[w];
+        entries++;
+    }
+    for (size_t e = 0; e < entries; e++) {
+        int32_t row = out_rows[e];
+        out_counts[e] = row >= 0 ? seen[row] : 0;
+        if (row >= 0)
+            seen[row] = 0;
+    }
+    return entries;
 }

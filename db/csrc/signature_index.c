@@ -1,44 +1,50 @@
 /* The inner loop of db/signature_index.py: a text's similarity to every output of one segment of the inverted
- * index. Each of the text's stems (sorted hashes, unit weights) is found among the segment's sorted hashes by
- * binary search; when the postings of those found number at most ``budget``, each posting's weight times the
- * stem's weight in the text is added to its output's score. Returns how many postings the text's stems have
- * there (more than ``budget``: nothing was added, and the caller chooses which stems to read). */
+ * index. Each of the text's stems (its hash, and its weight times its inverse document frequency: ``products``)
+ * is found among the segment's sorted hashes through a directory of their top ``bits`` bits (the hashes are
+ * keyed, so spread evenly: a bucket holds a few, and a look-up reads two or three cache lines where a binary
+ * search over the whole array would miss the caches at each of its last steps). When the postings of those
+ * found number at most ``budget``, each posting (an output's position) gets the stem's product added to its
+ * output's score, and each score is then multiplied by its output's ``scales`` (one over its vector's norm).
+ * Returns how many postings the text's stems have there (more than ``budget``: nothing was added, and the caller
+ * chooses which stems to read). */
 #include <stddef.h>
 #include <stdint.h>
 
-static size_t find(const uint32_t *hashes, size_t n, uint32_t hash)
+static int64_t find(const uint32_t *hashes, const uint32_t *directory, int bits, uint32_t hash)
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (hashes[mid] < hash)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < n && hashes[lo] == hash ? lo : n;
+    uint32_t bucket = bits ? (uint32_t)((uint64_t)hash >> (32 - bits)) : 0;
+    for (uint32_t at = directory[bucket]; at < directory[bucket + 1]; at++)
+        if (hashes[at] >= hash)
+            return hashes[at] == hash ? (int64_t)at : -1;
+    return -1;
 }
 
-int64_t signature_scores(const uint32_t *query, const float *query_weights, size_t nq, const uint32_t *hashes,
-                         size_t n_hashes, const int64_t *starts, const int32_t *rows, const float *weights,
-                         int64_t budget, int64_t *found, float *scores)
-{
-    int64_t total = 0;
-    for (size_t i = 0; i < nq; i++) {
-        size_t at = find(hashes, n_hashes, query[i]);
-        found[i] = at < n_hashes ? (int64_t)at : -1;
-        if (at < n_hashes)
-            total += starts[at + 1] - starts[at];
+/* one function per width of a posting: a segment of at most 65,536 outputs stores them in 16 bits */
+#define SIGNATURE_SCORES(NAME, ROW)                                                                              \
+    int64_t NAME(const uint32_t *query, const float *products, size_t nq, const uint32_t *hashes,                 \
+                 const uint32_t *directory, int bits, const int64_t *starts, const ROW *rows, const float *scales, \
+                 size_t n_rows, int64_t budget, int64_t *found, float *scores)                                   \
+    {                                                                                                            \
+        int64_t total = 0;                                                                                       \
+        for (size_t i = 0; i < nq; i++) {                                                                        \
+            found[i] = find(hashes, directory, bits, query[i]);                                                  \
+            if (found[i] >= 0)                                                                                   \
+                total += starts[found[i] + 1] - starts[found[i]];                                                \
+        }                                                                                                        \
+        if (total > budget || total == 0)                                                                        \
+            return total;                                                                                        \
+        for (size_t i = 0; i < nq; i++) {                                                                        \
+            if (found[i] < 0)                                                                                    \
+                continue;                                                                                        \
+            const ROW *row = rows + starts[found[i]], *end = rows + starts[found[i] + 1];                        \
+            const float q = products[i];                                                                         \
+            for (; row < end; row++)                                                                             \
+                scores[*row] += q;                                                                               \
+        }                                                                                                        \
+        for (size_t r = 0; r < n_rows; r++)                                                                      \
+            scores[r] *= scales[r];                                                                              \
+        return total;                                                                                            \
     }
-    if (total > budget)
-        return total;
-    for (size_t i = 0; i < nq; i++) {
-        if (found[i] < 0)
-            continue;
-        const int64_t a = starts[found[i]], b = starts[found[i] + 1];
-        const float q = query_weights[i];
-        for (int64_t j = a; j < b; j++)
-            scores[rows[j]] += q * weights[j];
-    }
-    return total;
-}
+
+SIGNATURE_SCORES(signature_scores, int32_t)
+SIGNATURE_SCORES(signature_scores16, uint16_t)

@@ -176,7 +176,7 @@ def _unit(hashes: np.ndarray, weights: np.ndarray) -> Parsed:
 def text_signature(text: str, words: Words, key: StemKey) -> Parsed:
     """``parse(signature(text, words, key), key)``, without the bytes: what a verdict compares."""
     hashes, counts, idf = _read(text, words, key)
-    return _unit(hashes, _tf(counts) * idf)
+    return _unit(hashes, idf if COUNT_CAP == 1 else _tf(counts) * idf)  # counted once: the weight is the idf
 
 
 def similarity(a: Parsed, b: Parsed) -> float:

@@ -124,7 +124,9 @@ def stem_counts(text: str, words: Words, kept: np.ndarray) -> tuple[np.ndarray, 
     starts, ends = np.empty(capacity, dtype=np.int64), np.empty(capacity, dtype=np.int64)
     found = np.empty(capacity, dtype=np.int64)
     slots, mask, shift = _ascii_table(words)
-    marks, seen = np.ascontiguousarray(kept, dtype=np.uint8), np.zeros(len(words.idf), dtype=np.uint8)
+    marks = kept.view(np.uint8) if kept.dtype == np.bool_ and kept.flags.c_contiguous else np.ascontiguousarray(
+        kept, dtype=np.uint8)
+    seen = np.zeros(len(words.idf), dtype=np.uint8)
     count = library.text_stem_counts(data, len(data), address(slots), mask, shift, address(marks), address(seen),
                                      address(out), address(starts), address(ends), address(found), capacity)
     out, found = out[:count], found[:count]
@@ -135,8 +137,11 @@ def stem_counts(text: str, words: Words, kept: np.ndarray) -> tuple[np.ndarray, 
     others = []
     for k in np.flatnonzero(~known).tolist():
         piece = data[starts[k]:ends[k]]
+        if out[k] == -1 and len(words.idf) < 1 << 16:  # ASCII, not in the table, which holds every fitted stem
+            others.append(piece[:STEM_CHARS].decode("ascii").lower())
+            continue
         for stem in [piece[:STEM_CHARS].decode("ascii").lower()] if out[k] == -1 else STEM.findall(
-                piece.decode("utf-8", "surrogatepass").lower()):  # not in the table, or holding non-ASCII characters
+                piece.decode("utf-8", "surrogatepass").lower()):  # past the table's rows, or non-ASCII characters
             row = words.index.get(stem)
             if row is None:
                 others.append(stem)

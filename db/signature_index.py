@@ -187,6 +187,7 @@ class SignatureIndex:
         self.below = 0  # rows with smaller ids are past retention
         self.newest = 0
         self.seen: set[int] = set()  # ids within the look-back of ``newest`` already added
+        self.live = 0  # rows held within retention (``len``)
         self.synced_at = time.monotonic()
         self._lock = threading.Lock()  # add and best from several threads (gunicorn's threads, the loader)
 
@@ -207,10 +208,10 @@ class SignatureIndex:
             while len(segments) > 1 and 2 * segments[-1].size >= segments[-2].size:
                 segments[-2:] = [segments[-2].merged(segments[-1], self.below)]
             self.segments = [s for s in segments if len(s.ids) and s.ids[-1] >= self.below]
+            self.live = int(sum(len(s.ids) - np.searchsorted(s.ids, self.below) for s in self.segments))
 
     def __len__(self) -> int:
-        segments, below = self.segments, self.below
-        return int(sum(len(s.ids) - np.searchsorted(s.ids, below) for s in segments))
+        return self.live
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.segments)

@@ -27,13 +27,21 @@ static int64_t find(const uint32_t *hashes, const uint32_t *directory, int bits,
     {                                                                                                            \
         int64_t total = 0;                                                                                       \
         for (size_t i = 0; i < nq; i++) {                                                                        \
+            if (i + 8 < nq && bits) /* the directory entry 8 stems ahead */                                     \
+                __builtin_prefetch(directory + ((uint64_t)query[i + 8] >> (32 - bits)));                         \
             found[i] = find(hashes, directory, bits, query[i]);                                                  \
             if (found[i] >= 0)                                                                                   \
                 total += starts[found[i] + 1] - starts[found[i]];                                                \
         }                                                                                                        \
         if (total > budget || total == 0)                                                                        \
             return total;                                                                                        \
-        for (size_t i = 0; i < nq; i++) {                                                                        \
+        for (size_t i = 0, next = 0; i < nq; i++) {                                                              \
+            while (next < nq && (next <= i || found[next] < 0))                                                  \
+                next++;                                                                                          \
+            if (next < nq) { /* the next stem's postings, fetched while this one's are summed */                 \
+                __builtin_prefetch(rows + starts[found[next]]);                                                  \
+                __builtin_prefetch(rows + starts[found[next]] + 32);                                             \
+            }                                                                                                    \
             if (found[i] < 0)                                                                                    \
                 continue;                                                                                        \
             const ROW *row = rows + starts[found[i]], *end = rows + starts[found[i] + 1];                        \

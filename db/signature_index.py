@@ -43,6 +43,7 @@ from watermark.native_build import address, optional_c_library
 SOURCE = Path(__file__).with_name("csrc") / "signature_index.c"
 
 MAX_POSTINGS = 2_000_000  # postings one lookup reads (per key); past it the commonest stems are left out
+NARROW_ROWS = 1 << 16  # a segment of at most this many outputs stores a posting in 2 bytes, a larger one in 4
 WEIGHT = np.float32
 
 
@@ -89,7 +90,7 @@ class Segment:
         bounds = np.arange((1 << bits) + 1, dtype=np.uint64) << np.uint64(32 - bits)
         return cls(ids[order].astype(np.int64), scales[order].astype(WEIGHT), unique.astype(np.uint32),
                    np.append(starts, len(hashes)).astype(np.int64),
-                   rows[by_hash].astype(np.uint16 if len(ids) <= 1 << 16 else np.int32),
+                   rows[by_hash].astype(np.uint16 if len(ids) <= NARROW_ROWS else np.int32),
                    np.searchsorted(unique.astype(np.uint64), bounds).astype(np.uint32), bits)
 
     @classmethod

@@ -160,6 +160,26 @@ def test_the_index_gives_the_exact_cosines_across_segments_and_retention():
     assert len(index) == 2_000
 
 
+def test_wide_and_narrow_postings_give_the_same_lookups(monkeypatch):
+    """Postings of 2 bytes (segments of at most NARROW_ROWS outputs) and of 4 (larger ones), merged into each
+    other as segments grow: the same best rows and similarities."""
+    from db import signature_index  # noqa: PLC0415 (this test only)
+
+    blobs = random_signatures(1_200, seed=12, stems=40, vocabulary=1_500)
+    parsed = [parse(b, KEY) for b in blobs]
+    found = {}
+    for narrow in (1 << 16, 300):  # 300: the first segments narrow, the merged ones wide
+        monkeypatch.setattr(signature_index, "NARROW_ROWS", narrow)
+        index = SignatureIndex(keep=1_000)
+        for start in range(0, 1_200, 200):
+            index.add([(i + 1, parsed[i]) for i in range(start, start + 200)])
+        kinds = {s.rows.dtype.name for s in index.segments}
+        assert "int32" in kinds if narrow == 300 else kinds == {"uint16"}
+        found[narrow] = [index.best(parse(noisy(blobs[q], q), KEY), 4) for q in range(200, 1_200, 50)]
+    for wide, narrow in zip(found[300], found[1 << 16]):
+        assert wide.ids.tolist() == narrow.ids.tolist() and np.allclose(wide.similarities, narrow.similarities)
+
+
 def test_a_lookup_past_its_postings_budget_keeps_the_source_among_its_candidates():
     """Against many outputs a long text reads only its rarest stems' postings (db.signature_index.MAX_POSTINGS):
     the similarities are partial then, and a paraphrase's source is still among the candidates compared exactly."""

@@ -9,9 +9,9 @@ that could miss the closest one (an approximate-nearest-neighbour index over vec
 The index is a list of ``Segment``s (sorted hashes, each one's postings: the positions of the outputs that have
 it; per output, one over its vector's norm), oldest first. Each stem counted once, a stem's unit weight in an
 output is the stem's inverse document frequency times that factor, so a posting is 2 bytes (4 in a segment of
-more than 65,536 outputs) and carries no weight. New rows (``add``) make a segment; a segment at least half the size of the one before it is
-merged into it, so there are about log2(outputs / first segment) segments and each row is rewritten
-about as often. Retention keeps the newest ``keep`` row ids, as the store does (``SemanticMemory.prune``): older
+more than 65,536 outputs) and carries no weight. New rows (``add``) make a segment; a segment at least half the
+size of the one before it is merged into it, so there are about log2(outputs / first segment) segments and each
+row is rewritten about as often. Retention keeps the newest ``keep`` row ids, as the store does (``SemanticMemory.prune``): older
 rows are left out of every score at once and dropped from the postings at the next merge.
 
 A lookup reads at most MAX_POSTINGS postings: past that (a long text against a million outputs), it leaves out
@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from db.passage_signature import Parsed
+from db.passage_words import COUNT_CAP
 from watermark.native_build import address, optional_c_library
 
 SOURCE = Path(__file__).with_name("csrc") / "signature_index.c"
@@ -45,6 +46,8 @@ SOURCE = Path(__file__).with_name("csrc") / "signature_index.c"
 MAX_POSTINGS = 2_000_000  # postings one lookup reads (per key); past it the commonest stems are left out
 NARROW_ROWS = 1 << 16  # a segment of at most this many outputs stores a posting in 2 bytes, a larger one in 4
 WEIGHT = np.float32
+if COUNT_CAP != 1:  # a posting carries no weight: a stem's weight in an output is its idf times the output's scale
+    raise ImportError(f"db.signature_index needs each stem counted once (passage_words.COUNT_CAP = {COUNT_CAP})")
 
 
 @functools.cache
@@ -136,9 +139,8 @@ def segment_scores(segment: Segment, hashes: np.ndarray, products: np.ndarray, b
         kernel = library.signature_scores16 if segment.rows.dtype == np.uint16 else library.signature_scores
         found = np.empty(len(hashes), dtype=np.int64)
         total = kernel(address(hashes), address(products), len(hashes), address(segment.hashes),
-                                         address(segment.directory), segment.bits, address(segment.starts),
-                                         address(segment.rows), address(segment.scales), len(segment.ids), budget,
-                                         address(found), address(out))
+                       address(segment.directory), segment.bits, address(segment.starts), address(segment.rows),
+                       address(segment.scales), len(segment.ids), budget, address(found), address(out))
         if total <= budget:
             return (out if total else None), int(total), True
         hit = found >= 0

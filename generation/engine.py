@@ -242,7 +242,9 @@ class Engine:
     def _run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         if batch.prefill_groups:
             rows, parts = [], []
-            for group in batch.prefill_groups:
+            # a runner that prefills without padding takes every prompt in one pass of their tokens
+            groups = [sum(batch.prefill_groups, [])] if self.runner.flat_prefill else batch.prefill_groups
+            for group in groups:
                 parts.append(self.runner.prefill([seq.all_ids[seq.num_cached:] for seq in group],
                                                  [seq.num_cached for seq in group],
                                                  [seq.block_table for seq in group]))

@@ -118,6 +118,9 @@ class ModelRunner:
                        if cuda_graphs else None)
         self.direct = (DirectDecode.of(self.decoder, self.cache)
                        if direct_decode and self.native_linears and self.graphs is None else None)
+        # prompts prefilled as rows of their own tokens (``_prefill_flat``), no padding: where the decode attention
+        # is the native kernels', which read each row's keys through the tables (as chunked prefills do)
+        self.flat_prefill = self.native_attention
         # preallocated position vector, sliced per step instead of re-created
         self.positions = torch.arange(cache_config.max_model_len, device=self.device)
 
@@ -130,6 +133,8 @@ class ModelRunner:
     def prefill(self, prompts: list[list[int]], starts: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Run each row's tokens ``prompts[b]`` at positions ``starts[b]..`` (the first ``starts[b]`` already
         cached in its blocks) into the blocks of ``tables[b]``; logits of each row's last token."""
+        if self.flat_prefill:
+            return self._prefill_flat(prompts, starts, tables)
         lengths = [len(p) for p in prompts]
         q_len, rows = max(lengths), len(prompts)
         input_ids = torch.zeros((rows, q_len), dtype=torch.long)
@@ -171,6 +176,23 @@ class ModelRunner:
         finally:
             self.cache.plan = None
         return self.head(hidden[torch.arange(rows, device=self.device), length_t - 1])
+
+    def _prefill_flat(self, prompts: list[list[int]], starts: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """``prefill`` without padding: each prompt token is one row at its own position, through the decode
+        path's native attention (each row attends to its sequence's keys up to its own position, read through
+        the block tables, after every row's key is written), so the linears compute exactly the prompts'
+        tokens; logits of each prompt's last token."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        rows: list[list[int]] = []
+        last: list[int] = []
+        for prompt, start, table in zip(prompts, starts, tables):
+            tokens += prompt
+            positions += range(start, start + len(prompt))
+            rows += [table] * len(prompt)
+            last.append(len(tokens) - 1)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return self.decode(ids, positions, rows, last if len(last) < len(tokens) else None)
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]],

@@ -290,7 +290,9 @@ def test_attention_blocks_not_swapped_still_decode_through_the_kernels(monkeypat
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
     tables = scattered_tables(lengths, 1, 16)
-    runner.prefill(prompts, [0] * len(prompts), tables)
+    runner.prefill(prompts, [0] * len(prompts), tables)  # the prompts' tokens as rows too (no padding)
+    assert calls == {"write": TINY["num_hidden_layers"], "attend": TINY["num_hidden_layers"]}
+    calls.update(write=0, attend=0)
     tokens = torch.randint(0, TINY["vocab_size"], (len(lengths),), generator=gen)
     got = runner.decode(tokens, lengths, tables)
     assert calls == {"write": TINY["num_hidden_layers"], "attend": TINY["num_hidden_layers"]}

@@ -53,7 +53,9 @@ class PackedDecodeLinear:
         if self.out_features % 16:
             raise ValueError(f"PackedDecodeLinear: {self.out_features} outputs is not a multiple of 16")
         weight = weight.detach().contiguous()
-        self.packed = torch.empty(weight.numel(), dtype=weight.dtype)
+        # bfloat16 is packed in pairs of inputs, an odd count's last pair padded with a zero (provmark_pack_linear)
+        padded = self.in_features + (self.in_features % 2 if weight.dtype == torch.bfloat16 else 0)
+        self.packed = torch.empty(self.out_features * padded, dtype=weight.dtype)
         lib = native._checked_library()
         if lib.provmark_pack_linear(self.code, weight.data_ptr(), self.in_features, self.packed.data_ptr(),
                                     self.out_features, self.in_features) != 0:

@@ -35,10 +35,12 @@ RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", 
 ATTENTION_CLASSES = frozenset({"LlamaAttention"})
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' (ACT2FN["silu"])
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
-# Rows up to which the native linear beats oneDNN (all 30 layers' weights at once, 2 threads; docs/engine.md).
-# fp32: every count up to 16 (16 rows: 25 vs 36 ms; 1 row: 17 ms, as MKL's own kernel). bf16: up to 8 rows
-# (8: 12.4 vs 14.2 ms; 1: 9.5 vs 14.1); at 16 rows oneDNN's AMX kernels win (15 vs 20 ms), the FMAs bind.
-DECODE_KERNEL_ROWS = {torch.float32: 64, torch.bfloat16: 8}
+# Rows up to which the native linear runs (all 30 layers' weights and the LM head at once, 2 threads;
+# benchmarks/decode_linears.py, docs/engine.md). fp32: level with oneDNN or ahead up to 64 rows. bf16 (the weights
+# in pairs, AVX512-BF16 dot products): ahead of oneDNN's kernels at 1, 8, 16 and 64 rows on the 2-core AMD EPYC
+# (10.0 / 11.6 / 17.5 / 47.5 ms against 15.0 / 15.2 / 19.9 / 51.4). Where oneDNN has AMX (Sapphire Rapids), its
+# bf16 kernels won at 16 rows over the earlier widening tile (15 vs 20 ms): not measured against the pairs there.
+DECODE_KERNEL_ROWS = {torch.float32: 64, torch.bfloat16: 64}
 INT8_ROWS = 1 << 40  # int8 weights: every row count runs the int8 kernel (there is no other copy of them)
 
 

@@ -1,8 +1,9 @@
 """Linears at decode batch sizes on the native kernels (csrc/engine_kernels.cpp): weights packed once, streamed.
 
-``PackedDecodeLinear`` holds a float32 or bfloat16 weight packed as [n/16][k][16] (each block of 16 outputs
-k-major). Up to 16 rows (fp32; 8 bf16: generation/cpu/native_layers.py) the engine's view calls it instead
-of oneDNN:
+``PackedDecodeLinear`` holds a float32 weight packed as [n/16][k][16] (each block of 16 outputs k-major), or a
+bfloat16 one as [n/16][k/2][16][2] (pairs of inputs side by side, for AVX512-BF16 dot products; an odd k's last
+pair padded with a zero). Up to ``DECODE_KERNEL_ROWS`` rows (generation/cpu/native_layers.py) the engine's view
+calls it instead of oneDNN:
 
 - ``provmark_linear``: tiles of 8 rows x 32 outputs with their accumulators in registers;
 - ``provmark_gemv`` for a single row (``gemv_rows``, a batch-1 decode step): eight blocks of 16 outputs in

@@ -184,6 +184,21 @@ def test_packed_decode_linear_matches_f_linear(dtype, rows, out_features, bias):
     assert kernel(torch.empty(0, 40, dtype=dtype)).shape == (0, out_features)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 9, 64, 70])  # the 1-row kernel, tiles, a full row block, past one
+@pytest.mark.parametrize("in_features", [7, 41, 576])  # bf16 packs inputs in pairs: odd counts pad the last one
+def test_bf16_weights_in_pairs_match_f_linear_at_every_row_count(rows, in_features):
+    gen = torch.Generator().manual_seed(rows + in_features)
+    weight = torch.randn(48, in_features, generator=gen).bfloat16()
+    b = torch.randn(48, generator=gen).bfloat16()
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    kernel = decode_linear.PackedDecodeLinear(weight, b)
+    assert kernel.packed.numel() == 48 * (in_features + in_features % 2)
+    want = F.linear(x.float(), weight.float(), b.float())
+    torch.testing.assert_close(kernel(x).float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    alone = torch.cat([kernel(x[i:i + 1]) for i in range(rows)])  # each row alone: the same bits as in the batch
+    assert torch.equal(alone, kernel(x))
+
+
 @pytest.mark.skipif(not decode_linear.decode_linear_available(), reason="this CPU has no AVX-512: no packed decode linear")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("out_features,in_features,bias", [(960, 576, False), (176, 40, True), (16, 1536, True),

@@ -621,20 +621,30 @@ void linear_tile(const float* x, int64_t x_stride, int64_t k, const W* wp, const
     }
 }
 
+// f(std::integral_constant<int, c>{}) for a count c in 1..8: the kernels are templated on their rows or blocks.
+template <typename F>
+inline void with_count(int64_t c, F&& f) {
+    switch (c) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        case 8: f(std::integral_constant<int, 8>{}); break;
+        default: break;
+    }
+}
+
 template <typename W, typename T, int NB>
 void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const W* wp, const float* scale,
                  const T* bias, T* y, int64_t y_stride) {
-    for (int64_t r = 0; r < rows; r += 8) {
-        const float* xr = x + r * x_stride;
-        T* yr = y + r * y_stride;
-        switch (rows - r >= 8 ? 8 : rows - r) {
-#define PROVMARK_TILE(M) \
-    case M: linear_tile<W, T, M, NB>(xr, x_stride, k, wp, scale, bias, yr, y_stride); break;
-            PROVMARK_TILE(1) PROVMARK_TILE(2) PROVMARK_TILE(3) PROVMARK_TILE(4)
-            PROVMARK_TILE(5) PROVMARK_TILE(6) PROVMARK_TILE(7) PROVMARK_TILE(8)
-#undef PROVMARK_TILE
-        }
-    }
+    for (int64_t r = 0; r < rows; r += 8)
+        with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
+            linear_tile<W, T, decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, scale, bias, y + r * y_stride,
+                                                      y_stride);
+        });
 }
 
 // Rows are taken LINEAR_ROW_BLOCK at a time, every output unit over one block before the next: a block's inputs
@@ -642,26 +652,30 @@ void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, cons
 // each 32-output unit). Each output is still one sum over k in order, so the blocking never changes a bit.
 constexpr int64_t LINEAR_ROW_BLOCK = 64;
 
-template <typename W, typename T>
-void linear_all(const float* x, int64_t x_stride, const W* packed, const float* scale, const T* bias, T* y,
-                int64_t rows, int64_t n, int64_t k, int threads) {
+// unit(r0, block, n0, two) for every unit of 32 outputs (the last one 16 when n is not a multiple of 32: ``two``
+// false) over every block of rows, the units of a block spread over the threads.
+template <typename F>
+void for_units(int64_t rows, int64_t n, int threads, F&& unit) {
     const int64_t pairs = n / 32, units = pairs + (n % 32 != 0);
     for (int64_t r0 = 0; r0 < rows; r0 += LINEAR_ROW_BLOCK) {
         const int64_t block = rows - r0 < LINEAR_ROW_BLOCK ? rows - r0 : LINEAR_ROW_BLOCK;
-        const float* xb = x + r0 * x_stride;
-        T* yb = y + r0 * n;
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t u = 0; u < units; ++u) {
-            const int64_t n0 = u * 32;
-            const W* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
-            const float* s = scale ? scale + n0 : nullptr;
-            const T* b = bias ? bias + n0 : nullptr;
-            if (u < pairs)
-                linear_rows<W, T, 2>(xb, x_stride, block, k, wp, s, b, yb + n0, n);
-            else
-                linear_rows<W, T, 1>(xb, x_stride, block, k, wp, s, b, yb + n0, n);
-        }
+        for (int64_t u = 0; u < units; ++u) unit(r0, block, u * 32, u < pairs);
     }
+}
+
+template <typename W, typename T>
+void linear_all(const float* x, int64_t x_stride, const W* packed, const float* scale, const T* bias, T* y,
+                int64_t rows, int64_t n, int64_t k, int threads) {
+    for_units(rows, n, threads, [&](int64_t r0, int64_t block, int64_t n0, bool two) {
+        const W* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
+        const float* s = scale ? scale + n0 : nullptr;
+        const T* b = bias ? bias + n0 : nullptr;
+        if (two)
+            linear_rows<W, T, 2>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n);
+        else
+            linear_rows<W, T, 1>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n);
+    });
 }
 
 // One row: y = x W^T + b over the same packed layout, G blocks of 16 outputs at a time (G accumulator chains
@@ -693,28 +707,29 @@ inline void gemv_group(const float* x, int64_t k, const W* wp, const float* scal
 
 constexpr int GEMV_GROUP = PROVMARK_GEMV_GROUP;  // at most 8
 
-template <typename W, typename T>
-void gemv_all(const float* x, const W* packed, const float* scale, const T* bias, T* y, int64_t n, int64_t k,
-              int threads) {
+// group(b, g) for runs of g <= GEMV_GROUP blocks of 16 outputs starting at block b: the blocks split evenly over
+// the threads (no tail unit on one thread).
+template <typename F>
+void for_groups(int64_t n, int threads, F&& group) {
     const int64_t blocks = n / 16;
     if (threads > blocks) threads = static_cast<int>(blocks);
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-        for (int64_t b = b0; b < b1; b += GEMV_GROUP) {
-            const W* wp = packed + b * k * 16;
-            const float* s = scale ? scale + b * 16 : nullptr;
-            const T* bb = bias ? bias + b * 16 : nullptr;
-            switch (b1 - b >= GEMV_GROUP ? GEMV_GROUP : b1 - b) {
-#define PROVMARK_GEMV(G) \
-    case G: gemv_group<W, T, G>(x, k, wp, s, bb, y + b * 16); break;
-                PROVMARK_GEMV(1) PROVMARK_GEMV(2) PROVMARK_GEMV(3) PROVMARK_GEMV(4)
-                PROVMARK_GEMV(5) PROVMARK_GEMV(6) PROVMARK_GEMV(7) PROVMARK_GEMV(8)
-#undef PROVMARK_GEMV
-            }
-        }
+        for (int64_t b = b0; b < b1; b += GEMV_GROUP) group(b, b1 - b >= GEMV_GROUP ? GEMV_GROUP : b1 - b);
     }
+}
+
+template <typename W, typename T>
+void gemv_all(const float* x, const W* packed, const float* scale, const T* bias, T* y, int64_t n, int64_t k,
+              int threads) {
+    for_groups(n, threads, [&](int64_t b, int64_t g) {
+        with_count(g, [&](auto c) {
+            gemv_group<W, T, decltype(c)::value>(x, k, packed + b * k * 16, scale ? scale + b * 16 : nullptr,
+                                                 bias ? bias + b * 16 : nullptr, y + b * 16);
+        });
+    });
 }
 
 // bfloat16 weights in pairs: W packed [n/16][k/2][16][2] (per block of 16 outputs, inputs 2i and 2i+1 of every
@@ -790,37 +805,22 @@ void pair_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w
 template <int NB>
 void pair_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, const uint16_t* wp, const uint16_t* bias,
                uint16_t* y, int64_t y_stride) {
-    for (int64_t r = 0; r < rows; r += 8) {
-        const uint16_t* xr = x + r * x_stride;
-        uint16_t* yr = y + r * y_stride;
-        switch (rows - r >= 8 ? 8 : rows - r) {
-#define PROVMARK_TILE(M) \
-    case M: pair_tile<M, NB>(xr, x_stride, k, wp, bias, yr, y_stride); break;
-            PROVMARK_TILE(1) PROVMARK_TILE(2) PROVMARK_TILE(3) PROVMARK_TILE(4)
-            PROVMARK_TILE(5) PROVMARK_TILE(6) PROVMARK_TILE(7) PROVMARK_TILE(8)
-#undef PROVMARK_TILE
-        }
-    }
+    for (int64_t r = 0; r < rows; r += 8)
+        with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
+            pair_tile<decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, bias, y + r * y_stride, y_stride);
+        });
 }
 
 void pair_linear_all(const uint16_t* x, const uint16_t* packed, const uint16_t* bias, uint16_t* y, int64_t rows,
                      int64_t n, int64_t k, int threads) {
-    const int64_t pairs = n / 32, units = pairs + (n % 32 != 0);
-    for (int64_t r0 = 0; r0 < rows; r0 += LINEAR_ROW_BLOCK) {
-        const int64_t block = rows - r0 < LINEAR_ROW_BLOCK ? rows - r0 : LINEAR_ROW_BLOCK;
-        const uint16_t* xb = x + r0 * k;
-        uint16_t* yb = y + r0 * n;
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t u = 0; u < units; ++u) {
-            const int64_t n0 = u * 32;
-            const uint16_t* b = bias ? bias + n0 : nullptr;
-            const uint16_t* wp = packed + n0 * pair_count(k) * 2;  // block n0/16 starts at (n0 / 16) * pairs * 32
-            if (u < pairs)
-                pair_rows<2>(xb, k, block, k, wp, b, yb + n0, n);
-            else
-                pair_rows<1>(xb, k, block, k, wp, b, yb + n0, n);
-        }
-    }
+    for_units(rows, n, threads, [&](int64_t r0, int64_t block, int64_t n0, bool two) {
+        const uint16_t* wp = packed + n0 * pair_count(k) * 2;  // block n0/16 starts at (n0 / 16) * pairs * 32
+        const uint16_t* b = bias ? bias + n0 : nullptr;
+        if (two)
+            pair_rows<2>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n);
+        else
+            pair_rows<1>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n);
+    });
 }
 
 template <int G>
@@ -844,24 +844,12 @@ inline void pair_gemv_group(const uint16_t* x, int64_t k, const uint16_t* wp, co
 
 void pair_gemv_all(const uint16_t* x, const uint16_t* packed, const uint16_t* bias, uint16_t* y, int64_t n, int64_t k,
                    int threads) {
-    const int64_t blocks = n / 16;
-    if (threads > blocks) threads = static_cast<int>(blocks);
-#pragma omp parallel num_threads(threads)
-    {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-        for (int64_t b = b0; b < b1; b += GEMV_GROUP) {
-            const uint16_t* wp = packed + b * pair_count(k) * 32;
-            const uint16_t* bb = bias ? bias + b * 16 : nullptr;
-            switch (b1 - b >= GEMV_GROUP ? GEMV_GROUP : b1 - b) {
-#define PROVMARK_GEMV(G) \
-    case G: pair_gemv_group<G>(x, k, wp, bb, y + b * 16); break;
-                PROVMARK_GEMV(1) PROVMARK_GEMV(2) PROVMARK_GEMV(3) PROVMARK_GEMV(4)
-                PROVMARK_GEMV(5) PROVMARK_GEMV(6) PROVMARK_GEMV(7) PROVMARK_GEMV(8)
-#undef PROVMARK_GEMV
-            }
-        }
-    }
+    for_groups(n, threads, [&](int64_t b, int64_t g) {
+        with_count(g, [&](auto c) {
+            pair_gemv_group<decltype(c)::value>(x, k, packed + b * pair_count(k) * 32, bias ? bias + b * 16 : nullptr,
+                                                y + b * 16);
+        });
+    });
 }
 
 // A decode linear as the engine holds it: W packed [n/16][k][16] (float32 / bfloat16 as T, or int8 with a

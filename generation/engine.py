@@ -103,7 +103,7 @@ class Engine:
             set_top_head_backend(native.top_head)  # top-k heads: sampled top-k rows, SynthID's tournament
             set_tournament_backend(native.synthid_tournament)  # SynthID's layers over a head, same bits
         self.scheduler = Scheduler(self.config, BlockManager(cache_config.num_blocks, cache_config.block_size,
-                                                             prefix_caching))
+                                                             prefix_caching), pads_prefill=not self.runner.flat_prefill)
         self.pipeline = LogitsPipeline(self.vocab_size, self.runner.device,
                                        table_for(self.tokenizer, self.vocab_size, model.vocab.fingerprint))
         self.eos_token_ids = self._eos_ids(model)
@@ -242,9 +242,7 @@ class Engine:
     def _run(self, batch: Batch) -> tuple[list[Sequence], torch.Tensor]:
         if batch.prefill_groups:
             rows, parts = [], []
-            # a runner that prefills without padding takes every prompt in one pass of their tokens
-            groups = [sum(batch.prefill_groups, [])] if self.runner.flat_prefill else batch.prefill_groups
-            for group in groups:
+            for group in batch.prefill_groups:
                 parts.append(self.runner.prefill([seq.all_ids[seq.num_cached:] for seq in group],
                                                  [seq.num_cached for seq in group],
                                                  [seq.block_table for seq in group]))

@@ -184,22 +184,24 @@ class ModelRunner:
         tokens; logits of each prompt's last token."""
         tokens: list[int] = []
         positions: list[int] = []
-        rows: list[list[int]] = []
         last: list[int] = []
-        for prompt, start, table in zip(prompts, starts, tables):
+        for prompt, start in zip(prompts, starts):
             tokens += prompt
             positions += range(start, start + len(prompt))
-            rows += [table] * len(prompt)
             last.append(len(tokens) - 1)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return self.decode(ids, positions, rows, last if len(last) < len(tokens) else None)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        # each sequence's table once, repeated for its rows (not a Python list per row: T x W ints for T tokens)
+        table_t = self._tables(tables, -(-(max(positions) + 1) // self.block_size)).repeat_interleave(lengths, 0)
+        return self.decode(ids, positions, table_t, last if len(last) < len(tokens) else None)
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]],
+    def decode(self, token_ids: torch.Tensor, positions: list[int], tables: list[list[int]] | torch.Tensor,
                logit_rows: list[int] | None = None) -> torch.Tensor:
         """One token per row: ``token_ids[B]`` at ``positions[B]`` of the sequence whose blocks are
         ``tables[b]``; logits ``[B, V]`` (only of ``logit_rows``, in that order, when given). Rows may
-        share a sequence (a prompt chunk): all rows' keys are written before any row attends."""
+        share a sequence (a prompt chunk): all rows' keys are written before any row attends. ``tables`` may
+        also be the int64 [B, W] tensor ``_tables`` makes (W covering every row's position)."""
         if self.graphs is not None:
             logits = self.graphs.decode(token_ids, positions, tables, logit_rows)
             if logits is not None:
@@ -207,7 +209,7 @@ class ModelRunner:
         kv_len = max(positions) + 1
         ragged = min(positions) + 1 != kv_len
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        table_t = self._tables(tables, -(-kv_len // self.block_size))
+        table_t = tables if isinstance(tables, torch.Tensor) else self._tables(tables, -(-kv_len // self.block_size))
         mask, extra = None, {}  # no mask: every row sees all kv_len keys (transformers then makes none either)
         if self.native_attention:  # each row's own key count, read exactly by the kernels through the tables
             extra[GROUP_KWARG] = RowLengths(pos, table_t)

@@ -98,9 +98,12 @@ class Batch:
 class Scheduler:
     """Decides each step's batch, taking and freeing blocks through ``blocks``."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, pads_prefill: bool = True) -> None:
+        """``pads_prefill``: the runner pads a prefill step's prompts to one length, so they are split into groups
+        of similar lengths; False (a runner that runs their tokens alone, ``ModelRunner.flat_prefill``): one group."""
         self.config = config
         self.blocks = blocks
+        self.pads_prefill = pads_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first
         self.num_preemptions = 0
@@ -130,7 +133,7 @@ class Scheduler:
             # longest first puts similar lengths side by side, so the prefill groups come out fewer and
             # larger (12 -> 7 forwards for the benchmark's 16 prompts)
             whole.sort(key=lambda s: s.num_tokens - s.num_cached, reverse=True)
-            return Batch(self._group_for_prefill(whole), [])
+            return Batch(self._group_for_prefill(whole) if self.pads_prefill else [whole], [])
         self._make_room_to_grow()
         decode = [seq for seq in self.running if seq.num_tokens - seq.num_cached == 1]
         chunks, budget = [], chunk_budget(len(decode), self.config.max_step_tokens)

@@ -574,9 +574,9 @@ void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_
 // k-major, so one load holds the 16 outputs' weights for input k). A tile of up to 8 rows times 32 outputs
 // keeps its 16 fp32 accumulators in registers; each x value is broadcast once for both blocks. At decode
 // batch sizes a step streams every weight from memory: fp32 at 16 rows, this reads them at about 17 GB/s
-// on a 2-core Sapphire Rapids CPU where oneDNN's packed kernel reaches 12; bf16 wins up to 8 rows (at 16, oneDNN's AMX
-// kernels do: FMAs bind here). bf16 weights are widened to fp32 in registers (exact), products
-// accumulate in fp32, the output is rounded once.
+// on a 2-core Sapphire Rapids CPU where oneDNN's packed kernel reaches 12. It runs float32 weights, and int8
+// ones widened to fp32 in registers (exact); products accumulate in fp32, the output is rounded once. bfloat16
+// weights have their own layout and kernels (pair_tile, below).
 constexpr int64_t LINEAR_PREFETCH = 32;  // weight rows (of 16 outputs) fetched ahead
 
 // unmasked 16-lane load/store: with the masked forms (load16/store16) this loop ran about a third slower
@@ -852,8 +852,8 @@ void pair_gemv_all(const uint16_t* x, const uint16_t* packed, const uint16_t* bi
     });
 }
 
-// A decode linear as the engine holds it: W packed [n/16][k][16] (float32 / bfloat16 as T, or int8 with a
-// float32 scale per output), bias [n] or null. rows <= gemv_rows: the 1-row kernel; else the tiles. The same
+// A decode linear as the engine holds it: W packed by provmark_pack_linear (float32 [n/16][k][16], bfloat16 in
+// pairs, or int8 [n/16][k][16] with a float32 scale per output), bias [n] or null. rows <= gemv_rows: the 1-row kernel; else the tiles. The same
 // dispatch as provmark_linear / provmark_gemv / their _q8 forms, so every caller gets the same bits.
 struct LinearRef {
     const void* packed;

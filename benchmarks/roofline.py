@@ -4,7 +4,8 @@ Measures, in one process with the benchmark's threads: the memory bandwidth (a s
 the matmul rate of oneDNN's packed kernels on the model's own layer shapes (the fastest matmul this torch
 build has on the CPU: ``torch.ops.mkldnn._linear_pointwise``, the engine's prefill and bf16 decode path), in
 float32 and bfloat16, at prefill row counts (512) and at the decode batch (16, 64). From the model's linear
-weights it then bounds engine_throughput.py's workloads (prompts of 10..200 tokens, 128 new tokens each):
+weights it then bounds engine_throughput.py's workloads (1 request with a 32-token prompt; 16 and 64 with prompts
+of 10..200 tokens; 128 new tokens each):
 
 - prefill: every prompt token through every linear but the LM head (once per prompt), at the best matmul
   rate measured;
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import machine, write_json
-from engine_throughput import NEW_TOKENS, make_prompts
+from engine_throughput import BATCHES, NEW_TOKENS, make_prompts
 
 from generation.kv_cache import kv_bytes_per_token
 from generation.models import load_model
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         rates["peak_gflops"] = max(value for key, value in rates.items() if key.endswith("_gflops"))
         entry = {key: round(value, 1) for key, value in rates.items()}
         kv_per_token = kv_bytes_per_token(loaded.model.config, dtype)
-        for batch in (16, 64):
+        for batch in BATCHES:
             prompts = make_prompts(batch, loaded.vocab.vocab_size)
             entry[f"batch{batch}_greedy"] = bound(shapes, head, prompts, batch, rates, torch.finfo(dtype).bits // 8,
                                                  kv_per_token)
@@ -134,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             for who in ("engine", "vllm", "transformers"):
                 if isinstance(figures.get(who), dict):
                     ceiling[f"{who}_share_of_ceiling"] = round(figures[who]["tokens_per_s"] / ceiling["ceiling_tokens_per_s"], 3)
-    path = write_json("roofline", report, args.output)
-    print(path.read_text())
+    write_json("roofline", report, args.output)
     return 0
 
 

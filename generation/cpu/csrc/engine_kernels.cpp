@@ -577,7 +577,13 @@ void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_
 // on a 2-core Sapphire Rapids CPU where oneDNN's packed kernel reaches 12. It runs float32 weights, and int8
 // ones widened to fp32 in registers (exact); products accumulate in fp32, the output is rounded once. bfloat16
 // weights have their own layout and kernels (pair_tile, below).
-constexpr int64_t LINEAR_PREFETCH = 32;  // weight rows (of 16 outputs) fetched ahead
+//
+// Prefetch: while a unit of 32 outputs runs its row tiles, each tile fetches its share of the thread's next unit's
+// weights into L1 (the unit's cache lines split evenly over its tiles, a line or two per step of k). The memory
+// stream then never waits for the FMAs: at 16 rows the second tile, which finds its weights in cache, used to
+// leave the memory idle. The default model's weights, 2 threads, 2-core AMD EPYC (Zen 5), against fetching each
+// block's own rows 32 ahead: 16 rows 16.9 -> 13.4 ms, 64 rows 42.6 -> 37.6, 512 rows 303 -> 293, 2-8 rows
+// unchanged.
 
 // unmasked 16-lane load/store: with the masked forms (load16/store16) this loop ran about a third slower
 inline __m512 load_full16(const float* p) { return _mm512_loadu_ps(p); }
@@ -593,19 +599,16 @@ inline void store_full16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpre
 
 template <typename W, typename T, int M, int NB>
 void linear_tile(const float* x, int64_t x_stride, int64_t k, const W* wp, const float* scale, const T* bias, T* y,
-                 int64_t y_stride) {
+                 int64_t y_stride, const char* fetch, int64_t fetch_lines) {
+    const int64_t per_step = (fetch_lines + k - 1) / k;  // cache lines of the next unit fetched per step of k
     __m512 acc[NB][M];
     for (int b = 0; b < NB; ++b)
         for (int m = 0; m < M; ++m) acc[b][m] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; ++kk) {
-        // never past the block's last row
-        const int64_t ahead = kk + LINEAR_PREFETCH < k ? kk + LINEAR_PREFETCH : k - 1;
+        for (int64_t j = kk * per_step; j < (kk + 1) * per_step && j < fetch_lines; ++j)
+            _mm_prefetch(fetch + j * 64, _MM_HINT_T0);
         __m512 w[NB];
-        for (int b = 0; b < NB; ++b) {
-            const W* block = wp + b * k * 16;
-            _mm_prefetch(reinterpret_cast<const char*>(block + ahead * 16), _MM_HINT_T0);
-            w[b] = load_full16(block + kk * 16);
-        }
+        for (int b = 0; b < NB; ++b) w[b] = load_full16(wp + b * k * 16 + kk * 16);
         for (int m = 0; m < M; ++m) {
             const __m512 xb = _mm512_set1_ps(x[m * x_stride + kk]);
             for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_fmadd_ps(xb, w[b], acc[b][m]);
@@ -637,13 +640,18 @@ inline void with_count(int64_t c, F&& f) {
     }
 }
 
+// The row tiles of one unit; ``next`` (null for none) is the thread's next unit of ``next_outputs`` outputs, whose
+// weights the tiles fetch in turn.
 template <typename W, typename T, int NB>
 void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const W* wp, const float* scale,
-                 const T* bias, T* y, int64_t y_stride) {
+                 const T* bias, T* y, int64_t y_stride, const W* next, int64_t next_outputs) {
+    const int64_t tiles = (rows + 7) / 8, lines = next ? next_outputs * k * static_cast<int64_t>(sizeof(W)) / 64 : 0;
     for (int64_t r = 0; r < rows; r += 8)
         with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
+            const int64_t t = r / 8, first = lines * t / tiles, last = lines * (t + 1) / tiles;
             linear_tile<W, T, decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, scale, bias, y + r * y_stride,
-                                                      y_stride);
+                                                      y_stride, reinterpret_cast<const char*>(next) + first * 64,
+                                                      last - first);
         });
 }
 
@@ -671,10 +679,15 @@ void linear_all(const float* x, int64_t x_stride, const W* packed, const float* 
         const W* wp = packed + n0 * k;  // block n0/16 starts at (n0 / 16) * k * 16
         const float* s = scale ? scale + n0 : nullptr;
         const T* b = bias ? bias + n0 : nullptr;
+        // the next unit (schedule(static): this thread's, but at the end of its share of the units)
+        const int64_t next_outputs = std::min<int64_t>(n - n0 - 32, 32);
+        const W* next = next_outputs > 0 ? packed + (n0 + 32) * k : nullptr;
         if (two)
-            linear_rows<W, T, 2>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n);
+            linear_rows<W, T, 2>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n, next,
+                                 next_outputs);
         else
-            linear_rows<W, T, 1>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n);
+            linear_rows<W, T, 1>(x + r0 * x_stride, x_stride, block, k, wp, s, b, y + r0 * n + n0, n, next,
+                                 next_outputs);
     });
 }
 
@@ -781,13 +794,16 @@ inline __m512 pair_fma(__m512 acc, const PairX& x, __m512i wv) {
 
 template <int M, int NB>
 void pair_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
-               int64_t y_stride) {
+               int64_t y_stride, const char* fetch, int64_t fetch_lines) {
     __m512 acc[NB][M];
     for (int b = 0; b < NB; ++b)
         for (int m = 0; m < M; ++m) acc[b][m] = _mm512_setzero_ps();
     const int64_t block = pair_count(k) * 32, full = k / 2;
+    const int64_t per_step = (fetch_lines + pair_count(k) - 1) / pair_count(k);  // as linear_tile
     for (int64_t kp = 0; kp <= full; ++kp) {  // kp == full: an odd k's last input, against its zero-padded pair
         if (kp == full && k % 2 == 0) break;
+        for (int64_t j = kp * per_step; j < (kp + 1) * per_step && j < fetch_lines; ++j)
+            _mm_prefetch(fetch + j * 64, _MM_HINT_T0);
         __m512i w[NB];
         for (int b = 0; b < NB; ++b) w[b] = pair_weights(wp + b * block + kp * 32);
         for (int m = 0; m < M; ++m) {
@@ -804,10 +820,13 @@ void pair_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w
 
 template <int NB>
 void pair_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, const uint16_t* wp, const uint16_t* bias,
-               uint16_t* y, int64_t y_stride) {
+               uint16_t* y, int64_t y_stride, const uint16_t* next, int64_t next_outputs) {
+    const int64_t tiles = (rows + 7) / 8, lines = next ? next_outputs * pair_count(k) * 4 / 64 : 0;
     for (int64_t r = 0; r < rows; r += 8)
         with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
-            pair_tile<decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, bias, y + r * y_stride, y_stride);
+            const int64_t t = r / 8, first = lines * t / tiles, last = lines * (t + 1) / tiles;
+            pair_tile<decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, bias, y + r * y_stride, y_stride,
+                                              reinterpret_cast<const char*>(next) + first * 64, last - first);
         });
 }
 
@@ -816,10 +835,12 @@ void pair_linear_all(const uint16_t* x, const uint16_t* packed, const uint16_t* 
     for_units(rows, n, threads, [&](int64_t r0, int64_t block, int64_t n0, bool two) {
         const uint16_t* wp = packed + n0 * pair_count(k) * 2;  // block n0/16 starts at (n0 / 16) * pairs * 32
         const uint16_t* b = bias ? bias + n0 : nullptr;
+        const int64_t next_outputs = std::min<int64_t>(n - n0 - 32, 32);  // as linear_all
+        const uint16_t* next = next_outputs > 0 ? wp + 32 * pair_count(k) * 2 : nullptr;
         if (two)
-            pair_rows<2>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n);
+            pair_rows<2>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n, next, next_outputs);
         else
-            pair_rows<1>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n);
+            pair_rows<1>(x + r0 * k, k, block, k, wp, b, y + r0 * n + n0, n, next, next_outputs);
     });
 }
 

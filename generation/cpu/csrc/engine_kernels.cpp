@@ -569,6 +569,18 @@ void cache_write_rows(T* keys, T* values, int64_t c_sb, int64_t c_sh, int64_t c_
 }
 
 
+// A decode linear as the engine holds it: W packed by provmark_pack_linear (float32 [n/16][k][16], bfloat16 in
+// pairs, or int8 [n/16][k][16] with a float32 scale per output), bias [n] or null. rows <= gemv_rows: the 1-row
+// kernel; else the tiles (apply_linear, below): the same dispatch as provmark_linear / provmark_gemv / their _q8
+// forms, so every caller gets the same bits. Declared on every build, AVX-512 or not: provmark_decode_stack's
+// DecodeLayer names it (tests/test_kernels_without_avx512.py builds for a CPU without AVX-512).
+struct LinearRef {
+    const void* packed;
+    const float* scales;  // non-null: int8 weights
+    const void* bias;
+    int64_t n, k, gemv_rows;
+};
+
 #if defined(__AVX512F__)
 // Linear for decode batches: y = x W^T + b with W packed as [n/16][k][16] (each block of 16 outputs stored
 // k-major, so one load holds the 16 outputs' weights for input k). A tile of up to 8 rows times 32 outputs
@@ -872,16 +884,6 @@ void pair_gemv_all(const uint16_t* x, const uint16_t* packed, const uint16_t* bi
         });
     });
 }
-
-// A decode linear as the engine holds it: W packed by provmark_pack_linear (float32 [n/16][k][16], bfloat16 in
-// pairs, or int8 [n/16][k][16] with a float32 scale per output), bias [n] or null. rows <= gemv_rows: the 1-row kernel; else the tiles. The same
-// dispatch as provmark_linear / provmark_gemv / their _q8 forms, so every caller gets the same bits.
-struct LinearRef {
-    const void* packed;
-    const float* scales;  // non-null: int8 weights
-    const void* bias;
-    int64_t n, k, gemv_rows;
-};
 
 template <typename T>
 void apply_linear(const LinearRef& lin, const T* x, T* y, int64_t rows, int threads) {

@@ -652,18 +652,28 @@ inline void with_count(int64_t c, F&& f) {
     }
 }
 
+// The cache lines [first, last) of a unit's ``lines`` that the row tile starting at row r of ``rows`` fetches: the
+// lines split evenly over the unit's tiles of 8 rows (linear_rows, pair_rows).
+struct FetchShare {
+    int64_t first, last;
+};
+inline FetchShare fetch_share(int64_t lines, int64_t rows, int64_t r) {
+    const int64_t tiles = (rows + 7) / 8, t = r / 8;
+    return {lines * t / tiles, lines * (t + 1) / tiles};
+}
+
 // The row tiles of one unit; ``next`` (null for none) is the thread's next unit of ``next_outputs`` outputs, whose
 // weights the tiles fetch in turn.
 template <typename W, typename T, int NB>
 void linear_rows(const float* x, int64_t x_stride, int64_t rows, int64_t k, const W* wp, const float* scale,
                  const T* bias, T* y, int64_t y_stride, const W* next, int64_t next_outputs) {
-    const int64_t tiles = (rows + 7) / 8, lines = next ? next_outputs * k * static_cast<int64_t>(sizeof(W)) / 64 : 0;
+    const int64_t lines = next ? next_outputs * k * static_cast<int64_t>(sizeof(W)) / 64 : 0;
     for (int64_t r = 0; r < rows; r += 8)
         with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
-            const int64_t t = r / 8, first = lines * t / tiles, last = lines * (t + 1) / tiles;
+            const FetchShare f = fetch_share(lines, rows, r);
             linear_tile<W, T, decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, scale, bias, y + r * y_stride,
-                                                      y_stride, reinterpret_cast<const char*>(next) + first * 64,
-                                                      last - first);
+                                                      y_stride, reinterpret_cast<const char*>(next) + f.first * 64,
+                                                      f.last - f.first);
         });
 }
 
@@ -833,12 +843,12 @@ void pair_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w
 template <int NB>
 void pair_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, const uint16_t* wp, const uint16_t* bias,
                uint16_t* y, int64_t y_stride, const uint16_t* next, int64_t next_outputs) {
-    const int64_t tiles = (rows + 7) / 8, lines = next ? next_outputs * pair_count(k) * 4 / 64 : 0;
+    const int64_t lines = next ? next_outputs * pair_count(k) * 4 / 64 : 0;  // 2 inputs x 2 bytes per output
     for (int64_t r = 0; r < rows; r += 8)
         with_count(rows - r >= 8 ? 8 : rows - r, [&](auto m) {
-            const int64_t t = r / 8, first = lines * t / tiles, last = lines * (t + 1) / tiles;
+            const FetchShare f = fetch_share(lines, rows, r);
             pair_tile<decltype(m)::value, NB>(x + r * x_stride, x_stride, k, wp, bias, y + r * y_stride, y_stride,
-                                              reinterpret_cast<const char*>(next) + first * 64, last - first);
+                                              reinterpret_cast<const char*>(next) + f.first * 64, f.last - f.first);
         });
 }
 

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", type=int, default=LAYERS, help="distinct pools the 30 layers take turns over")
     parser.add_argument("--out", help="the JSON result (default benchmarks/results/decode_attention.json)")
     args = parser.parse_args(argv)
+    if args.pools < 1:
+        parser.error("--pools: at least 1")
     torch.set_num_threads(args.threads)
     report = {"machine": machine(), "rounds": args.rounds, "pools": args.pools, "shapes": {}}
     for shape in args.shapes.split(","):
